@@ -1,0 +1,42 @@
+"""relaxc: a deployment compiler for ONNX models on Apache TVM's Relax IR.
+
+    import compiler
+    art = compiler.compile("onnx:resnet50", target="cpu")
+    outputs = art.run(x)              # numpy in, numpy out
+    art.export("resnet50.so")         # + resnet50.json manifest
+    dep = compiler.load("resnet50.so")
+
+``compiler.load`` needs only TVM's runtime; the ONNX importer and the pipeline are imported on the
+first call to ``compile``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from compiler.artifact import Deployed, load
+from compiler.errors import (ExportError, InputError, ModelError, ShapeError, TargetError,
+                             UnsupportedOperatorError, UserError)
+
+if TYPE_CHECKING:
+    from compiler.artifact import Artifact
+    from compiler.frontend import ModelLike, Shapes
+    from compiler.targets import TargetLike
+
+__all__ = ["compile", "load", "Deployed", "UserError", "ModelError", "UnsupportedOperatorError",
+           "ShapeError", "TargetError", "InputError", "ExportError"]
+
+
+def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,  # noqa: A001
+            tuning: str = "replay", cache_dir: str | None = None) -> "Artifact":
+    """Compile an ONNX model for a target and return a runnable ``Artifact``.
+
+    model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
+    target: ``"cpu"`` (this machine), ``"llvm"``, a JSON dict or a ``tvm.target.Target``.
+    shapes: binds dynamic input dims, e.g. ``{"input": (1, 3, 224, 224)}``.
+    tuning: ``"replay"`` (default) or ``"off"``; ``"strict"`` and ``"tune"`` are not available yet.
+    cache_dir: directory of tuning records (not used yet).
+    """
+    from compiler.pipeline import compile_model
+
+    return compile_model(model, target=target, shapes=shapes, tuning=tuning, cache_dir=cache_dir)

@@ -1,0 +1,162 @@
+"""The ``relaxc`` command line (``python -m compiler`` is the same).
+
+Exit status: 0 on success, 2 on a user error (printed as one line, no traceback), 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from compiler.errors import InputError, ShapeError, UserError
+
+log = logging.getLogger("relaxc")
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... (e.g. input=1,3,224,224), got {text!r}") from None
+
+
+def _input_arg(text: str) -> tuple[str, str]:
+    name, sep, path = text.rpartition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE.npy, got {text!r}")
+    return name, path
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="path to .onnx, or onnx:<name> for a bundled model")
+    parser.add_argument("-t", "--target", default="cpu", help='cpu (default, this machine), llvm, or a JSON dict')
+    parser.add_argument("--shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
+                        help="bind an input's dynamic dims (repeatable)")
+    parser.add_argument("--tuning", default="replay", choices=("off", "replay"),
+                        help="use tuning records (replay, default) or not (off)")
+
+
+def _compile(args: argparse.Namespace):
+    import compiler
+
+    shapes = dict(args.shape)
+    if len(shapes) != len(args.shape):
+        raise ShapeError("an input is given more than one --shape")
+    return compiler.compile(args.model, target=args.target, shapes=shapes or None, tuning=args.tuning)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    art = _compile(args)
+    out = args.output or f"{art.report()['model'].replace('onnx:', '')}.so"
+    manifest = art.export(out)
+    report = art.report()
+    print(f"compiled {report['model']} for {json.dumps(report['target'])} in {report['compile_seconds']:.1f}s")
+    print(f"wrote {os.path.abspath(out)} and {manifest}")
+    return 0
+
+
+def _inputs_for(runner, given: list[tuple[str, str]], seed: int) -> dict[str, np.ndarray]:
+    files = dict(given)
+    names = [name for name, _, _ in runner.inputs]
+    unknown = sorted(set(files) - set(names))
+    if unknown:
+        raise InputError(f"--input names unknown input(s) {unknown}; the model's inputs are {names}")
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, shape, dtype in runner.inputs:
+        if name in files:
+            try:
+                arrays[name] = np.load(files[name])
+            except (OSError, ValueError) as err:
+                raise InputError(f"cannot read --input {name}={files[name]}: {err}") from None
+        elif np.issubdtype(np.dtype(dtype), np.floating):
+            arrays[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            arrays[name] = rng.integers(0, 2 if dtype == "bool" else 10, shape).astype(dtype)
+    return arrays
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.model.endswith(".so"):
+        import compiler
+
+        runner = compiler.load(args.model)
+        report = None
+    else:
+        runner = _compile(args)
+        report = runner.report()
+    inputs = _inputs_for(runner, args.input, args.seed)
+    outputs = runner.run(inputs)  # first run also warms up
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        runner.run(inputs)
+        times.append((time.perf_counter() - start) * 1e3)
+    if report is not None and args.report:
+        print(json.dumps(report, indent=2))
+    for (name, _, _), value in zip(runner.outputs, outputs):
+        print(f"output {name}: shape {tuple(value.shape)} {value.dtype} "
+              f"sum {float(value.sum(dtype=np.float64)):.6g} mean|x| {float(np.abs(value).mean()):.6g}")
+    if times:
+        print(f"latency: median {statistics.median(times):.2f} ms, min {min(times):.2f} ms "
+              f"over {len(times)} runs")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    art = _compile(args)
+    print(json.dumps(art.report(), indent=2))
+    if args.phase:
+        print(art.ir(args.phase))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relaxc", description="Compile ONNX models with Apache TVM.")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile a model and export a shared library + manifest")
+    _add_model_args(p)
+    p.add_argument("-o", "--output", help="output .so (default: <model>.so here)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a model or an exported .so on given or random inputs")
+    _add_model_args(p)
+    p.add_argument("--input", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
+                   help="input from a .npy file (repeatable); others are random")
+    p.add_argument("--repeat", type=int, default=10, help="timed runs after one warm-up (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--report", action="store_true", help="print the compile report as JSON")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("inspect", help="print the compile report and the IR after a phase")
+    _add_model_args(p)
+    p.add_argument("--phase", help="print the IR after this phase (import, simplify, ..., final)")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="[relaxc] %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except UserError as err:
+        print(f"relaxc: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("relaxc: interrupted", file=sys.stderr)
+        return 130

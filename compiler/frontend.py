@@ -1,0 +1,189 @@
+"""Phase 0, import: ONNX (path, bytes, ModelProto or ``onnx:<name>``) to a Relax IRModule.
+
+Everything that can be wrong with the model is checked here, before any compile work, and
+reported as a UserError: unreadable file, not ONNX, checker failure, every unsupported operator at
+once with node names, and dynamic dimensions the caller did not bind.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence, Union
+
+import onnx
+from google.protobuf.message import DecodeError
+from tvm import IRModule
+from tvm.relax.frontend.onnx import from_onnx
+from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+from compiler import models
+from compiler.errors import ModelError, ShapeError, UnsupportedOperatorError
+
+ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
+Shapes = Mapping[str, Sequence[int]]
+TensorSpec = tuple[str, tuple[int, ...], str]
+
+# Ops the importer handles itself rather than through its converter table.
+_BUILTIN_OPS = {"If", "Constant"}
+_ONNX_DOMAINS = {"", "ai.onnx"}
+
+
+@dataclass
+class ImportedModel:
+    """A validated model and its Relax module; inputs/outputs keep the ONNX names."""
+
+    name: str
+    module: IRModule
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    ops: dict[str, int]
+
+
+def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
+    """Read the model; returns (proto, display name, path or None). Raises ModelError."""
+    if isinstance(model, onnx.ModelProto):
+        return model, model.graph.name or "model", None
+    if isinstance(model, bytes):
+        return _parse(model, "<bytes>"), "model", None
+    if models.is_bundled(model):
+        path = models.bundled_path(model)
+        return _parse_file(path), model, path
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.exists(path):
+            raise ModelError(f"model file not found: {path}")
+        if os.path.isdir(path):
+            raise ModelError(f"model path is a directory, not an .onnx file: {path}")
+        return _parse_file(path), os.path.splitext(os.path.basename(path))[0], path
+    raise ModelError(f"model must be a path, bytes, onnx.ModelProto or 'onnx:<name>', "
+                     f"not {type(model).__name__}")
+
+
+def _parse_file(path: str) -> onnx.ModelProto:
+    try:
+        return _check_parsed(onnx.load(path), path)
+    except (DecodeError, ValueError, RuntimeError, OSError) as err:
+        raise ModelError(f"{path} is not a readable ONNX model: {_first_line(err)}") from None
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    try:
+        return _check_parsed(onnx.load_model_from_string(data), where)
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise ModelError(f"{where} is not a readable ONNX model: {_first_line(err)}") from None
+
+
+def _check_parsed(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    # Protobuf parses many non-ONNX byte strings into an empty message without complaint.
+    if proto.ir_version == 0 or not proto.HasField("graph"):
+        raise ModelError(f"{where} is not an ONNX model (no IR version or graph in the file)")
+    return proto
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]
+
+
+def check_model(proto: onnx.ModelProto, path: str | None) -> None:
+    """Run onnx.checker (on the path when there is one, so models over 2 GiB work)."""
+    try:
+        onnx.checker.check_model(path if path is not None else proto)
+    except (onnx.checker.ValidationError, ValueError) as err:
+        raise ModelError(f"model fails the ONNX checker: {_first_line(err)}") from None
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from _all_nodes(sub)
+
+
+def check_operators(graph: onnx.GraphProto) -> None:
+    """Raise UnsupportedOperatorError listing every unsupported op type with its node names."""
+    supported = set(_get_convert_map()) | _BUILTIN_OPS
+    missing: dict[str, list[str]] = collections.defaultdict(list)
+    for index, node in enumerate(_all_nodes(graph)):
+        key = node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}::{node.op_type}"
+        if node.domain not in _ONNX_DOMAINS or node.op_type not in supported:
+            missing[key].append(node.name or f"#{index}")
+    if missing:
+        parts = [f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+                 for op, names in sorted(missing.items())]
+        raise UnsupportedOperatorError(f"{len(missing)} unsupported operator type(s): " + "; ".join(parts))
+
+
+def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """The real inputs: old (IR v3) models also list their initializers among the inputs."""
+    initializers = {init.name for init in graph.initializer}
+    return [value for value in graph.input if value.name not in initializers]
+
+
+def _dtype(value: onnx.ValueInfoProto) -> str:
+    return str(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+
+
+def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None) -> list[TensorSpec]:
+    """Static (name, shape, dtype) of each input, with ``shapes`` binding the dynamic dims."""
+    shapes = dict(shapes or {})
+    inputs = graph_inputs(graph)
+    unknown = set(shapes) - {value.name for value in inputs}
+    if unknown:
+        raise ShapeError(f"shapes names unknown input(s) {sorted(unknown)}; the model's inputs are "
+                         f"{[value.name for value in inputs]}")
+    specs = []
+    for value in inputs:
+        dims = value.type.tensor_type.shape.dim
+        given = shapes.get(value.name)
+        if given is not None:
+            given = tuple(int(d) for d in given)
+            if len(given) != len(dims):
+                raise ShapeError(f"input {value.name!r} has rank {len(dims)}, but shapes gives "
+                                 f"{len(given)} dims {given}")
+            for axis, (dim, size) in enumerate(zip(dims, given)):
+                if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
+                    raise ShapeError(f"input {value.name!r} dim {axis} is fixed to {dim.dim_value} "
+                                     f"in the model, but shapes gives {size}")
+                if size <= 0:
+                    raise ShapeError(f"input {value.name!r} dim {axis}: size must be positive, got {size}")
+            specs.append((value.name, given, _dtype(value)))
+            continue
+        for axis, dim in enumerate(dims):
+            if not (dim.HasField("dim_value") and dim.dim_value > 0):
+                label = f" ({dim.dim_param!r})" if dim.dim_param else ""
+                raise ShapeError(f"input {value.name!r} has a dynamic dimension {axis}{label}; bind it "
+                                 f"with shapes={{{value.name!r}: (...)}} or --shape {value.name}=...")
+        specs.append((value.name, tuple(d.dim_value for d in dims), _dtype(value)))
+    return specs
+
+
+def _output_specs(graph: onnx.GraphProto, module: IRModule) -> list[TensorSpec]:
+    ret = module["main"].ret_ty
+    fields = list(ret.fields) if hasattr(ret, "fields") else [ret]
+    return [(out.name, tuple(int(d) for d in ty.shape.values), str(ty.dtype))
+            for out, ty in zip(graph.output, fields)]
+
+
+def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedModel:
+    """Validate the model and convert it to Relax; every failure is a UserError."""
+    proto, name, path = load_model(model)
+    check_model(proto, path)
+    check_operators(proto.graph)
+    inputs = bind_shapes(proto.graph, shapes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
+        try:
+            module = from_onnx(proto, shape_dict={n: list(s) for n, s, _ in inputs},
+                               dtype_dict={n: d for n, _, d in inputs}, keep_params_in_input=False)
+        except Exception as err:  # the importer raises bare Python errors for unconvertible nodes
+            raise UnsupportedOperatorError(f"TVM's ONNX importer cannot convert this model: "
+                                           f"{type(err).__name__}: {_first_line(err)}") from err
+    ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))
+    return ImportedModel(name, module, inputs, _output_specs(proto.graph, module), dict(sorted(ops.items())))

@@ -1,0 +1,135 @@
+"""The compilation pipeline: every phase, in order, from an ONNX model to a built artifact.
+
+    import     compiler/frontend.py   validate the ONNX model, convert to Relax
+    simplify   passes/fold_constants  fold constants and batch norms, CSE, dead code
+    legalize   TVM LegalizeOps         Relax operators to TIR PrimFuncs
+    fuse       TVM FuseOps/FuseTIR     fuse producers with their elementwise consumers
+    schedule   schedules/default.py    default schedules for every kernel
+    lower      TVM VM lowering         storage planning, VM calling convention
+    build      tvm.compile             code generation for the target
+
+Each phase is timed and the module after it is kept, so ``Artifact.ir(phase)`` shows what it did.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+from tvm.target import Target
+
+from compiler import frontend, targets
+from compiler.artifact import Artifact
+from compiler.errors import UserError
+from passes.fold_constants import FoldConstantsNumpy
+from schedules import cache
+from schedules.default import apply_default_schedules
+
+log = logging.getLogger("relaxc")
+TUNING_MODES = ("off", "replay", "strict", "tune")
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    passes: Callable[[Target], list[tvm.transform.Pass]]
+
+
+def _simplify(_target: Target) -> list[tvm.transform.Pass]:
+    return [
+        FoldConstantsNumpy(),  # materialise fills first: FoldBatchnormToConv2D needs constants
+        relax.transform.FoldBatchnormToConv2D(),
+        relax.transform.DecomposeOpsForInference(),
+        FoldConstantsNumpy(),
+        relax.transform.FoldConstant(),  # whatever the numpy folder does not cover
+        relax.transform.EliminateCommonSubexpr(),
+        relax.transform.CanonicalizeBindings(),
+        relax.transform.DeadCodeElimination(),
+    ]
+
+
+def _legalize(_target: Target) -> list[tvm.transform.Pass]:
+    return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant()]
+
+
+def _fuse(_target: Target) -> list[tvm.transform.Pass]:
+    return [relax.transform.FuseOps(), relax.transform.FuseTIR(),
+            relax.transform.DeadCodeElimination()]
+
+
+def _schedule(target: Target) -> list[tvm.transform.Pass]:
+    return [apply_default_schedules(target)]
+
+
+def _lower(target: Target) -> list[tvm.transform.Pass]:
+    return cpu_generic.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)
+
+
+PHASES: tuple[Phase, ...] = (
+    Phase("simplify", _simplify),
+    Phase("legalize", _legalize),
+    Phase("fuse", _fuse),
+    Phase("schedule", _schedule),
+    Phase("lower", _lower),
+)
+PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)
+
+
+def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cpu",
+                  shapes: frontend.Shapes | None = None, tuning: str = "replay",
+                  cache_dir: str | None = None) -> Artifact:
+    """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
+    if tuning not in TUNING_MODES:
+        raise UserError(f"tuning must be one of {', '.join(TUNING_MODES)}, not {tuning!r}")
+    if tuning in ("strict", "tune"):
+        raise UserError(f"tuning={tuning!r} is not available in this version of relaxc; "
+                        "use 'replay' or 'off'")
+    tvm_target = targets.resolve(target)
+    timings: list[dict] = []
+    snapshots: dict[str, tvm.IRModule] = {}
+
+    start = time.perf_counter()
+    imported = frontend.import_model(model, shapes)
+    mod = imported.module
+    timings.append({"name": "import", "seconds": time.perf_counter() - start})
+    log.info("import    %6.2fs  %s", timings[-1]["seconds"], imported.name)
+    snapshots["import"] = mod
+
+    with tvm_target:
+        for phase in PHASES:
+            start = time.perf_counter()
+            mod = tvm.transform.Sequential(phase.passes(tvm_target), name=phase.name)(mod)
+            timings.append({"name": phase.name, "seconds": time.perf_counter() - start})
+            log.info("%-9s %6.2fs", phase.name, timings[-1]["seconds"])
+            snapshots[phase.name] = mod
+    snapshots["final"] = mod
+
+    start = time.perf_counter()
+    executable = tvm.compile(mod, target=tvm_target, relax_pipeline=None)
+    timings.append({"name": "build", "seconds": time.perf_counter() - start})
+    log.info("build     %6.2fs", timings[-1]["seconds"])
+
+    report = {
+        "model": imported.name,
+        "target": targets.describe(tvm_target),
+        "fingerprint": cache.fingerprint(snapshots["fuse"], tvm_target),
+        "versions": cache.versions(),
+        "inputs": [_spec_json(s) for s in imported.inputs],
+        "outputs": [_spec_json(s) for s in imported.outputs],
+        "phases": timings,
+        "compile_seconds": sum(t["seconds"] for t in timings),
+        "ops": imported.ops,
+        "kernels": sum(1 for f in snapshots["fuse"].functions.values() if isinstance(f, tvm.tirx.PrimFunc)),
+    }
+    return Artifact(executable, tvm_target, imported.inputs, imported.outputs, report, snapshots)
+
+
+def _spec_json(spec: frontend.TensorSpec) -> dict:
+    name, shape, dtype = spec
+    return {"name": name, "shape": list(shape), "dtype": dtype}

@@ -1,0 +1,1 @@
+"""Relax passes written for relaxc (constant folding, layout, memory planning, dispatch)."""

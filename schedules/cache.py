@@ -1,0 +1,48 @@
+"""Fingerprints that key every cached optimisation result (tuning records, artifacts).
+
+Same inputs, same fingerprint; any change to the compiler, TVM, the target, the toolchain that
+generates code, or the module's structure gives a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import metadata
+
+import tvm
+import tvm_ffi
+from tvm.target import Target, codegen
+
+from compiler.targets import describe
+
+
+def versions() -> dict[str, str]:
+    """Versions of everything that changes generated code."""
+    return {
+        "relaxc": metadata.version("relaxc") if _installed("relaxc") else "dev",
+        "tvm": tvm.__version__,
+        "tvm_ffi": metadata.version("apache-tvm-ffi"),
+        "llvm": str(codegen.llvm_version_major()),
+    }
+
+
+def _installed(dist: str) -> bool:
+    try:
+        metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def fingerprint(module: tvm.IRModule, target: Target, options: dict | None = None) -> str:
+    """sha256 over relaxc major.minor, TVM/ffi/LLVM versions, target, options and module structure."""
+    info = versions()
+    info["relaxc"] = ".".join(info["relaxc"].split(".")[:2])
+    payload = {
+        "versions": info,
+        "target": describe(target),
+        "options": options or {},
+        "module": tvm_ffi.structural_hash(module),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
