@@ -124,15 +124,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relaxc", description="Compile ONNX models with Apache TVM.")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("compile", help="compile a model and export a shared library + manifest")
+    p = sub.add_parser("compile", parents=[common], help="compile a model and export a shared library + manifest")
     _add_model_args(p)
     p.add_argument("-o", "--output", help="output .so (default: <model>.so here)")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("run", help="run a model or an exported .so on given or random inputs")
+    p = sub.add_parser("run", parents=[common], help="run a model or an exported .so on given or random inputs")
     _add_model_args(p)
     p.add_argument("--input", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
                    help="input from a .npy file (repeatable); others are random")
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="print the compile report as JSON")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("inspect", help="print the compile report and the IR after a phase")
+    p = sub.add_parser("inspect", parents=[common], help="print the compile report and the IR after a phase")
     _add_model_args(p)
     p.add_argument("--phase", help="print the IR after this phase (import, simplify, ..., final)")
     p.set_defaults(func=cmd_inspect)

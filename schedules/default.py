@@ -10,11 +10,13 @@ import tvm
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from schedules.cpu import CPUDefault
+
 
 def rules(target: Target) -> list[dl.ScheduleRule]:
     """The ordered default schedule rules for ``target``."""
     if target.kind.name == "llvm":
-        return [dl.cpu.GEMV(), dl.cpu.Reduction()]
+        return [CPUDefault()]
     raise NotImplementedError(f"no default schedules for target kind {target.kind.name!r} yet")
 
 

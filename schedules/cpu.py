@@ -1,0 +1,184 @@
+"""Default CPU schedules: register-tiled reductions and parallel, vectorised everything else.
+
+One rule covers conv (NCHW and blocked NCHWc), dense, pooling and reductions, because after
+legalisation they share a shape: spatial loops then reduction loops. The innermost spatial axis
+(contiguous in the output; the channel block in NCHWc) is vectorised, the next one is
+register-tiled, the reduction runs inside the tile with the accumulators in a local buffer, and
+everything outside the tile is fused into one parallel loop. Elementwise epilogues (bias, ReLU)
+are computed right after their tile while it is hot. A kernel the tiled schedule cannot handle
+gets the basic schedule (parallel outer loop, vectorised inner loop) and is counted in the report.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
+from tvm.target import Target
+
+from compiler.targets import vector_lanes
+
+log = logging.getLogger("relaxc")
+SCHEDULE_ATTR = "relaxc.schedule"  # "tiled" or "basic": which schedule the kernel got
+MAX_TILE = 8
+
+
+def _extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def _vector_width(extent: int | None, lanes: int) -> int:
+    """Largest vector width that divides ``extent`` (no tail loop), or 1 if none is worth it."""
+    if extent is None or extent <= 1:
+        return 1
+    if extent <= lanes:
+        return extent
+    for width in range(lanes, max(lanes // 4, 2) - 1, -1):
+        if extent % width == 0:
+            return width
+    return 1
+
+
+def _tile(extent: int | None) -> int:
+    if extent is None:
+        return 1
+    return next((t for t in range(MAX_TILE, 1, -1) if extent % t == 0), 1)
+
+
+def _inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
+    """Inline spatial blocks into their neighbours; padding stays a stage of its own."""
+    keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)]
+    candidates = [b for b in blocks if b not in keep]
+    remaining = dl.try_inline(sch, candidates)
+    order = {b.name: i for i, b in enumerate(blocks)}
+    return sorted(keep + remaining, key=lambda b: order[b.name])
+
+
+def _schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    width = _vector_width(_extent(sch, fused), lanes)
+    if width > 1 and _extent(sch, fused) > width:
+        outer, inner = sch.split(fused, factors=[None, width])
+        sch.parallel(outer)
+        sch.vectorize(inner)
+    elif width > 1:
+        sch.vectorize(fused)
+    else:
+        sch.parallel(fused)
+
+
+def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, lanes: int) -> s_tir.schedule.LoopRV:
+    """Register-tile one reduction block; returns the parallel loop its epilogue attaches to."""
+    kinds = info.dom_kind()
+    n_spatial = kinds.index("R") if "R" in kinds else len(kinds)
+    if set(kinds) - {"S", "R"} or "S" in kinds[n_spatial:] or n_spatial == 0:
+        raise ValueError(f"block {info.name} has iterators {kinds}, not spatial-then-reduction")
+    block = info.block_rv
+    loops = sch.get_loops(block)
+    spatial, reduction = loops[:n_spatial], loops[n_spatial:]
+    width = _vector_width(_extent(sch, spatial[-1]), lanes)
+    vec_outer, vec_inner = sch.split(spatial[-1], factors=[None, width])
+    if n_spatial >= 2:
+        tile = _tile(_extent(sch, spatial[-2]))
+        tile_outer, tile_inner = sch.split(spatial[-2], factors=[None, tile])
+        outer = list(spatial[:-2]) + [tile_outer, vec_outer]
+        inner = [tile_inner, vec_inner]
+    else:
+        outer, inner = [vec_outer], [vec_inner]
+    sch.reorder(*outer, *reduction, *inner)
+    parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    sch.parallel(parallel)
+    write_back = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write_back, parallel, preserve_unit_loops=True)
+    # Vectorise before decomposing the reduction: the update block alone no longer counts as a
+    # reduction, and TIR refuses to vectorise it then. The init block inherits the loop kinds.
+    if width > 1:
+        sch.vectorize(inner[-1])
+    if len(inner) == 2:
+        sch.unroll(inner[0])
+    sch.decompose_reduction(block, reduction[0])
+    _vectorize_innermost(sch, write_back, lanes)
+    return parallel
+
+
+def _vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    loop = sch.get_loops(block)[-1]
+    width = _vector_width(_extent(sch, loop), lanes)
+    if width > 1:
+        if _extent(sch, loop) > width:
+            loop = sch.split(loop, factors=[None, width])[1]
+        sch.vectorize(loop)
+
+
+def _try_attach(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
+    """Compute an epilogue under its producer's tile loop, if its access pattern allows."""
+    try:
+        sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
+    except s_tir.ScheduleError:
+        return False
+    return True
+
+
+def _tiled(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
+    sch = s_tir.Schedule(func)
+    blocks = normalize_prim_func(sch)
+    if blocks is None:
+        return None
+    blocks = _inline_elementwise(sch, blocks)
+    anchor = None
+    for info in blocks:
+        block = info.block_rv
+        if info.is_reduction():
+            anchor = _schedule_reduction(sch, info, lanes)
+        elif anchor is not None and _try_attach(sch, block, anchor):
+            _vectorize_innermost(sch, block, lanes)
+        else:
+            _schedule_spatial(sch, block, lanes)
+    return sch
+
+
+def _basic(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root") if _has_root(sch) else None
+    for block in sch.get_child_blocks(root) if root is not None else []:
+        try:
+            loops = sch.get_loops(block)
+            if loops:
+                sch.parallel(loops[0])
+        except s_tir.ScheduleError:
+            continue
+    return sch
+
+
+def _has_root(sch: s_tir.Schedule) -> bool:
+    try:
+        sch.get_sblock("root")
+    except (s_tir.ScheduleError, ValueError):
+        return False
+    return True
+
+
+def _mark(sch: s_tir.Schedule, kind: str) -> s_tir.Schedule:
+    return s_tir.Schedule(sch.mod["main"].with_attr(SCHEDULE_ATTR, kind))
+
+
+class CPUDefault(dl.ScheduleRule):
+    """The default schedule of every CPU kernel: tiled when possible, else basic."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        lanes = vector_lanes(target)
+        try:
+            sch = _tiled(func, lanes)
+            if sch is not None:
+                return _mark(sch, "tiled")
+        except (s_tir.ScheduleError, ValueError) as err:
+            log.debug("tiled schedule failed, using basic: %s", str(err).splitlines()[0])
+        return _mark(_basic(func, lanes), "basic")

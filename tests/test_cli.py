@@ -1,0 +1,80 @@
+"""The relaxc command line: success paths print what they did; user errors exit 2 on one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from tests import reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def relaxc(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "compiler", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "small.onnx"
+    onnx.save(reference.small_cnn(), path)
+    return path
+
+
+def test_compile_run_and_inspect(model_file, tmp_path):
+    out = tmp_path / "small.so"
+    proc = relaxc("compile", str(model_file), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "compiled small" in proc.stdout and out.exists() and (tmp_path / "small.json").exists()
+    assert "[relaxc] simplify" in proc.stderr  # progress per phase
+
+    x = reference.random_inputs([("x", (1, 3, 32, 32), "float32")])["x"]
+    np.save(tmp_path / "x.npy", x)
+    proc = relaxc("run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "--repeat", "3")
+    assert proc.returncode == 0, proc.stderr
+    expected = reference.ort_run(reference.small_cnn(), {"x": x})[0]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("output y:"))
+    assert "shape (1, 10) float32" in line
+    assert float(line.split(" sum ")[1].split()[0]) == pytest.approx(float(expected.sum()), rel=1e-4)
+    assert "latency: median" in proc.stdout and "over 3 runs" in proc.stdout
+
+    proc = relaxc("inspect", str(model_file), "--phase", "simplify", "-q")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout[: proc.stdout.index("\n}\n") + 2])
+    assert report["ops"]["Conv"] == 3
+    assert "R.nn.conv2d" in proc.stdout and proc.stderr == ""
+
+
+def test_run_compiles_onnx_with_shape_binding(model_file, tmp_path):
+    model = onnx.load(model_file)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    onnx.save(model, tmp_path / "dyn.onnx")
+    proc = relaxc("run", str(tmp_path / "dyn.onnx"), "--shape", "x=2,3,32,32", "--repeat", "1", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "output y: shape (2, 10) float32" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "/no/such.onnx"], "relaxc: error: model file not found: /no/such.onnx"),
+    (["compile", "onnx:resnet18"], "relaxc: error: unknown bundled model 'onnx:resnet18'"),
+    (["inspect", "MODEL", "-t", "cuda9"], "relaxc: error: unknown target 'cuda9'"),
+    (["run", "MODEL", "--input", "y=/tmp/none.npy"], "relaxc: error: --input names unknown input(s) ['y']"),
+    (["run", "MODEL", "--shape", "x=1,3,32"], "relaxc: error: input 'x' has rank 4, but shapes gives 3 dims"),
+    (["inspect", "MODEL", "--phase", "bogus"], "relaxc: error: unknown phase 'bogus'"),
+])
+def test_user_errors_exit_2_with_one_line(model_file, args, message):
+    proc = relaxc(*[str(model_file) if a == "MODEL" else a for a in args], "-q")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(message) and "Traceback" not in proc.stderr
+
+
+def test_malformed_arguments_exit_2(model_file):
+    proc = relaxc("run", str(model_file), "--shape", "x:1,3")
+    assert proc.returncode == 2 and "expected NAME=D0,D1" in proc.stderr and "Traceback" not in proc.stderr

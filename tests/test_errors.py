@@ -1,0 +1,184 @@
+"""Every kind of bad input gets a clear UserError, raised before compile work, leaving nothing behind."""
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import compiler
+from compiler import frontend
+from tests import reference
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_missing_file():
+    with pytest.raises(compiler.ModelError, match="model file not found: /no/such/model.onnx"):
+        compiler.compile("/no/such/model.onnx")
+
+
+def test_directory_instead_of_file(tmp_path):
+    with pytest.raises(compiler.ModelError, match="is a directory"):
+        compiler.compile(str(tmp_path))
+
+
+def test_not_an_onnx_file(tmp_path):
+    path = _write(tmp_path / "notes.onnx", b"these are not the weights you are looking for\n")
+    with pytest.raises(compiler.ModelError, match="not (a readable )?(an )?ONNX model"):
+        compiler.compile(path)
+
+
+def test_truncated_protobuf(tmp_path):
+    data = reference.small_cnn().SerializeToString()
+    path = _write(tmp_path / "cut.onnx", data[: len(data) // 2])
+    with pytest.raises(compiler.ModelError, match="cut.onnx is not"):
+        compiler.compile(path)
+
+
+def test_unknown_bundled_model():
+    with pytest.raises(compiler.ModelError, match="unknown bundled model 'onnx:resnet18'.*onnx:resnet50"):
+        compiler.compile("onnx:resnet18")
+
+
+def test_checker_failure_says_why():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    node = helper.make_node("Add", ["x", "ghost"], ["y"], name="add_ghost")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(compiler.ModelError, match="fails the ONNX checker: .*ghost"):
+        compiler.compile(model)
+
+
+def test_all_unsupported_operators_listed_before_import(monkeypatch):
+    monkeypatch.setattr(frontend, "from_onnx", lambda *a, **k: pytest.fail("import ran"))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [
+        helper.make_node("Celu", ["x"], ["a"], name="celu_1"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu_ok"),
+        helper.make_node("Celu", ["b"], ["c"], name="celu_2"),
+        helper.make_node("LpNormalization", ["c"], ["d"], name="lpnorm"),
+        helper.make_node("Frobnicate", ["d"], ["y"], name="custom", domain="com.example"),
+    ]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    with pytest.raises(compiler.UnsupportedOperatorError) as info:
+        compiler.compile(model)
+    message = str(info.value)
+    assert "3 unsupported operator type(s)" in message
+    assert "Celu (nodes: celu_1, celu_2)" in message
+    assert "LpNormalization (nodes: lpnorm)" in message
+    assert "com.example::Frobnicate (nodes: custom)" in message
+    assert "Relu" not in message
+
+
+def _dynamic_model():
+    model = reference.small_cnn()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    return model
+
+
+def test_dynamic_dim_without_shapes_names_input_and_dim():
+    with pytest.raises(compiler.ShapeError, match=r"input 'x' has a dynamic dimension 0 \('batch'\)"):
+        compiler.compile(_dynamic_model())
+
+
+@pytest.mark.parametrize("shapes, message", [
+    ({"y": (1, 3, 32, 32)}, r"unknown input\(s\) \['y'\]"),
+    ({"x": (1, 3, 32)}, "has rank 4, but shapes gives 3 dims"),
+    ({"x": (2, 4, 32, 32)}, "dim 1 is fixed to 3 in the model, but shapes gives 4"),
+])
+def test_bad_shape_bindings(shapes, message):
+    with pytest.raises(compiler.ShapeError, match=message):
+        compiler.compile(_dynamic_model(), shapes=shapes)
+
+
+@pytest.mark.parametrize("target, message", [
+    ("cuda9", "unknown target 'cuda9'"),
+    ({"kind": "nope"}, 'invalid target {"kind": "nope"}'),
+    ({"kind": "llvm", "mcpu": "pentium9"}, "LLVM does not know the CPU 'pentium9'"),
+    ("{not json", "not valid JSON"),
+])
+def test_unknown_target(target, message):
+    with pytest.raises(compiler.TargetError, match=message):
+        compiler.compile(reference.small_cnn(), target=target)
+
+
+def test_bad_tuning_mode():
+    with pytest.raises(compiler.UserError, match="tuning must be one of"):
+        compiler.compile(reference.small_cnn(), tuning="fast")
+
+
+@pytest.fixture(scope="module")
+def small_artifact():
+    return compiler.compile(reference.small_cnn())
+
+
+def test_run_with_wrong_name(small_artifact):
+    with pytest.raises(compiler.InputError, match=r"unknown \['image'\], missing \['x'\]; expected \['x'\]"):
+        small_artifact.run({"image": np.zeros((1, 3, 32, 32), np.float32)})
+
+
+def test_run_with_wrong_shape(small_artifact):
+    with pytest.raises(compiler.InputError, match=r"input 'x': expected shape \(1, 3, 32, 32\), got \(1, 3, 224, 224\)"):
+        small_artifact.run(np.zeros((1, 3, 224, 224), np.float32))
+
+
+def test_run_with_wrong_dtype(small_artifact):
+    with pytest.raises(compiler.InputError, match="input 'x': expected dtype float32, got float64"):
+        small_artifact.run(np.zeros((1, 3, 32, 32)))
+
+
+def test_run_with_wrong_count(small_artifact):
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    with pytest.raises(compiler.InputError, match=r"model takes 1 input\(s\) \['x'\], got 2"):
+        small_artifact.run(x, x)
+
+
+def test_export_to_missing_directory(small_artifact, tmp_path):
+    with pytest.raises(compiler.ExportError, match="does not exist"):
+        small_artifact.export(tmp_path / "nope" / "m.so")
+    assert os.listdir(tmp_path) == []
+
+
+def test_export_onto_a_directory_leaves_nothing(small_artifact, tmp_path):
+    (tmp_path / "m.so").mkdir()
+    with pytest.raises(compiler.ExportError, match="cannot export to"):
+        small_artifact.export(tmp_path / "m.so")
+    assert os.listdir(tmp_path) == ["m.so"] and os.listdir(tmp_path / "m.so") == []
+
+
+def test_export_failing_midway_leaves_nothing(small_artifact, tmp_path, monkeypatch):
+    def half_written(path):
+        with open(path, "wb") as f:
+            f.write(b"\x7fELF partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(small_artifact.executable, "export_library", half_written, raising=False)
+    with pytest.raises(compiler.ExportError, match="No space left on device"):
+        small_artifact.export(tmp_path / "m.so")
+    assert os.listdir(tmp_path) == []
+
+
+def test_load_without_manifest(small_artifact, tmp_path):
+    small_artifact.export(tmp_path / "m.so")
+    os.unlink(tmp_path / "m.json")
+    with pytest.raises(compiler.ExportError, match="manifest .*m.json is missing"):
+        compiler.load(tmp_path / "m.so")
+
+
+def test_load_missing_library(tmp_path):
+    with pytest.raises(compiler.ExportError, match="no artifact at"):
+        compiler.load(tmp_path / "absent.so")
+
+
+def test_load_unknown_device(small_artifact, tmp_path):
+    small_artifact.export(tmp_path / "m.so")
+    with pytest.raises(compiler.UserError, match="unknown device 'tpu'"):
+        compiler.load(tmp_path / "m.so", device="tpu")

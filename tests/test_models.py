@@ -1,0 +1,62 @@
+"""Every bundled architecture, and random-weight models, match onnxruntime."""
+
+import onnx
+import pytest
+
+import compiler
+from compiler import models
+from tests import reference
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", models.BUNDLED)
+def test_bundled_model_matches_onnxruntime(name):
+    spec = f"onnx:{name}"
+    art = compiler.compile(spec, target="cpu")
+    inputs = reference.random_inputs(art.inputs)
+    expected = reference.ort_run(onnx.load(models.bundled_path(spec)), inputs)
+    reference.assert_matches(art.run(inputs), expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "squeezenet", "inception_v1", "shufflenet"])
+def test_bundled_architecture_with_random_weights(name):
+    model = reference.randomize_weights(onnx.load(models.bundled_path(f"onnx:{name}")), seed=7)
+    art = compiler.compile(model, target="cpu")
+    inputs = reference.random_inputs(art.inputs, seed=3)
+    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+
+
+@pytest.mark.parametrize("build", [reference.small_cnn, reference.branchy_cnn])
+def test_small_random_weight_models(build):
+    model = build()
+    art = compiler.compile(model, target="cpu")
+    inputs = reference.random_inputs(art.inputs, seed=5)
+    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+
+
+def test_dynamic_batch_bound_by_shapes():
+    model = reference.small_cnn()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    art = compiler.compile(model, shapes={"x": (4, 3, 32, 32)})
+    assert art.inputs == [("x", (4, 3, 32, 32), "float32")]
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+
+
+def test_report_and_ir_per_phase():
+    art = compiler.compile(reference.small_cnn())
+    report = art.report()
+    assert report["model"] == "test"
+    assert report["target"]["kind"] == "llvm"
+    assert [p["name"] for p in report["phases"]] == ["import", "simplify", "legalize", "fuse",
+                                                     "schedule", "lower", "build"]
+    assert all(p["seconds"] >= 0 for p in report["phases"])
+    assert report["ops"]["Conv"] == 3 and report["ops"]["BatchNormalization"] == 1
+    assert "R.nn.batch_norm" in art.ir("import")
+    # simplify folds the batch norm that follows a conv into the conv's weights
+    assert "batch_norm" not in art.ir("simplify")
+    assert "T.prim_func" in art.ir("legalize")
+    with pytest.raises(compiler.UserError, match="unknown phase 'nope'"):
+        art.ir("nope")
