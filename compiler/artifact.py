@@ -62,7 +62,7 @@ class _Runner:
             raise InputError(f"input {name!r}: expected dtype {dtype}, got {array.dtype}")
         if tuple(array.shape) != tuple(shape):
             raise InputError(f"input {name!r}: expected shape {tuple(shape)}, got {tuple(array.shape)}")
-        return np.ascontiguousarray(array)
+        return np.require(array, requirements="C")  # ascontiguousarray would make 0-d arrays 1-d
 
 
 def _to_numpy(result: Any) -> list[np.ndarray]:

@@ -28,6 +28,8 @@ TensorSpec = tuple[str, tuple[int, ...], str]
 
 # Ops the importer handles itself rather than through its converter table.
 _BUILTIN_OPS = {"If", "Constant"}
+# Attribute values the importer ignores, which would give wrong results instead of an error.
+_UNSUPPORTED_ATTRS = {("BatchNormalization", "training_mode"): 1}
 _ONNX_DOMAINS = {"", "ai.onnx"}
 
 
@@ -114,6 +116,10 @@ def check_operators(graph: onnx.GraphProto) -> None:
         key = node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}::{node.op_type}"
         if node.domain not in _ONNX_DOMAINS or node.op_type not in supported:
             missing[key].append(node.name or f"#{index}")
+        for attr in node.attribute:
+            bad = _UNSUPPORTED_ATTRS.get((node.op_type, attr.name))
+            if bad is not None and onnx.helper.get_attribute_value(attr) == bad:
+                missing[f"{key}({attr.name}={bad})"].append(node.name or f"#{index}")
     if missing:
         parts = [f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
                  for op, names in sorted(missing.items())]
@@ -151,8 +157,8 @@ def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None) -> list[TensorSpe
                 if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
                     raise ShapeError(f"input {value.name!r} dim {axis} is fixed to {dim.dim_value} "
                                      f"in the model, but shapes gives {size}")
-                if size <= 0:
-                    raise ShapeError(f"input {value.name!r} dim {axis}: size must be positive, got {size}")
+                if size < 0:
+                    raise ShapeError(f"input {value.name!r} dim {axis}: size must not be negative, got {size}")
             specs.append((value.name, given, _dtype(value)))
             continue
         for axis, dim in enumerate(dims):

@@ -1,0 +1,230 @@
+"""ONNX backend node conformance: every node test case the onnx package generates, through relaxc.
+
+    python -m tests.conformance --all            # the full suite (~1,900 cases)
+    python -m tests.conformance --ops Conv Relu  # the cases built only from these operator types
+    python -m tests.conformance --subset         # the fixed CI subset (tests/test_conformance.py)
+
+Each case runs in a worker process; a case that crashes the worker or outlives ``--timeout`` is
+recorded as ``crash`` and the worker is replaced, so no case can stop the run. Outcomes:
+``pass``, ``wrong`` (ran, output differs beyond the case's own rtol/atol), ``unsupported``
+(relaxc refused it with a UserError, e.g. an operator the importer lacks), ``error`` (compile or
+run raised anything else) and ``crash``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pickle
+import queue
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Operator types of CNN inference that relaxc must keep passing; CI runs all their node cases.
+SUBSET_OPS = ("Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Conv", "Flatten",
+              "Gemm", "GlobalAveragePool", "MaxPool", "Mul", "Relu", "Reshape", "Sigmoid",
+              "Softmax", "Sum", "Transpose")
+OUTCOMES = ("pass", "wrong", "unsupported", "error", "crash")
+
+
+@dataclass
+class Result:
+    name: str
+    ops: list[str]
+    outcome: str
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def collect(ops: set[str] | None = None) -> list:
+    from onnx.backend.test.case.node import collect_testcases
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [c for c in collect_testcases() if c.kind == "node"]
+    if ops is not None:
+        cases = [c for c in cases if set(_case_ops(c)) <= ops]
+    return sorted(cases, key=lambda c: c.name)
+
+
+def _case_ops(case) -> list[str]:
+    return sorted({n.op_type for n in case.model.graph.node})
+
+
+def run_case(path: str) -> dict:
+    """Compile and run one pickled case in this process; returns the Result as a dict."""
+    import numpy as np
+
+    import compiler
+    from compiler.frontend import graph_inputs
+
+    with open(path, "rb") as f:
+        case = pickle.load(f)
+    if os.environ.get("RELAXC_CONFORMANCE_CRASH") == case.name:  # lets tests prove isolation
+        os.kill(os.getpid(), signal.SIGSEGV)
+    start = time.perf_counter()
+    ops = _case_ops(case)
+
+    def result(outcome: str, detail: str = "") -> dict:
+        return asdict(Result(case.name, ops, outcome, detail[:300], time.perf_counter() - start))
+
+    inputs, expected = case.data_sets[0]
+    # Bind dynamic inputs to the shape of their test data, as a user would with --shape.
+    shapes = {value.name: np.shape(array) for value, array in zip(graph_inputs(case.model.graph), inputs)
+              if any(not dim.dim_value for dim in value.type.tensor_type.shape.dim)}
+    try:
+        art = compiler.compile(case.model, shapes=shapes)
+    except compiler.UserError as err:
+        return result("unsupported", str(err))
+    except Exception as err:  # anything else is a relaxc/TVM failure on a valid model
+        return result("error", f"compile: {type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}")
+    try:
+        outputs = art.run(*inputs)
+    except Exception as err:
+        return result("error", f"run: {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
+    if len(outputs) != len(expected):
+        return result("wrong", f"{len(outputs)} outputs, expected {len(expected)}")
+    for index, (got, ref) in enumerate(zip(outputs, expected)):
+        ref = np.asarray(ref)
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            return result("wrong", f"output {index}: {got.dtype}{got.shape}, expected {ref.dtype}{ref.shape}")
+        try:
+            np.testing.assert_allclose(got, ref, rtol=case.rtol, atol=case.atol)
+        except AssertionError as err:
+            return result("wrong", f"output {index}: " + " ".join(str(err).split())[:200])
+    return result("pass")
+
+
+def worker_main() -> None:
+    """Read case paths from stdin, answer one JSON line per case on stdout."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # keep TVM's prints out of the protocol
+    for line in sys.stdin:
+        try:
+            reply = run_case(line.strip())
+        except Exception:  # a bug in the runner itself: report it, keep serving
+            reply = {"outcome": "error", "detail": traceback.format_exc(limit=1)}
+        out.write(json.dumps(reply) + "\n")
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def ask(self, path: str, timeout: float) -> tuple[dict | None, str]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.conformance", "--worker"], cwd=ROOT, text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": ROOT, "TVM_NUM_THREADS": "1"})
+        self.proc.stdin.write(path + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if line:
+            return json.loads(line), ""
+        why = f"no answer in {timeout:.0f}s" if not ready else f"worker died (exit {self.proc.wait()})"
+        self.close()
+        return None, why
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool = True) -> list[Result]:
+    """Run every case isolated in worker processes; returns one Result per case, in order."""
+    results: dict[str, Result] = {}
+    todo: queue.Queue = queue.Queue()
+    with tempfile.TemporaryDirectory(prefix="relaxc-conformance-") as tmp:
+        for index, case in enumerate(cases):
+            path = os.path.join(tmp, f"{index}.pkl")
+            with open(path, "wb") as f:
+                pickle.dump(case, f)
+            todo.put((case, path))
+        lock = threading.Lock()
+
+        def serve() -> None:
+            worker = _Worker()
+            try:
+                while True:
+                    try:
+                        case, path = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    start = time.perf_counter()
+                    reply, why = worker.ask(path, timeout)
+                    result = (Result(**reply) if reply and "name" in reply else
+                              Result(case.name, _case_ops(case), "crash" if reply is None else "error",
+                                     why or reply.get("detail", ""), time.perf_counter() - start))
+                    with lock:
+                        results[case.name] = result
+                        if progress:
+                            print(f"\r[{len(results)}/{len(cases)}] {case.name:60.60s}", end="",
+                                  file=sys.stderr, flush=True)
+            finally:
+                worker.close()
+
+        threads = [threading.Thread(target=serve) for _ in range(max(1, jobs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if progress:
+        print(file=sys.stderr)
+    return [results[c.name] for c in cases]
+
+
+def summarize(results: list[Result]) -> str:
+    counts = collections.Counter(r.outcome for r in results)
+    lines = [f"{len(results)} cases: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES)]
+    for outcome in OUTCOMES[1:]:
+        ops = collections.Counter(op for r in results if r.outcome == outcome for op in r.ops)
+        if ops:
+            lines.append(f"{outcome}: " + ", ".join(f"{op} ({n})" for op, n in sorted(ops.items())))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every node case")
+    which.add_argument("--subset", action="store_true", help=f"cases of {', '.join(SUBSET_OPS)}")
+    which.add_argument("--ops", nargs="+", help="cases built only from these operator types")
+    which.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case (default 120)")
+    parser.add_argument("--json", help="write every case's result to this file")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker_main()
+        return 0
+    ops = None if args.all else set(SUBSET_OPS if args.subset else args.ops)
+    start = time.perf_counter()
+    results = run_cases(collect(ops), jobs=args.jobs, timeout=args.timeout)
+    print(summarize(results))
+    print(f"wall time {time.perf_counter() - start:.0f}s")
+    for r in results:
+        if r.outcome != "pass":
+            print(f"  {r.outcome:11s} {r.name}: {r.detail}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
