@@ -13,6 +13,7 @@ Each phase is timed and the module after it is kept, so ``Artifact.ir(phase)`` s
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from compiler.artifact import Artifact
 from compiler.errors import UserError
 from passes.fold_constants import FoldConstantsNumpy
 from schedules import cache
+from schedules.cpu import SCHEDULE_ATTR
 from schedules.default import apply_default_schedules
 
 log = logging.getLogger("relaxc")
@@ -125,9 +127,16 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
         "phases": timings,
         "compile_seconds": sum(t["seconds"] for t in timings),
         "ops": imported.ops,
-        "kernels": sum(1 for f in snapshots["fuse"].functions.values() if isinstance(f, tvm.tirx.PrimFunc)),
+        "schedules": _schedule_counts(snapshots["schedule"]),
     }
     return Artifact(executable, tvm_target, imported.inputs, imported.outputs, report, snapshots)
+
+
+def _schedule_counts(mod: tvm.IRModule) -> dict[str, int]:
+    """How many kernels got each kind of default schedule ("tiled", "basic"; "none" if unscheduled)."""
+    kinds = [str(func.attrs.get(SCHEDULE_ATTR, "none")) if func.attrs else "none"
+             for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)]
+    return dict(sorted(collections.Counter(kinds).items()))
 
 
 def _spec_json(spec: frontend.TensorSpec) -> dict:

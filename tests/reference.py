@@ -61,18 +61,19 @@ def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    copy.ir_version = max(copy.ir_version, 4)  # IR 3 requires every initializer to be an input too
     graph = copy.graph
-    shapes = {init.name: tuple(int(v) for v in numpy_helper.to_array(init)) for init in graph.initializer}
+    initializers = {init.name: init for init in graph.initializer}
     role = {}
     for node in graph.node:
         for index, name in enumerate(node.input):
             role.setdefault(name, (node.op_type, index, node))
     nodes = []
     for node in graph.node:
-        if node.op_type != "ConstantOfShape" or node.input[0] not in shapes:
+        if node.op_type != "ConstantOfShape" or node.input[0] not in initializers:
             nodes.append(node)
             continue
-        shape = shapes[node.input[0]]
+        shape = tuple(int(v) for v in numpy_helper.to_array(initializers[node.input[0]]).reshape(-1))
         op, index, consumer = role.get(node.output[0], ("", 0, None))
         if op == "BatchNormalization" and index in (1, 4):
             value = rng.uniform(0.5, 1.5, shape)

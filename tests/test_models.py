@@ -54,6 +54,7 @@ def test_report_and_ir_per_phase():
                                                      "schedule", "lower", "build"]
     assert all(p["seconds"] >= 0 for p in report["phases"])
     assert report["ops"]["Conv"] == 3 and report["ops"]["BatchNormalization"] == 1
+    assert report["schedules"].get("none", 0) == 0 and report["schedules"]["tiled"] >= 4
     assert "R.nn.batch_norm" in art.ir("import")
     # simplify folds the batch norm that follows a conv into the conv's weights
     assert "batch_norm" not in art.ir("simplify")
