@@ -26,7 +26,7 @@ from tvm.target import Target
 
 from compiler import frontend, targets
 from compiler.artifact import Artifact
-from compiler.errors import UserError
+from compiler.errors import TargetError, UserError
 from passes.fold_constants import FoldConstantsNumpy
 from schedules import cache
 from schedules.cpu import SCHEDULE_ATTR
@@ -93,6 +93,9 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
         raise UserError(f"tuning={tuning!r} is not available in this version of relaxc; "
                         "use 'replay' or 'off'")
     tvm_target = targets.resolve(target)
+    if tvm_target.kind.name != "llvm":
+        raise TargetError(f"target kind {tvm_target.kind.name!r} is not supported yet; "
+                          "this version of relaxc compiles for CPU (llvm) only")
     timings: list[dict] = []
     snapshots: dict[str, tvm.IRModule] = {}
 
