@@ -28,7 +28,8 @@ __all__ = ["compile", "load", "Deployed", "UserError", "ModelError", "Unsupporte
 
 
 def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,  # noqa: A001
-            tuning: str = "replay", cache_dir: str | None = None) -> "Artifact":
+            tuning: str = "replay", cache_dir: str | None = None,
+            layout_block: int | None = None) -> "Artifact":
     """Compile an ONNX model for a target and return a runnable ``Artifact``.
 
     model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
@@ -36,7 +37,10 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     shapes: binds dynamic input dims, e.g. ``{"input": (1, 3, 224, 224)}``.
     tuning: ``"replay"`` (default) or ``"off"``; ``"strict"`` and ``"tune"`` are not available yet.
     cache_dir: directory of tuning records (not used yet).
+    layout_block: channel block b of the blocked NCHW{b}c layout; default: the target's fp32 vector
+        lanes (8 with AVX2, 16 with AVX-512); 0 keeps every operator in NCHW.
     """
     from compiler.pipeline import compile_model
 
-    return compile_model(model, target=target, shapes=shapes, tuning=tuning, cache_dir=cache_dir)
+    return compile_model(model, target=target, shapes=shapes, tuning=tuning, cache_dir=cache_dir,
+                         layout_block=layout_block)

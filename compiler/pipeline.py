@@ -2,7 +2,8 @@
 
     import     compiler/frontend.py   validate the ONNX model, convert to Relax
     simplify   passes/fold_constants  fold constants and batch norms, CSE, dead code
-    legalize   TVM LegalizeOps         Relax operators to TIR PrimFuncs
+    layout     passes/layout.py        NCHW convs to blocked NCHW{b}c, channels padded to the block
+    legalize   passes/legalize.py      Relax operators to TIR PrimFuncs (blocked convs: ours)
     fuse       TVM FuseOps/FuseTIR     fuse producers with their elementwise consumers
     schedule   schedules/default.py    default schedules for every kernel
     lower      TVM VM lowering         storage planning, VM calling convention
@@ -28,6 +29,8 @@ from compiler import frontend, targets
 from compiler.artifact import Artifact
 from compiler.errors import TargetError, UserError
 from passes.fold_constants import FoldConstantsNumpy
+from passes.layout import LayoutPass
+from passes.legalize import legalize_ops
 from schedules import cache
 from schedules.cpu import SCHEDULE_ATTR
 from schedules.default import apply_default_schedules
@@ -37,12 +40,23 @@ TUNING_MODES = ("off", "replay", "strict", "tune")
 
 
 @dataclass(frozen=True)
+class Options:
+    """Everything besides the model that decides what the pipeline produces (fingerprinted)."""
+
+    target: Target
+    layout_block: int  # channel block of NCHW{b}c; 0 keeps NCHW
+
+    def fingerprint_options(self) -> dict:
+        return {"layout_block": self.layout_block}
+
+
+@dataclass(frozen=True)
 class Phase:
     name: str
-    passes: Callable[[Target], list[tvm.transform.Pass]]
+    passes: Callable[[Options], list[tvm.transform.Pass]]
 
 
-def _simplify(_target: Target) -> list[tvm.transform.Pass]:
+def _simplify(_options: Options) -> list[tvm.transform.Pass]:
     return [
         FoldConstantsNumpy(),  # materialise fills first: FoldBatchnormToConv2D needs constants
         relax.transform.FoldBatchnormToConv2D(),
@@ -55,26 +69,30 @@ def _simplify(_target: Target) -> list[tvm.transform.Pass]:
     ]
 
 
-def _legalize(_target: Target) -> list[tvm.transform.Pass]:
-    return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant()]
+def _layout(options: Options) -> list[tvm.transform.Pass]:
+    return [LayoutPass(options.layout_block)]
 
 
-def _fuse(_target: Target) -> list[tvm.transform.Pass]:
+def _legalize(_options: Options) -> list[tvm.transform.Pass]:
+    return [legalize_ops(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant()]
+
+
+def _fuse(_options: Options) -> list[tvm.transform.Pass]:
     return [relax.transform.FuseOps(), relax.transform.FuseTIR(),
             relax.transform.DeadCodeElimination()]
 
 
-def _schedule(target: Target) -> list[tvm.transform.Pass]:
-    return [apply_default_schedules(target)]
+def _schedule(options: Options) -> list[tvm.transform.Pass]:
+    return [apply_default_schedules(options.target)]
 
 
-def _lower(target: Target) -> list[tvm.transform.Pass]:
-    return cpu_generic.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)
+def _lower(options: Options) -> list[tvm.transform.Pass]:
+    return cpu_generic.dataflow_lower_passes(options.target) + cpu_generic.finalize_passes(options.target)
 
 
 PHASES: tuple[Phase, ...] = (
     Phase("simplify", _simplify),
+    Phase("layout", _layout),
     Phase("legalize", _legalize),
     Phase("fuse", _fuse),
     Phase("schedule", _schedule),
@@ -85,7 +103,7 @@ PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)
 
 def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cpu",
                   shapes: frontend.Shapes | None = None, tuning: str = "replay",
-                  cache_dir: str | None = None) -> Artifact:
+                  cache_dir: str | None = None, layout_block: int | None = None) -> Artifact:
     """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
     if tuning not in TUNING_MODES:
         raise UserError(f"tuning must be one of {', '.join(TUNING_MODES)}, not {tuning!r}")
@@ -96,8 +114,14 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
     if tvm_target.kind.name != "llvm":
         raise TargetError(f"target kind {tvm_target.kind.name!r} is not supported yet; "
                           "this version of relaxc compiles for CPU (llvm) only")
+    if layout_block is None:
+        layout_block = targets.vector_lanes(tvm_target)
+    if layout_block != 0 and layout_block < 2:
+        raise UserError(f"layout_block must be 0 (keep NCHW) or at least 2, not {layout_block}")
+    options = Options(tvm_target, layout_block)
     timings: list[dict] = []
     snapshots: dict[str, tvm.IRModule] = {}
+    summaries: dict[str, dict] = {}
 
     start = time.perf_counter()
     imported = frontend.import_model(model, shapes)
@@ -109,7 +133,12 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
     with tvm_target:
         for phase in PHASES:
             start = time.perf_counter()
-            mod = tvm.transform.Sequential(phase.passes(tvm_target), name=phase.name)(mod)
+            passes = phase.passes(options)
+            mod = tvm.transform.Sequential(passes, name=phase.name)(mod)
+            for pass_ in passes:  # passes that say what they did: their summary joins the report
+                summary = getattr(pass_, "summary", None)
+                if summary is not None:
+                    summaries[phase.name] = summary()
             timings.append({"name": phase.name, "seconds": time.perf_counter() - start})
             log.info("%-9s %6.2fs", phase.name, timings[-1]["seconds"])
             snapshots[phase.name] = mod
@@ -123,7 +152,7 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
     report = {
         "model": imported.name,
         "target": targets.describe(tvm_target),
-        "fingerprint": cache.fingerprint(snapshots["fuse"], tvm_target),
+        "fingerprint": cache.fingerprint(snapshots["fuse"], tvm_target, options.fingerprint_options()),
         "versions": cache.versions(),
         "inputs": [_spec_json(s) for s in imported.inputs],
         "outputs": [_spec_json(s) for s in imported.outputs],
@@ -131,6 +160,7 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
         "compile_seconds": sum(t["seconds"] for t in timings),
         "ops": imported.ops,
         "schedules": _schedule_counts(snapshots["schedule"]),
+        **summaries,
     }
     return Artifact(executable, tvm_target, imported.inputs, imported.outputs, report, snapshots)
 

@@ -66,6 +66,20 @@ def describe(target: Target) -> dict[str, Any]:
     return json.loads(json.dumps(dict(target.export()), default=list))
 
 
+def vector_bits(target: Target) -> int:
+    """Width of the target's widest vector register, from its CPU's features.
+
+    ``codegen.llvm_get_vector_width`` answers 512 for every x86 CPU in TVM 0.27 (it reads the host),
+    so the width comes from the features LLVM knows for the target's ``mcpu``.
+    """
+    if target.kind.name != "llvm":
+        return 128
+    for feature, bits in (("avx512f", 512), ("avx", 256), ("neon", 128), ("sse2", 128)):
+        if codegen.target_has_features(feature, target):
+            return bits
+    return 128
+
+
 def vector_lanes(target: Target, dtype_bits: int = 32) -> int:
     """SIMD lanes of ``dtype_bits``-wide elements the target's widest vector register holds."""
-    return max(1, int(codegen.llvm_get_vector_width(target)) // dtype_bits)
+    return max(1, vector_bits(target) // dtype_bits)

@@ -1,0 +1,442 @@
+"""Layout selection: NCHW convolutions become blocked NCHW{b}c, channels zero-padded to the block.
+
+Why a pass of its own (seed 002): memory planning must see the real, padded tensor sizes, so
+layouts are chosen before fusion and planning, and this pass only rewrites the graph; it never
+allocates. Why blocked: with the channel block innermost, a convolution's output channels are one
+vector register and every weight load is contiguous (seed 000's layout registry, CPU flavour).
+
+How: one walk over the bindings in order. Every value remembers the layout it was produced in and
+the versions already converted for other consumers, so a converter is inserted only where a
+producer and a consumer disagree, and at most once per value and layout. Layout-agnostic ops
+(pointwise, per-channel broadcasts, pooling, concat of whole blocks) take the layout of their
+inputs. Converters already in the graph are recognised and become plain aliases of the value they
+convert, so a to-standard followed by a from-standard of the same value cancels.
+
+Padded channels hold finite values that no result depends on: convolutions read them through
+zero weights and write zeros, per-channel ops keep them finite (constants are padded with 0, or 1
+for a divisor), and every way back to the standard layout slices them off. Ops whose result could
+depend on them (softmax, reductions or normalisation over C, reshape, transpose, flatten into a
+matmul, anything not listed here) get standard, unpadded data.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.ir import GenericConst
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A registered activation layout and its converters; ``block == 0`` is standard NCHW."""
+
+    name: str
+    block: int = 0
+
+    @property
+    def standard(self) -> bool:
+        return self.block == 0
+
+    def padded(self, channels: int) -> int:
+        """Channels as stored: rounded up to a whole number of blocks."""
+        return channels if self.standard else -(-channels // self.block) * self.block
+
+    def from_standard_map(self) -> Callable:
+        b = self.block
+        return lambda n, c, h, w: (n, c // b, h, w, c % b)
+
+    def to_standard_map(self) -> Callable:
+        b = self.block
+        return lambda n, co, h, w, ci: (n, co * b + ci, h, w)
+
+    def from_standard(self, x: relax.Expr) -> relax.Expr:
+        """NCHW to this layout; the channels missing from the last block are zeros."""
+        return relax.op.layout_transform(x, self.from_standard_map(), pad_value=0.0)
+
+    def to_standard(self, x: relax.Expr, channels: int) -> relax.Expr:
+        """This layout to NCHW, slicing the padded channels off."""
+        full = relax.op.layout_transform(x, self.to_standard_map())
+        if channels == self.padded(channels):
+            return full
+        return relax.op.strided_slice(full, axes=[1], begin=[0], end=[channels])
+
+
+STANDARD = Layout("NCHW")
+REGISTRY: dict[str, Layout] = {STANDARD.name: STANDARD}
+
+
+def blocked(block: int) -> Layout:
+    """The NCHW{block}c layout, registered on first use."""
+    return REGISTRY.setdefault(f"NCHW{block}c", Layout(f"NCHW{block}c", block))
+
+
+def pad_channels(array: np.ndarray, axis: int, to: int, value: float = 0.0) -> np.ndarray:
+    """``array`` with ``axis`` padded at the end up to ``to`` entries of ``value``."""
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, to - array.shape[axis])
+    return np.pad(array, widths, constant_values=value)
+
+
+def pack_conv_weight(weight: np.ndarray, groups: int, block: int) -> tuple[np.ndarray, str, int] | None:
+    """OIHW weight to the blocked kernel layout: (kernel, kernel layout, groups), None if unsupported.
+
+    Dense and grouped convs (whole blocks per group) use OIHW{b}i{b}o; depthwise convs use
+    OIHW1i{b}o with one group per padded channel. Padded output channels get zero weights, so they
+    compute zeros; padded input channels get zero weights, so whatever they hold is ignored.
+    """
+    out_ch, in_per_group, kh, kw = weight.shape
+    if groups > 1 and in_per_group == 1 and out_ch == groups:  # depthwise
+        padded = -(-out_ch // block) * block
+        kernel = pad_channels(weight, 0, padded).reshape(padded // block, block, 1, kh, kw)
+        return np.ascontiguousarray(kernel.transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]), f"OIHW1i{block}o", padded
+    if groups > 1 and (in_per_group % block or (out_ch // groups) % block):
+        return None  # a group boundary inside a block: keep the standard layout
+    out_pad = -(-out_ch // block) * block
+    in_pad = -(-in_per_group // block) * block
+    kernel = pad_channels(pad_channels(weight, 0, out_pad), 1, in_pad)
+    kernel = kernel.reshape(out_pad // block, block, in_pad // block, block, kh, kw)
+    return np.ascontiguousarray(kernel.transpose(0, 2, 4, 5, 3, 1)), f"OIHW{block}i{block}o", groups
+
+
+def block_constant(value: np.ndarray, channels: int, layout: Layout, pad_value: float) -> np.ndarray | None:
+    """A constant broadcast against an NCHW tensor, re-laid out to broadcast against ``layout``."""
+    if value.ndim == 0:
+        return value
+    if value.ndim > 4:
+        return None
+    value = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    n, c, h, w = value.shape
+    if c == 1:
+        return value.reshape(n, 1, h, w, 1)
+    if c != channels:
+        return None
+    b = layout.block
+    padded = pad_channels(value, 1, layout.padded(c), pad_value)
+    return np.ascontiguousarray(padded.reshape(n, -1, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+@dataclass
+class LayoutStats:
+    """What the pass did, for ``Artifact.report()["layout"]``."""
+
+    block: int
+    blocked_ops: int = 0
+    standard_ops: int = 0
+    converters: int = 0
+    cancelled_pairs: int = 0
+    padded_tensors: list[dict] = field(default_factory=list)
+    padding_bytes: int = 0
+    weight_padding_bytes: int = 0
+    standard_op_kinds: collections.Counter = field(default_factory=collections.Counter)
+
+    def as_dict(self) -> dict:
+        out = dict(self.__dict__)
+        out["standard_op_kinds"] = dict(sorted(self.standard_op_kinds.items()))
+        return out
+
+
+@dataclass
+class _Value:
+    """One tensor of the original graph: its real channel count and its versions per layout."""
+
+    channels: int
+    versions: dict[str, relax.Expr]  # layout name -> expression; the first entry is the home
+
+    @property
+    def home(self) -> Layout:
+        return REGISTRY[next(iter(self.versions))]
+
+
+def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    ty = expr.ty if hasattr(expr, "ty") else None
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = ty.shape.values if isinstance(ty.shape, relax.ShapeExpr) else None
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return tuple(int(d) for d in dims)
+
+
+def _flat(exprs: list[relax.Expr]) -> list[relax.Expr]:
+    """Arguments with tuples expanded (call_tir passes its tensors in a tuple)."""
+    return [e for expr in exprs for e in (_flat(expr.fields) if isinstance(expr, relax.Tuple) else [expr])]
+
+
+def _constant(expr: relax.Expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, GenericConst) else None
+
+
+def _same_map(index_map: tvm.tirx.IndexMap, func: Callable) -> bool:
+    return tvm_ffi.structural_equal(index_map, tvm.tirx.IndexMap.from_func(func), map_free_vars=True)
+
+
+_UNARY = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
+          "relax.nn.leakyrelu"}
+# Binary pointwise ops and the value padded channels of a constant operand get.
+_BINARY = {"relax.add": 0.0, "relax.subtract": 0.0, "relax.multiply": 0.0, "relax.maximum": 0.0,
+           "relax.minimum": 0.0, "relax.divide": 1.0}
+_POOLS = {"relax.nn.max_pool2d": relax.op.nn.max_pool2d, "relax.nn.avg_pool2d": relax.op.nn.avg_pool2d,
+          "relax.nn.adaptive_avg_pool2d": relax.op.nn.adaptive_avg_pool2d}
+_SPATIAL_REDUCTIONS = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max,
+                       "relax.min": relax.op.min}
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, layout: Layout, stats: LayoutStats) -> None:
+        super().__init__(mod)
+        self.layout = layout
+        self.stats = stats
+        self.values: dict[relax.Var, _Value] = {}
+        self.origin: dict[relax.Var, Layout] = {}  # the layout each var had in the input graph
+        self.handlers = {"relax.nn.conv2d": self._conv2d, "relax.concat": self._concat,
+                         "relax.layout_transform": self._layout_transform,
+                         "relax.strided_slice": self._strided_slice}
+        self.handlers.update({op: self._unary for op in _UNARY})
+        self.handlers.update({op: self._binary for op in _BINARY})
+        self.handlers.update({op: self._pool for op in _POOLS})
+        self.handlers.update({op: self._spatial_reduction for op in _SPATIAL_REDUCTIONS})
+        self.unsliced: dict[relax.Var, relax.Var] = {}  # to-standard result still padded -> its source
+
+    # --- values and converters -------------------------------------------------------------
+    def _value(self, expr: relax.Expr) -> _Value | None:
+        """The tracked tensor behind ``expr``; graph inputs are tracked on first use."""
+        if not isinstance(expr, relax.Var):
+            return None
+        if expr not in self.values:
+            shape = _static_shape(expr)
+            if shape is None or len(shape) != 4 or expr.ty.dtype != "float32":
+                return None
+            self.values[expr] = _Value(shape[1], {STANDARD.name: self.visit_expr(expr)})
+            self.origin[expr] = STANDARD
+        return self.values[expr]
+
+    def _get(self, expr: relax.Expr, layout: Layout | None = None) -> relax.Expr:
+        """``expr`` in ``layout`` (default: the layout the input graph had it in)."""
+        if isinstance(expr, relax.Tuple):  # e.g. the arguments of call_tir
+            return relax.Tuple([self._get(field, layout) for field in expr.fields])
+        value = self._value(expr)
+        if value is None:
+            return self.visit_expr(expr)
+        layout = layout or self.origin[expr]
+        if layout.name not in value.versions:
+            home = value.home
+            source = value.versions[home.name]
+            standard = source if home.standard else home.to_standard(source, value.channels)
+            converted = standard if layout.standard else layout.from_standard(standard)
+            value.versions[layout.name] = self.builder_.emit(converted)
+            self.stats.converters += 1
+            if not layout.standard and layout.padded(value.channels) != value.channels:
+                self._padded(expr.name, value.channels, value.versions[layout.name])
+        return value.versions[layout.name]
+
+    def _padded(self, name: str, channels: int, expr: relax.Expr) -> None:
+        shape = _static_shape(expr)
+        padded = self.layout.padded(channels)
+        per_channel = int(np.prod(shape)) // padded * 4
+        self.stats.padded_tensors.append({"name": name, "from": channels, "to": padded})
+        self.stats.padding_bytes += (padded - channels) * per_channel
+
+    def _blocked_home(self, args: list[relax.Expr]) -> bool:
+        """Whether any tracked argument is already blocked (layouts follow their producers)."""
+        return any((v := self._value(a)) is not None and not v.home.standard for a in args)
+
+    # --- bindings ------------------------------------------------------------------------------
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value, var = binding.value, binding.var
+        result = None
+        if self.builder_.current_block_is_dataflow() and isinstance(value, relax.Call) \
+                and isinstance(value.op, tvm.ir.Op) and value.op.name in self.handlers:
+            result = self.handlers[value.op.name](value, var)
+        if result is None:
+            result = self._fallback(value), STANDARD, None
+        elif result[1] is None:  # an alias: the handler registered the value itself
+            value = self.values[var]
+            self.set_var_remap(var, self._emit_for(var, value.versions[value.home.name]))
+            return
+        new, layout, channels = result
+        if not layout.standard:
+            self.stats.blocked_ops += 1
+        emitted = self.builder_.emit(new, name_hint=var.name)
+        shape = _static_shape(emitted)
+        if not layout.standard or (shape is not None and len(shape) == 4):
+            self.values[var] = _Value(channels if channels is not None else shape[1], {layout.name: emitted})
+            self.origin[var] = STANDARD
+        self.set_var_remap(var, self._emit_for(var, emitted))
+
+    def _emit_for(self, var: relax.Var, home: relax.Expr) -> relax.Expr:
+        """What uses of ``var`` outside the handlers see; block outputs leave in their input layout."""
+        if isinstance(var, relax.DataflowVar) or not self.builder_.current_block_is_dataflow():
+            return home
+        return self.builder_.emit_output(self._get(var) if var in self.values else home, name_hint=var.name)
+
+    def _fallback(self, value: relax.Expr) -> relax.Expr:
+        """Any other op: every argument in the layout the input graph gave it."""
+        if isinstance(value, relax.Call):
+            if any(self._value(a) is not None for a in _flat(value.args)):
+                self.stats.standard_ops += 1
+                self.stats.standard_op_kinds[getattr(value.op, "name", "call")] += 1
+            return relax.Call(self.visit_expr(value.op), [self._get(a) for a in value.args],
+                              value.attrs, value.ty_args)
+        if isinstance(value, relax.Tuple):
+            return relax.Tuple([self._get(f) for f in value.fields])
+        return self._get(value)
+
+    def _rebuilt(self, call: relax.Call, args: list[relax.Expr]) -> relax.Call:
+        return relax.Call(call.op, args, call.attrs, call.ty_args)
+
+    # --- handlers: return (new expr, its layout, real channels), (None, None, None) for an
+    # alias already registered, or None to fall back to the standard layout ----------------------
+    def _conv2d(self, call: relax.Call, _var: relax.Var):
+        attrs = call.attrs
+        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
+            return None
+        data, weight = call.args
+        value, array = self._value(data), _constant(weight)
+        if value is None or array is None:
+            return None
+        packed = pack_conv_weight(array, int(attrs.groups), self.layout.block)
+        if packed is None:
+            return None
+        kernel, kernel_layout, groups = packed
+        self.stats.weight_padding_bytes += (kernel.size - array.size) * array.itemsize
+        new = relax.op.nn.conv2d(
+            self._get(data, self.layout), relax.const(kernel), strides=attrs.strides,
+            padding=attrs.padding, dilation=attrs.dilation, groups=groups,
+            data_layout=self.layout.name, kernel_layout=kernel_layout, out_layout=self.layout.name,
+            out_dtype=attrs.out_dtype)
+        out_channels = array.shape[0]
+        if self.layout.padded(out_channels) != out_channels:
+            self.stats.padded_tensors.append({"name": _var.name, "from": out_channels,
+                                              "to": self.layout.padded(out_channels)})
+            shape = _static_shape(call)
+            self.stats.padding_bytes += (self.layout.padded(out_channels) - out_channels) \
+                * shape[0] * shape[2] * shape[3] * 4
+        return new, self.layout, out_channels
+
+    def _unary(self, call: relax.Call, _var: relax.Var):
+        if not self._blocked_home(call.args[:1]):
+            return None
+        value = self._value(call.args[0])
+        args = [self._get(call.args[0], self.layout)] + [self.visit_expr(a) for a in call.args[1:]]
+        return self._rebuilt(call, args), self.layout, value.channels
+
+    def _binary(self, call: relax.Call, _var: relax.Var):
+        shape = _static_shape(call)
+        if shape is None or len(shape) != 4 or not self._blocked_home(call.args):
+            return None
+        channels = shape[1]
+        pad_value = _BINARY[call.op.name]
+        args = []
+        for index, arg in enumerate(call.args):
+            value, array = self._value(arg), _constant(arg)
+            if value is not None and value.channels == channels and (index == 0 or pad_value == 0.0):
+                args.append(self._get(arg, self.layout))
+            elif array is not None and (laid := block_constant(array, channels, self.layout, pad_value)) is not None:
+                args.append(relax.const(laid, str(array.dtype)))
+            else:
+                return None
+        return self._rebuilt(call, args), self.layout, channels
+
+    def _pool(self, call: relax.Call, _var: relax.Var):
+        attrs = call.attrs
+        if attrs.layout != "NCHW" or attrs.out_layout != "NCHW" or not self._blocked_home(call.args):
+            return None
+        value = self._value(call.args[0])
+        data = self._get(call.args[0], self.layout)
+        layouts = {"layout": self.layout.name, "out_layout": self.layout.name}
+        if call.op.name == "relax.nn.adaptive_avg_pool2d":
+            new = relax.op.nn.adaptive_avg_pool2d(data, attrs.output_size, **layouts)
+        else:
+            new = _POOLS[call.op.name](data, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation,
+                                       attrs.ceil_mode, attrs.count_include_pad, **layouts)
+        return new, self.layout, value.channels
+
+    def _spatial_reduction(self, call: relax.Call, _var: relax.Var):
+        attrs = call.attrs
+        axes = sorted(int(a) % 4 for a in attrs.axis) if attrs.axis is not None else None
+        if axes != [2, 3] or not attrs.keepdims or not self._blocked_home(call.args):
+            return None
+        value = self._value(call.args[0])
+        new = _SPATIAL_REDUCTIONS[call.op.name](self._get(call.args[0], self.layout), axis=[2, 3], keepdims=True)
+        return new, self.layout, value.channels
+
+    def _concat(self, call: relax.Call, _var: relax.Var):
+        parts = call.args[0]
+        if not isinstance(parts, relax.Tuple) or call.attrs.axis is None or int(call.attrs.axis) % 4 != 1:
+            return None
+        values = [self._value(p) for p in parts.fields]
+        if any(v is None or v.channels % self.layout.block for v in values) \
+                or not self._blocked_home(list(parts.fields)):
+            return None  # padded parts are repacked through the standard layout
+        fields = [self._get(p, self.layout) for p in parts.fields]
+        return relax.op.concat(fields, axis=1), self.layout, sum(v.channels for v in values)
+
+    def _layout_transform(self, call: relax.Call, var: relax.Var):
+        """A converter already in the graph: its result is an alias of the value it converts."""
+        source = call.args[0]
+        value, shape = self._value(source), _static_shape(call)
+        if value is None or shape is None:
+            return None
+        source_layout = self.origin[source]
+        if source_layout.standard and len(shape) == 5:
+            target = blocked(shape[4])
+            expected = target.from_standard_map()
+        elif not source_layout.standard and len(shape) == 4:
+            target = STANDARD
+            expected = source_layout.to_standard_map()
+        else:
+            return None
+        if not _same_map(call.attrs.index_map, expected):
+            return None
+        if target.standard and shape[1] != value.channels:
+            self.unsliced[var] = source  # still padded: the strided_slice after it finishes it
+            return None
+        return self._alias(var, value, target)
+
+    def _strided_slice(self, call: relax.Call, var: relax.Var):
+        shape = _static_shape(call)
+        source = self.unsliced.get(call.args[0])
+        if source is None or shape is None or shape[1] != self.values[source].channels:
+            return None
+        return self._alias(var, self.values[source], STANDARD)
+
+    def _alias(self, var: relax.Var, value: _Value, layout: Layout):
+        if layout.name in value.versions:
+            self.stats.cancelled_pairs += 1  # the value already exists in that layout
+        self.values[var] = value
+        self.origin[var] = layout
+        return None, None, None
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.LayoutPass")
+class LayoutPass:
+    """Rewrite NCHW convolutions and the ops around them into NCHW{block}c (see module docstring).
+
+    ``block == 0`` keeps every op in NCHW. ``summary()`` says what the last run did.
+    """
+
+    def __init__(self, block: int) -> None:
+        if block == 1 or block < 0:
+            raise ValueError(f"channel block must be 0 (off) or at least 2, not {block}")
+        self.layout = blocked(block) if block else STANDARD
+        self.stats = LayoutStats(block)
+
+    def summary(self) -> dict:
+        return self.stats.as_dict()
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        self.stats = LayoutStats(self.layout.block)
+        if self.layout.standard:
+            return mod
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter = _Rewriter(mod, self.layout, self.stats)
+                mod[gvar] = rewriter.visit_expr(func)
+        return relax.transform.DeadCodeElimination()(mod)
