@@ -83,25 +83,41 @@ def pad_channels(array: np.ndarray, axis: int, to: int, value: float = 0.0) -> n
     return np.pad(array, widths, constant_values=value)
 
 
-def pack_conv_weight(weight: np.ndarray, groups: int, block: int) -> tuple[np.ndarray, str, int] | None:
+def pack_conv_weight(weight: np.ndarray, groups: int, in_block: int,
+                     out_block: int) -> tuple[np.ndarray, str, int] | None:
     """OIHW weight to the blocked kernel layout: (kernel, kernel layout, groups), None if unsupported.
 
-    Dense and grouped convs (whole blocks per group) use OIHW{b}i{b}o; depthwise convs use
+    Dense and grouped convs (whole blocks per group) use OIHW{i}i{o}o; depthwise convs use
     OIHW1i{b}o with one group per padded channel. Padded output channels get zero weights, so they
     compute zeros; padded input channels get zero weights, so whatever they hold is ignored.
     """
     out_ch, in_per_group, kh, kw = weight.shape
     if groups > 1 and in_per_group == 1 and out_ch == groups:  # depthwise
-        padded = -(-out_ch // block) * block
-        kernel = pad_channels(weight, 0, padded).reshape(padded // block, block, 1, kh, kw)
-        return np.ascontiguousarray(kernel.transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]), f"OIHW1i{block}o", padded
-    if groups > 1 and (in_per_group % block or (out_ch // groups) % block):
+        if in_block != out_block:
+            return None
+        padded = -(-out_ch // out_block) * out_block
+        kernel = pad_channels(weight, 0, padded).reshape(padded // out_block, out_block, 1, kh, kw)
+        return (np.ascontiguousarray(kernel.transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]),
+                f"OIHW1i{out_block}o", padded)
+    if groups > 1 and (in_per_group % in_block or (out_ch // groups) % out_block):
         return None  # a group boundary inside a block: keep the standard layout
-    out_pad = -(-out_ch // block) * block
-    in_pad = -(-in_per_group // block) * block
+    out_pad = -(-out_ch // out_block) * out_block
+    in_pad = -(-in_per_group // in_block) * in_block
     kernel = pad_channels(pad_channels(weight, 0, out_pad), 1, in_pad)
-    kernel = kernel.reshape(out_pad // block, block, in_pad // block, block, kh, kw)
-    return np.ascontiguousarray(kernel.transpose(0, 2, 4, 5, 3, 1)), f"OIHW{block}i{block}o", groups
+    kernel = kernel.reshape(out_pad // out_block, out_block, in_pad // in_block, in_block, kh, kw)
+    return np.ascontiguousarray(kernel.transpose(0, 2, 4, 5, 3, 1)), f"OIHW{in_block}i{out_block}o", groups
+
+
+def input_block(channels: int, block: int) -> int:
+    """Block of a convolution's input: ``block``, or the next power of two for few channels.
+
+    A 3-channel stem padded to 8 lanes would do 8/3 of the work; padded to 4 it does 4/3, and the
+    convolution still writes ``block``-wide output vectors.
+    """
+    small = 1
+    while small < channels:
+        small *= 2
+    return small if small <= block // 2 else block
 
 
 def block_constant(value: np.ndarray, channels: int, layout: Layout, pad_value: float) -> np.ndarray | None:
@@ -232,13 +248,13 @@ class _Rewriter(relax.PyExprMutator):
             converted = standard if layout.standard else layout.from_standard(standard)
             value.versions[layout.name] = self.builder_.emit(converted)
             self.stats.converters += 1
-            if not layout.standard and layout.padded(value.channels) != value.channels:
-                self._padded(expr.name, value.channels, value.versions[layout.name])
+            if layout.padded(value.channels) != value.channels:
+                self._padded(expr.name, value.channels, layout, value.versions[layout.name])
         return value.versions[layout.name]
 
-    def _padded(self, name: str, channels: int, expr: relax.Expr) -> None:
+    def _padded(self, name: str, channels: int, layout: Layout, expr: relax.Expr) -> None:
         shape = _static_shape(expr)
-        padded = self.layout.padded(channels)
+        padded = layout.padded(channels)
         per_channel = int(np.prod(shape)) // padded * 4
         self.stats.padded_tensors.append({"name": name, "from": channels, "to": padded})
         self.stats.padding_bytes += (padded - channels) * per_channel
@@ -301,15 +317,16 @@ class _Rewriter(relax.PyExprMutator):
         value, array = self._value(data), _constant(weight)
         if value is None or array is None:
             return None
-        packed = pack_conv_weight(array, int(attrs.groups), self.layout.block)
+        in_layout = value.home if not value.home.standard else blocked(input_block(value.channels, self.layout.block))
+        packed = pack_conv_weight(array, int(attrs.groups), in_layout.block, self.layout.block)
         if packed is None:
             return None
         kernel, kernel_layout, groups = packed
         self.stats.weight_padding_bytes += (kernel.size - array.size) * array.itemsize
         new = relax.op.nn.conv2d(
-            self._get(data, self.layout), relax.const(kernel), strides=attrs.strides,
+            self._get(data, in_layout), relax.const(kernel), strides=attrs.strides,
             padding=attrs.padding, dilation=attrs.dilation, groups=groups,
-            data_layout=self.layout.name, kernel_layout=kernel_layout, out_layout=self.layout.name,
+            data_layout=in_layout.name, kernel_layout=kernel_layout, out_layout=self.layout.name,
             out_dtype=attrs.out_dtype)
         out_channels = array.shape[0]
         if self.layout.padded(out_channels) != out_channels:

@@ -22,7 +22,10 @@ from compiler.targets import vector_lanes
 
 log = logging.getLogger("relaxc")
 SCHEDULE_ATTR = "relaxc.schedule"  # "tiled" or "basic": which schedule the kernel got
-MAX_TILE = 8
+MAX_TILE = 8  # register tile along the output row: 8 accumulators + 1 weight vector
+MIN_ACCUMULATORS = 4  # fewer cannot hide the FMA latency
+MAX_ACCUMULATORS = 12  # of 16 vector registers, leaving room for weights and broadcasts
+MAX_WHOLE_ROW = 14  # a short row with no good factor (13) is tiled whole: 13 accumulators still fit
 
 
 def _extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
@@ -42,10 +45,28 @@ def _vector_width(extent: int | None, lanes: int) -> int:
     return 1
 
 
-def _tile(extent: int | None) -> int:
+def _tile(extent: int | None, limit: int = MAX_TILE) -> int:
+    """Largest factor of ``extent`` up to ``limit`` (1 if none): a tile with no tail loop."""
     if extent is None:
         return 1
-    return next((t for t in range(MAX_TILE, 1, -1) if extent % t == 0), 1)
+    return next((t for t in range(limit, 1, -1) if extent % t == 0), 1)
+
+
+def _second_tile(sch: s_tir.Schedule, axes: list[s_tir.schedule.LoopRV], tile: int) -> tuple[int, int] | None:
+    """(axis index, factor) of a second register-tile axis when ``tile`` alone is too small.
+
+    A 111-wide output (SqueezeNet's stem) has no factor between 4 and 8, which would leave too few
+    accumulators; tiling another spatial axis too (output channel blocks in NCHWc) restores 4 to 12.
+    A matrix-vector product tiles the vectorised axis itself: 8 adjacent vectors, so each weight
+    row is read 256 contiguous bytes at a time instead of 32.
+    """
+    if tile >= MIN_ACCUMULATORS:
+        return None
+    for index in range(len(axes) - 1, -1, -1):
+        factor = _tile(_extent(sch, axes[index]), MAX_ACCUMULATORS // tile)
+        if factor * tile >= MIN_ACCUMULATORS:
+            return index, factor
+    return None
 
 
 def _inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
@@ -80,12 +101,21 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, lanes: int) -> s_
     width = _vector_width(_extent(sch, spatial[-1]), lanes)
     vec_outer, vec_inner = sch.split(spatial[-1], factors=[None, width])
     if n_spatial >= 2:
-        tile = _tile(_extent(sch, spatial[-2]))
+        row = _extent(sch, spatial[-2])
+        tile = _tile(row)
+        if tile < MIN_ACCUMULATORS and row is not None and row <= MAX_WHOLE_ROW:
+            tile = row
         tile_outer, tile_inner = sch.split(spatial[-2], factors=[None, tile])
         outer = list(spatial[:-2]) + [tile_outer, vec_outer]
         inner = [tile_inner, vec_inner]
     else:
+        tile = 1
         outer, inner = [vec_outer], [vec_inner]
+    second = _second_tile(sch, outer, tile)
+    if second is not None:
+        index, factor = second
+        outer[index], second_inner = sch.split(outer[index], factors=[None, factor])
+        inner.insert(0, second_inner)
     sch.reorder(*outer, *reduction, *inner)
     parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     sch.parallel(parallel)
@@ -95,8 +125,8 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, lanes: int) -> s_
     # reduction, and TIR refuses to vectorise it then. The init block inherits the loop kinds.
     if width > 1:
         sch.vectorize(inner[-1])
-    if len(inner) == 2:
-        sch.unroll(inner[0])
+    for loop in inner[:-1]:
+        sch.unroll(loop)
     sch.decompose_reduction(block, reduction[0])
     _vectorize_innermost(sch, write_back, lanes)
     return parallel
