@@ -98,11 +98,15 @@ class Artifact(_Runner):
         """What the compiler did: phases and timings, op counts, target, fingerprint (JSON-ready)."""
         return json.loads(json.dumps(self._report))
 
-    def ir(self, phase: str = "final") -> str:
-        """TVMScript of the module after ``phase`` (see ``compiler.pipeline.PHASE_NAMES``)."""
+    def module(self, phase: str = "final") -> tvm.IRModule:
+        """The IRModule after ``phase`` (see ``compiler.pipeline.PHASE_NAMES``), to explore or test."""
         if phase not in self._snapshots:
             raise UserError(f"unknown phase {phase!r}; choose one of {', '.join(self._snapshots)}")
-        return self._snapshots[phase].script(show_meta=False)
+        return self._snapshots[phase]
+
+    def ir(self, phase: str = "final") -> str:
+        """TVMScript of the module after ``phase`` (see ``compiler.pipeline.PHASE_NAMES``)."""
+        return self.module(phase).script(show_meta=False)
 
     def export(self, path: str | os.PathLike) -> str:
         """Write ``path`` (shared library) and the manifest beside it; returns the manifest path.

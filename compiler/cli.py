@@ -45,6 +45,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="bind an input's dynamic dims (repeatable)")
     parser.add_argument("--tuning", default="replay", choices=("off", "replay"),
                         help="use tuning records (replay, default) or not (off)")
+    parser.add_argument("--block", type=int, default=None, metavar="B",
+                        help="channel block of the NCHW{B}c layout (default: the target's fp32 vector "
+                             "lanes; 0 keeps NCHW)")
 
 
 def _compile(args: argparse.Namespace):
@@ -53,7 +56,8 @@ def _compile(args: argparse.Namespace):
     shapes = dict(args.shape)
     if len(shapes) != len(args.shape):
         raise ShapeError("an input is given more than one --shape")
-    return compiler.compile(args.model, target=args.target, shapes=shapes or None, tuning=args.tuning)
+    return compiler.compile(args.model, target=args.target, shapes=shapes or None, tuning=args.tuning,
+                            layout_block=args.block)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -122,6 +126,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from compiler import bench
+
+    if args.repeat < 1 or args.threads < 1:
+        raise UserError("--repeat and --threads must be at least 1")
+    bench.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
+              tuning=args.tuning, layout_block=args.block, print_fn=lambda line: print(line, flush=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relaxc", description="Compile ONNX models with Apache TVM.")
     common = argparse.ArgumentParser(add_help=False)
@@ -144,8 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", parents=[common], help="print the compile report and the IR after a phase")
     _add_model_args(p)
-    p.add_argument("--phase", help="print the IR after this phase (import, simplify, ..., final)")
+    p.add_argument("--phase", help="print the IR after this phase (import, simplify, layout, ..., final)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("bench", parents=[common],
+                       help="latency against onnxruntime in the same run (Markdown table)")
+    p.add_argument("models", nargs="*", help="models (default: the nine bundled ones)")
+    p.add_argument("-t", "--target", default="cpu", help="cpu (default, this machine), llvm, or a JSON dict")
+    p.add_argument("--repeat", type=int, default=20, help="timed runs of each runtime (default 20)")
+    p.add_argument("--threads", type=int, default=2, help="threads for both runtimes (default 2)")
+    p.add_argument("--tuning", default="replay", choices=("off", "replay"))
+    p.add_argument("--block", type=int, default=None, metavar="B", help="layout block (see compile)")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

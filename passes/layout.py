@@ -192,6 +192,7 @@ def _same_map(index_map: tvm.tirx.IndexMap, func: Callable) -> bool:
     return tvm_ffi.structural_equal(index_map, tvm.tirx.IndexMap.from_func(func), map_free_vars=True)
 
 
+_ALIAS = object()  # a handler's answer: the var is another name of a value already tracked
 _UNARY = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
           "relax.nn.leakyrelu"}
 # Binary pointwise ops and the value padded channels of a constant operand get.
@@ -242,15 +243,19 @@ class _Rewriter(relax.PyExprMutator):
             return self.visit_expr(expr)
         layout = layout or self.origin[expr]
         if layout.name not in value.versions:
-            home = value.home
-            source = value.versions[home.name]
-            standard = source if home.standard else home.to_standard(source, value.channels)
-            converted = standard if layout.standard else layout.from_standard(standard)
-            value.versions[layout.name] = self.builder_.emit(converted)
+            self._convert(value, layout, expr.name)
             self.stats.converters += 1
-            if layout.padded(value.channels) != value.channels:
-                self._padded(expr.name, value.channels, layout, value.versions[layout.name])
         return value.versions[layout.name]
+
+    def _convert(self, value: _Value, layout: Layout, name: str) -> None:
+        """Emit ``value`` in ``layout`` (through the standard layout if it is blocked in another)."""
+        home = value.home
+        source = value.versions[home.name]
+        standard = source if home.standard else home.to_standard(source, value.channels)
+        converted = standard if layout.standard else layout.from_standard(standard)
+        value.versions[layout.name] = self.builder_.emit(converted)
+        if layout.padded(value.channels) != value.channels:
+            self._padded(name, value.channels, layout, value.versions[layout.name])
 
     def _padded(self, name: str, channels: int, layout: Layout, expr: relax.Expr) -> None:
         shape = _static_shape(expr)
@@ -266,31 +271,32 @@ class _Rewriter(relax.PyExprMutator):
     # --- bindings ------------------------------------------------------------------------------
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value, var = binding.value, binding.var
+        in_dataflow = self.builder_.current_block_is_dataflow()
+        is_output = in_dataflow and not isinstance(var, relax.DataflowVar)
         result = None
-        if self.builder_.current_block_is_dataflow() and isinstance(value, relax.Call) \
-                and isinstance(value.op, tvm.ir.Op) and value.op.name in self.handlers:
+        if in_dataflow and isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
+                and value.op.name in self.handlers:
             result = self.handlers[value.op.name](value, var)
-        if result is None:
-            result = self._fallback(value), STANDARD, None
-        elif result[1] is None:  # an alias: the handler registered the value itself
-            value = self.values[var]
-            self.set_var_remap(var, self._emit_for(var, value.versions[value.home.name]))
+        if result is _ALIAS:
+            alias = self.values[var]
+            home = alias.versions[alias.home.name]
+            self.set_var_remap(var, self.builder_.emit_output(self._get(var), name_hint=var.name)
+                               if is_output else home)
             return
-        new, layout, channels = result
+        new, layout, channels = result if result is not None else (self._fallback(value), STANDARD, None)
         if not layout.standard:
             self.stats.blocked_ops += 1
-        emitted = self.builder_.emit(new, name_hint=var.name)
+        if is_output and layout.standard:
+            emitted = self.builder_.emit_output(new, name_hint=var.name)
+        else:
+            emitted = self.builder_.emit(new, name_hint=var.name)
         shape = _static_shape(emitted)
         if not layout.standard or (shape is not None and len(shape) == 4):
             self.values[var] = _Value(channels if channels is not None else shape[1], {layout.name: emitted})
             self.origin[var] = STANDARD
-        self.set_var_remap(var, self._emit_for(var, emitted))
-
-    def _emit_for(self, var: relax.Var, home: relax.Expr) -> relax.Expr:
-        """What uses of ``var`` outside the handlers see; block outputs leave in their input layout."""
-        if isinstance(var, relax.DataflowVar) or not self.builder_.current_block_is_dataflow():
-            return home
-        return self.builder_.emit_output(self._get(var) if var in self.values else home, name_hint=var.name)
+        if is_output and not layout.standard:  # block outputs leave in the layout they came in
+            emitted = self.builder_.emit_output(self._get(var), name_hint=var.name)
+        self.set_var_remap(var, emitted)
 
     def _fallback(self, value: relax.Expr) -> relax.Expr:
         """Any other op: every argument in the layout the input graph gave it."""
@@ -307,8 +313,8 @@ class _Rewriter(relax.PyExprMutator):
     def _rebuilt(self, call: relax.Call, args: list[relax.Expr]) -> relax.Call:
         return relax.Call(call.op, args, call.attrs, call.ty_args)
 
-    # --- handlers: return (new expr, its layout, real channels), (None, None, None) for an
-    # alias already registered, or None to fall back to the standard layout ----------------------
+    # --- handlers: return (new expr, its layout, real channels), _ALIAS for a var registered as
+    # another name of an existing value, or None to fall back to the standard layout -------------
     def _conv2d(self, call: relax.Call, _var: relax.Var):
         attrs = call.attrs
         if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
@@ -385,15 +391,21 @@ class _Rewriter(relax.PyExprMutator):
         return new, self.layout, value.channels
 
     def _concat(self, call: relax.Call, _var: relax.Var):
+        """Concat along C stays blocked. Parts whose channels fill whole blocks are concatenated
+        as they are; otherwise the parts are repacked through the standard layout, so no padding
+        lands between real channels."""
         parts = call.args[0]
         if not isinstance(parts, relax.Tuple) or call.attrs.axis is None or int(call.attrs.axis) % 4 != 1:
             return None
         values = [self._value(p) for p in parts.fields]
-        if any(v is None or v.channels % self.layout.block for v in values) \
-                or not self._blocked_home(list(parts.fields)):
-            return None  # padded parts are repacked through the standard layout
-        fields = [self._get(p, self.layout) for p in parts.fields]
-        return relax.op.concat(fields, axis=1), self.layout, sum(v.channels for v in values)
+        if any(v is None for v in values) or not self._blocked_home(list(parts.fields)):
+            return None
+        channels = sum(v.channels for v in values)
+        if any(v.channels % self.layout.block for v in values):
+            self.stats.converters += 1
+            repacked = self.builder_.emit(relax.op.concat([self._get(p, STANDARD) for p in parts.fields], axis=1))
+            return self.layout.from_standard(repacked), self.layout, channels
+        return relax.op.concat([self._get(p, self.layout) for p in parts.fields], axis=1), self.layout, channels
 
     def _layout_transform(self, call: relax.Call, var: relax.Var):
         """A converter already in the graph: its result is an alias of the value it converts."""
@@ -414,7 +426,7 @@ class _Rewriter(relax.PyExprMutator):
             return None
         if target.standard and shape[1] != value.channels:
             self.unsliced[var] = source  # still padded: the strided_slice after it finishes it
-            return None
+            return self._rebuilt(call, [self._get(source)]), STANDARD, shape[1]
         return self._alias(var, value, target)
 
     def _strided_slice(self, call: relax.Call, var: relax.Var):
@@ -427,9 +439,11 @@ class _Rewriter(relax.PyExprMutator):
     def _alias(self, var: relax.Var, value: _Value, layout: Layout):
         if layout.name in value.versions:
             self.stats.cancelled_pairs += 1  # the value already exists in that layout
+        else:
+            self._convert(value, layout, var.name)  # the converter stays: it was in the input
         self.values[var] = value
         self.origin[var] = layout
-        return None, None, None
+        return _ALIAS
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.LayoutPass")

@@ -1,7 +1,7 @@
-"""Independent references for relaxc's outputs: onnxruntime, the project's tolerance, test models.
+"""Test models, random weights, and the onnxruntime reference with the project's tolerance.
 
-The tolerance is fixed by the foundation issue and must not be widened to make a test pass:
-``rtol=1e-3`` and ``atol=1e-4 * max(1, max|reference|)``.
+The reference and the tolerance live in ``compiler.reference`` (``relaxc bench`` uses them too)
+and are re-exported here.
 """
 
 from __future__ import annotations
@@ -10,45 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ORT_MAX_IR_VERSION = 8  # onnxruntime rejects IR versions newer than it knows
-
-
-def ort_session(model: onnx.ModelProto, threads: int = 2):
-    import onnxruntime as ort
-
-    model = _ort_compatible(model)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def _ort_compatible(model: onnx.ModelProto) -> onnx.ModelProto:
-    if model.ir_version <= ORT_MAX_IR_VERSION:
-        return model
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    copy.ir_version = ORT_MAX_IR_VERSION
-    return copy
-
-
-def ort_run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return ort_session(model).run(None, inputs)
-
-
-def assert_matches(actual: list[np.ndarray], expected: list[np.ndarray]) -> None:
-    """Compare outputs with the project tolerance; the message says where and by how much."""
-    assert len(actual) == len(expected), f"{len(actual)} outputs, reference has {len(expected)}"
-    for index, (got, ref) in enumerate(zip(actual, expected)):
-        assert got.shape == ref.shape, f"output {index}: shape {got.shape}, reference {ref.shape}"
-        atol = 1e-4 * max(1.0, float(np.abs(ref).max(initial=0.0)))
-        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=atol, err_msg=f"output {index}")
-
-
-def random_inputs(inputs: list[tuple[str, tuple[int, ...], str]], seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(shape).astype(dtype) for name, shape, dtype in inputs}
+from compiler.reference import (ORT_MAX_IR_VERSION, assert_matches, ort_run, ort_session,  # noqa: F401
+                                random_inputs)
 
 
 def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
@@ -154,3 +117,37 @@ def branchy_cnn(seed: int = 1) -> onnx.ModelProto:
     ]
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 30, 30])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 92, 15, 15])], inits)
+
+
+def blocked_paths_cnn(seed: int = 2) -> onnx.ModelProto:
+    """Ops that stay blocked: grouped conv on whole blocks, concat of unpadded blocked tensors, per-channel
+    Mul/Div/Sub by constants, Sigmoid, MaxPool with padding, GlobalAveragePool, plus a 20-channel
+    (padded) branch added to a blocked one and a channel softmax at the end."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.standard_normal(s) * np.sqrt(2.0 / np.prod(s[1:]))  # noqa: E731
+    inits = [
+        _const("w1", w(32, 3, 3, 3)), _const("wg", w(32, 16, 3, 3)), _const("w20", w(20, 32, 1, 1)),
+        _const("w20b", w(20, 20, 3, 3)), _const("wc", w(16, 52, 1, 1)),
+        _const("scale", rng.uniform(0.5, 1.5, (32, 1, 1))), _const("div", rng.uniform(0.5, 2.0, (1, 32, 1, 1))),
+        _const("shift", rng.standard_normal((1, 32, 1, 1)) * 0.1),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c1", "scale"], ["m"]),
+        helper.make_node("Div", ["m", "div"], ["d"]),
+        helper.make_node("Sub", ["d", "shift"], ["s"]),
+        helper.make_node("Sigmoid", ["s"], ["sg"]),
+        helper.make_node("Conv", ["sg", "wg"], ["g"], pads=[1, 1, 1, 1], group=2),
+        helper.make_node("Relu", ["g"], ["r"]),
+        helper.make_node("Conv", ["r", "w20"], ["c20"]),
+        helper.make_node("Conv", ["c20", "w20b"], ["c20b"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c20", "c20b"], ["a20"]),
+        helper.make_node("Concat", ["r", "a20"], ["cat"], axis=1),
+        helper.make_node("MaxPool", ["cat"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p", "wc"], ["c"]),
+        helper.make_node("Concat", ["c", "c"], ["cc"], axis=1),
+        helper.make_node("GlobalAveragePool", ["cc"], ["gap"]),
+        helper.make_node("Softmax", ["gap"], ["y"], axis=1),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 17, 17])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 1, 1])], inits)

@@ -1,0 +1,100 @@
+"""``relaxc bench``: latency of relaxc against onnxruntime, measured in the same run.
+
+Both get the same thread count (2 by default) and the same random inputs; outputs are checked
+against onnxruntime with the project tolerance before anything is timed. Latency is the median of
+``repeat`` runs. The runtimes take turns in blocks (each block after a warm-up run), so a slow spell
+of the machine hits both, while neither runs right after the other: both thread pools spin for a
+while after a run, and single runs in alternation would measure that contention (SqueezeNet: 21 ms
+instead of 11). Prints a Markdown table, ready for ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import onnx
+
+from compiler import models, reference, targets
+
+
+@dataclass
+class Row:
+    model: str
+    compile_s: float
+    relaxc_ms: float
+    ort_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.relaxc_ms / self.ort_ms
+
+
+ROUNDS = 4  # blocks per runtime
+
+
+def _block(fn: Callable[[], object], runs: int) -> list[float]:
+    """Milliseconds of ``runs`` calls of ``fn`` after one untimed warm-up call."""
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _load(spec: str) -> onnx.ModelProto:
+    from compiler import frontend
+
+    return frontend.load_model(spec)[0]
+
+
+def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_options) -> Row:
+    """Compile ``spec``, check it against onnxruntime, and time both in alternating rounds."""
+    import compiler
+
+    start = time.perf_counter()
+    art = compiler.compile(spec, target=target, **compile_options)
+    compile_s = time.perf_counter() - start
+    inputs = reference.random_inputs(art.inputs)
+    session = reference.ort_session(_load(spec), threads=threads)
+    reference.assert_matches(art.run(inputs), session.run(None, inputs))
+    ours, theirs = [], []
+    for round_ in range(ROUNDS):
+        runs = repeat // ROUNDS + (round_ < repeat % ROUNDS)
+        ours += _block(lambda: art.run(inputs), runs)
+        theirs += _block(lambda: session.run(None, inputs), runs)
+    return Row(spec, compile_s, statistics.median(ours), statistics.median(theirs))
+
+
+def header(threads: int, repeat: int, target: str) -> str:
+    return (f"# {platform.machine()}, target {target} (mcpu {targets.host_cpu()}), {threads} threads for "
+            f"both, onnxruntime {reference.onnxruntime().__version__}, median of {repeat}\n\n"
+            "| model | compile (s) | relaxc (ms) | onnxruntime (ms) | ratio |\n"
+            "| --- | ---: | ---: | ---: | ---: |")
+
+
+def format_row(row: Row) -> str:
+    return (f"| {row.model} | {row.compile_s:.1f} | {row.relaxc_ms:.1f} | {row.ort_ms:.1f} | "
+            f"{row.ratio:.2f}x |")
+
+
+def run(specs: Sequence[str] | None, *, repeat: int = 20, threads: int = 2, target: str = "cpu",
+        print_fn: Callable[[str], None] = print, **compile_options) -> list[Row]:
+    """Benchmark ``specs`` (default: every bundled model), printing the table as rows finish."""
+    os.environ["TVM_NUM_THREADS"] = str(threads)  # read when TVM's thread pool starts
+    specs = list(specs or [f"onnx:{name}" for name in models.BUNDLED])
+    print_fn(header(threads, repeat, target))
+    rows = []
+    for spec in specs:
+        rows.append(bench_one(spec, repeat=repeat, threads=threads, target=target, **compile_options))
+        print_fn(format_row(rows[-1]))
+    geomean = float(np.exp(np.mean([np.log(r.ratio) for r in rows])))
+    print_fn(f"\ngeometric mean ratio {geomean:.2f}x over {len(rows)} models")
+    return rows

@@ -1,0 +1,62 @@
+"""onnxruntime as the independent reference, and the project's tolerance.
+
+Used by the tests and by ``relaxc bench``, which checks outputs before it times anything. The
+tolerance is fixed by the foundation issue and must not be widened to make a result pass:
+``rtol=1e-3`` and ``atol=1e-4 * max(1, max|reference|)``. onnxruntime is an optional dependency
+(``pip install relaxc[test]``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from compiler.errors import UserError
+
+ORT_MAX_IR_VERSION = 8  # onnxruntime rejects IR versions newer than it knows
+
+
+def onnxruntime():
+    """The onnxruntime module, or a UserError that says how to get it."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise UserError("onnxruntime is not installed; install relaxc[test] to compare against it") from None
+    return ort
+
+
+def ort_session(model: onnx.ModelProto, threads: int = 2):
+    ort = onnxruntime()
+    model = _ort_compatible(model)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _ort_compatible(model: onnx.ModelProto) -> onnx.ModelProto:
+    if model.ir_version <= ORT_MAX_IR_VERSION:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.ir_version = ORT_MAX_IR_VERSION
+    return copy
+
+
+def ort_run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort_session(model).run(None, inputs)
+
+
+def assert_matches(actual: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    """Compare outputs with the project tolerance; the message says where and by how much."""
+    assert len(actual) == len(expected), f"{len(actual)} outputs, reference has {len(expected)}"
+    for index, (got, ref) in enumerate(zip(actual, expected)):
+        assert got.shape == ref.shape, f"output {index}: shape {got.shape}, reference {ref.shape}"
+        atol = 1e-4 * max(1.0, float(np.abs(ref).max(initial=0.0)))
+        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=atol, err_msg=f"output {index}")
+
+
+def random_inputs(inputs: list[tuple[str, tuple[int, ...], str]], seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(shape).astype(dtype) for name, shape, dtype in inputs}

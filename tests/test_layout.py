@@ -1,0 +1,236 @@
+"""The layout pass on its own: padding arithmetic, converter insertion, reuse and cancellation,
+fallback on operators it does not know, idempotence; and the ResNet-50 layout the issue asks for."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.ir import GenericConst
+
+import compiler
+from compiler import frontend, pipeline
+from passes.layout import LayoutPass, blocked, block_constant, input_block, pack_conv_weight
+from passes.legalize import legalize_ops
+from tests import reference
+
+RNG = np.random.default_rng(0)
+
+
+def _bindings(mod: tvm.IRModule) -> dict:
+    return {b.var: b.value for block in mod["main"].body.blocks for b in block.bindings}
+
+
+def _calls(mod: tvm.IRModule, op: str) -> list[relax.Call]:
+    return [v for v in _bindings(mod).values()
+            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == op]
+
+
+def _inverse_pairs(mod: tvm.IRModule) -> list[relax.Var]:
+    """Converters whose input comes straight from another converter (through a slice at most)."""
+    bound = _bindings(mod)
+
+    def producer(expr):
+        value = bound.get(expr)
+        if isinstance(value, relax.Call) and value.op.name == "relax.strided_slice":
+            value = bound.get(value.args[0])
+        return value
+
+    pairs = []
+    for var, value in bound.items():
+        if isinstance(value, relax.Call) and value.op.name == "relax.layout_transform":
+            source = producer(value.args[0])
+            if isinstance(source, relax.Call) and source.op.name == "relax.layout_transform":
+                pairs.append(var)
+    return pairs
+
+
+def _conv_module(channels: int = 20, consumers=("softmax",), prefix=None) -> tvm.IRModule:
+    """x -> [prefix(x)] -> conv(channels) + bias -> relu -> each consumer; returns a tuple if several."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, 8, 8), "float32"))
+    weight = relax.const(RNG.standard_normal((channels, channels, 3, 3)).astype("float32") * 0.2)
+    bias = relax.const(RNG.standard_normal((1, channels, 1, 1)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            data = prefix(bb, x) if prefix else x
+            conv = bb.emit(relax.op.nn.conv2d(data, weight, padding=1))
+            act = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(conv, bias))))
+            outs = []
+            for consumer in consumers:
+                if consumer == "softmax":
+                    outs.append(bb.emit(relax.op.nn.softmax(act, axis=1)))
+                elif consumer == "channel_mean":
+                    outs.append(bb.emit(relax.op.mean(act, axis=[1], keepdims=True)))
+                elif consumer == "resize":
+                    outs.append(bb.emit(relax.op.image.resize2d(act, (16, 16))))
+            out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run(mod: tvm.IRModule, x: np.ndarray) -> list[np.ndarray]:
+    built = tvm.compile(legalize_ops()(mod), target=tvm.target.Target({"kind": "llvm"}))
+    result = relax.VirtualMachine(built, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return [result.numpy()] if isinstance(result, tvm.runtime.Tensor) else [r.numpy() for r in result]
+
+
+def _apply(mod: tvm.IRModule, block: int = 8):
+    layout_pass = LayoutPass(block)
+    return layout_pass(mod), layout_pass.summary()
+
+
+# --- padding arithmetic ------------------------------------------------------------------------
+
+def test_channels_pad_to_whole_blocks():
+    assert [blocked(8).padded(c) for c in (1, 3, 8, 20, 44, 92)] == [8, 8, 8, 24, 48, 96]
+    assert blocked(16).padded(20) == 32
+    assert [input_block(c, 8) for c in (1, 2, 3, 4, 5, 20)] == [1, 2, 4, 4, 8, 8]
+    assert input_block(3, 16) == 4 and input_block(8, 16) == 8 and input_block(9, 16) == 16
+
+
+@pytest.mark.parametrize("out_ch, in_ch, groups, in_block, shape, layout", [
+    (20, 3, 1, 4, (3, 1, 3, 3, 4, 8), "OIHW4i8o"),     # the stem: 3 -> 4 lanes in, 20 -> 24 out
+    (44, 92, 1, 8, (6, 12, 3, 3, 8, 8), "OIHW8i8o"),
+    (32, 16, 2, 8, (4, 2, 3, 3, 8, 8), "OIHW8i8o"),    # grouped, whole blocks per group
+])
+def test_conv_weights_are_packed_and_zero_padded(out_ch, in_ch, groups, in_block, shape, layout):
+    weight = RNG.standard_normal((out_ch, in_ch, 3, 3)).astype("float32")
+    kernel, kernel_layout, new_groups = pack_conv_weight(weight, groups, in_block, 8)
+    assert kernel.shape == shape and kernel_layout == layout and new_groups == groups
+    for o in range(kernel.shape[0] * 8):
+        for i in range(kernel.shape[1] * in_block):
+            got = kernel[o // 8, i // in_block, :, :, i % in_block, o % 8]
+            if o < out_ch and i < in_ch:
+                np.testing.assert_array_equal(got, weight[o, i])
+            else:
+                assert not got.any(), f"padding at out {o}, in {i} is not zero"
+
+
+def test_depthwise_weights_pad_groups_with_channels():
+    weight = RNG.standard_normal((44, 1, 3, 3)).astype("float32")
+    kernel, layout, groups = pack_conv_weight(weight, 44, 8, 8)
+    assert kernel.shape == (6, 1, 3, 3, 1, 8) and layout == "OIHW1i8o" and groups == 48
+    np.testing.assert_array_equal(kernel[43 // 8, 0, :, :, 0, 43 % 8], weight[43, 0])
+    assert not kernel[5, 0, :, :, 0, 4:].any()
+
+
+def test_grouped_conv_splitting_a_block_is_not_packed():
+    assert pack_conv_weight(np.zeros((48, 11, 1, 1), "float32"), 4, 8, 8) is None
+
+
+def test_per_channel_constants_are_blocked_with_their_pad_value():
+    value = RNG.standard_normal((20, 1, 1)).astype("float32")
+    laid = block_constant(value, 20, blocked(8), 1.0)
+    assert laid.shape == (1, 3, 1, 1, 8)
+    np.testing.assert_array_equal(laid[0, 19 // 8, 0, 0, 19 % 8], value[19, 0, 0])
+    assert (laid[0, 2, 0, 0, 4:] == 1.0).all()
+    assert block_constant(np.float32(2.0), 20, blocked(8), 0.0).shape == ()
+    assert block_constant(np.ones((1, 1, 8, 8), "float32"), 20, blocked(8), 0.0).shape == (1, 1, 8, 8, 1)
+    assert block_constant(np.ones((1, 7, 1, 1), "float32"), 20, blocked(8), 0.0) is None
+
+
+# --- converters --------------------------------------------------------------------------------
+
+def test_converters_only_where_producer_and_consumer_disagree():
+    mod = _conv_module(20, consumers=("softmax",))
+    new, stats = _apply(mod)
+    assert stats["converters"] == 2  # into the conv (padded 20 -> 24), out of it before the softmax
+    assert stats["blocked_ops"] == 3 and stats["standard_ops"] == 1  # conv, add, relu | softmax
+    assert [t["from"] for t in stats["padded_tensors"]] == [20, 20] and stats["padding_bytes"] > 0
+    (conv,) = _calls(new, "relax.nn.conv2d")
+    assert conv.attrs.data_layout == "NCHW8c" and conv.attrs.out_layout == "NCHW8c"
+    (slice_,) = _calls(new, "relax.strided_slice")  # padding sliced off before the softmax
+    assert [int(d) for d in slice_.ty.shape.values] == [1, 20, 8, 8]
+    x = RNG.standard_normal((1, 20, 8, 8)).astype("float32")
+    np.testing.assert_allclose(_run(new, x)[0], _run(mod, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_one_converted_value_serves_every_consumer():
+    mod = _conv_module(16, consumers=("softmax", "channel_mean"))
+    new, stats = _apply(mod)
+    assert stats["converters"] == 2 and len(_calls(new, "relax.layout_transform")) == 2
+    assert not _calls(new, "relax.strided_slice")  # 16 channels: nothing padded
+    x = RNG.standard_normal((1, 16, 8, 8)).astype("float32")
+    for got, want in zip(_run(new, x), _run(mod, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _round_trip(bb: relax.BlockBuilder, x: relax.Var) -> relax.Var:
+    """x to NCHW8c and straight back, as another pass or a previous run might leave it."""
+    layout = blocked(8)
+    there = bb.emit(layout.from_standard(x))
+    back = bb.emit(relax.op.layout_transform(there, layout.to_standard_map()))
+    return bb.emit(relax.op.strided_slice(back, axes=[1], begin=[0], end=[20]))
+
+
+def test_inverse_converter_pairs_cancel():
+    mod = _conv_module(20, prefix=_round_trip)
+    assert len(_inverse_pairs(mod)) == 1
+    new, stats = _apply(mod)
+    assert stats["cancelled_pairs"] == 1
+    assert _inverse_pairs(new) == []
+    assert len(_calls(new, "relax.layout_transform")) == 2  # in to the conv, out to the softmax
+    x = RNG.standard_normal((1, 20, 8, 8)).astype("float32")
+    np.testing.assert_allclose(_run(new, x)[0], _run(mod, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_operator_gets_standard_unpadded_data():
+    mod = _conv_module(20, consumers=("resize",))
+    new, stats = _apply(mod)
+    (resize,) = _calls(new, "relax.image.resize2d")
+    assert [int(d) for d in resize.args[0].ty.shape.values] == [1, 20, 8, 8]
+    assert stats["standard_op_kinds"] == {"relax.image.resize2d": 1}
+    x = RNG.standard_normal((1, 20, 8, 8)).astype("float32")
+    np.testing.assert_allclose(_run(new, x)[0], _run(mod, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def _simplified(model) -> tvm.IRModule:
+    mod = frontend.import_model(model, None).module
+    return tvm.transform.Sequential(pipeline._simplify(None))(mod)
+
+
+@pytest.mark.parametrize("build", [reference.small_cnn, reference.branchy_cnn, reference.blocked_paths_cnn])
+def test_pass_is_idempotent(build):
+    once, first = _apply(_simplified(build()))
+    twice, second = _apply(once)
+    assert first["blocked_ops"] > 0
+    assert tvm_ffi.structural_equal(once, twice)
+    assert second["converters"] == 0 and second["blocked_ops"] == 0
+
+
+def test_block_zero_leaves_the_module_alone():
+    mod = _conv_module(20)
+    new, stats = _apply(mod, block=0)
+    assert tvm_ffi.structural_equal(new, mod) and stats["block"] == 0 and stats["blocked_ops"] == 0
+
+
+def test_concat_of_padded_parts_repacks_without_padding_between_channels():
+    art = compiler.compile(reference.blocked_paths_cnn())
+    layout = art.module("layout")
+    concats = _calls(layout, "relax.concat")
+    padded_parts = [c for c in concats if any(int(f.ty.shape.values[1]) == 20 for f in c.args[0].fields)]
+    assert len(padded_parts) == 1 and len(padded_parts[0].ty.shape.values) == 4  # 32 + 20 real channels
+    assert any(len(c.ty.shape.values) == 5 for c in concats)  # whole blocks concatenate blocked
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(reference.blocked_paths_cnn(), inputs))
+
+
+# --- the bundled ResNet-50 -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_resnet50_layout():
+    art = compiler.compile("onnx:resnet50")
+    layout = art.module("layout")
+    convs = _calls(layout, "relax.nn.conv2d")
+    assert len(convs) == 53 and all(c.attrs.data_layout.endswith("c") for c in convs)
+    assert all(isinstance(c.args[1], GenericConst) and c.args[1].value.numpy().ndim == 6 for c in convs)
+    bound = _bindings(layout)
+    stem_input = bound[convs[0].args[0]]
+    assert stem_input.op.name == "relax.layout_transform" and stem_input.attrs.pad_value is not None
+    assert stem_input.args[0].same_as(layout["main"].params[0])
+    assert [int(d) for d in stem_input.ty.shape.values] == [1, 1, 224, 224, 4]  # 3 channels padded to 4
+    assert _inverse_pairs(layout) == []
+    report = art.report()["layout"]
+    assert report["block"] == 8 and report["converters"] == 2
+    assert report["padded_tensors"] == [{"name": "gpu_0/data_0", "from": 3, "to": 4}]
