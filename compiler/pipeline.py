@@ -28,7 +28,7 @@ from tvm.target import Target
 from compiler import frontend, targets
 from compiler.artifact import Artifact
 from compiler.errors import TargetError, UserError
-from passes.canonicalize import SumOfStackToAdd
+from passes.canonicalize import ClipFromTIR, SumOfStackToAdd
 from passes.fold_constants import FoldConstantsNumpy
 from passes.layout import LayoutPass
 from passes.legalize import legalize_ops
@@ -65,6 +65,7 @@ def _simplify(_options: Options) -> list[tvm.transform.Pass]:
         FoldConstantsNumpy(),
         relax.transform.FoldConstant(),  # whatever the numpy folder does not cover
         SumOfStackToAdd(),
+        ClipFromTIR(),
         relax.transform.EliminateCommonSubexpr(),
         relax.transform.CanonicalizeBindings(),
         relax.transform.DeadCodeElimination(),

@@ -4,12 +4,17 @@ TVM's ONNX importer turns ``Sum(a, b, ...)`` (ResNet-50's residual additions, Sh
 ``sum(stack(broadcast_to(a, S), broadcast_to(b, S)), axis=0)``. That is an n-ary add, but
 ``stack`` and a reduction over the new axis hide it: the layout pass must treat them as
 layout-sensitive, and they cost a copy of every operand. Here they become a chain of ``add``.
+
+It also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
+scalar bound), which no Relax pass can see through; those calls become ``R.maximum`` and
+``R.minimum`` again, so ReLU6 and friends stay in the blocked layout.
 """
 
 from __future__ import annotations
 
 import tvm
-from tvm import relax
+from tvm import relax, s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 
 def _shape(expr: relax.Expr) -> tuple | None:
@@ -59,3 +64,55 @@ class SumOfStackToAdd:
             if isinstance(func, relax.Function):
                 mod[gvar] = _SumOfStack(mod).visit_expr(func)
         return mod
+
+
+def _max_or_min_with_scalar(func: tirx.PrimFunc) -> str | None:
+    """``"relax.maximum"``/``"relax.minimum"`` if ``func`` is out[i] = max/min(a[i], b[]), else None."""
+    if len(func.params) != 3:
+        return None
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except (s_tir.ScheduleError, ValueError):
+        return None
+    store = sch.get(blocks[0]).body if len(blocks) == 1 else None
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, (tirx.Max, tirx.Min)):
+        return None
+    lhs, rhs = store.value.a, store.value.b
+    data, bound, out = func.params
+    if not (isinstance(lhs, TensorLoad) and isinstance(rhs, TensorLoad)
+            and lhs.source.same_as(data) and rhs.source.same_as(bound) and store.buffer.same_as(out)
+            and len(rhs.indices) == 0 and len(lhs.indices) == len(store.indices)
+            and all(a.same_as(b) for a, b in zip(lhs.indices, store.indices))):
+        return None
+    return "relax.maximum" if isinstance(store.value, tirx.Max) else "relax.minimum"
+
+
+@relax.expr_functor.mutator
+class _CallTIRToOp(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.ops = {gvar: op for gvar, func in mod.functions_items()
+                    if isinstance(func, tirx.PrimFunc) and (op := _max_or_min_with_scalar(func))}
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir") \
+                or call.args[0] not in self.ops or not isinstance(call.args[1], relax.Tuple):
+            return call
+        data, bound = call.args[1].fields
+        return relax.Call(tvm.ir.Op.get(self.ops[call.args[0]]), [data, bound])
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.ClipFromTIR")
+class ClipFromTIR:
+    """``call_tir`` of an elementwise max/min against a scalar back to ``R.maximum``/``R.minimum``."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        rewriter = _CallTIRToOp(mod)
+        if not rewriter.ops:
+            return mod
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                mod[gvar] = rewriter.visit_expr(func)
+        return relax.transform.DeadCodeElimination()(mod)
