@@ -28,7 +28,7 @@ from tvm.target import Target
 from compiler import frontend, targets
 from compiler.artifact import Artifact
 from compiler.errors import TargetError, UserError
-from passes.canonicalize import ClipFromTIR, SumOfStackToAdd
+from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
 from passes.fold_constants import FoldConstantsNumpy
 from passes.layout import LayoutPass
 from passes.legalize import legalize_ops
@@ -66,6 +66,7 @@ def _simplify(_options: Options) -> list[tvm.transform.Pass]:
         relax.transform.FoldConstant(),  # whatever the numpy folder does not cover
         SumOfStackToAdd(),
         ClipFromTIR(),
+        DropoutToIdentity(),
         relax.transform.EliminateCommonSubexpr(),
         relax.transform.CanonicalizeBindings(),
         relax.transform.DeadCodeElimination(),

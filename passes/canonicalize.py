@@ -5,7 +5,10 @@ TVM's ONNX importer turns ``Sum(a, b, ...)`` (ResNet-50's residual additions, Sh
 ``stack`` and a reduction over the new axis hide it: the layout pass must treat them as
 layout-sensitive, and they cost a copy of every operand. Here they become a chain of ``add``.
 
-It also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
+``Dropout`` is the identity at inference, and TVM legalises it so, as a copy plus a mask of ones;
+its output is replaced by its input (the mask, if anything reads it, is left to TVM).
+
+The importer also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
 scalar bound), which no Relax pass can see through; those calls become ``R.maximum`` and
 ``R.minimum`` again, so ReLU6 and friends stay in the blocked layout.
 """
@@ -15,6 +18,13 @@ from __future__ import annotations
 import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir.expr import TensorLoad
+
+
+def _rewrite_functions(mod: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mod[gvar] = mutator.visit_expr(func)
+    return mod
 
 
 def _shape(expr: relax.Expr) -> tuple | None:
@@ -55,15 +65,31 @@ class _SumOfStack(relax.PyExprMutator):
         return total
 
 
+@relax.expr_functor.mutator
+class _DropoutOutput(relax.PyExprMutator):
+    def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
+        item = self.visit_expr_post_order(item)
+        source = self.lookup_binding(item.tuple_value) if isinstance(item.tuple_value, relax.Var) else None
+        if item.index == 0 and isinstance(source, relax.Call) and isinstance(source.op, tvm.ir.Op) \
+                and source.op.name == "relax.nn.dropout":
+            return source.args[0]
+        return item
+
+
 @tvm.transform.module_pass(opt_level=0, name="relaxc.SumOfStackToAdd")
 class SumOfStackToAdd:
     """``sum(stack((a, b, ...)), axis=0)`` to ``a + b + ...`` (no-op broadcasts dropped)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mod[gvar] = _SumOfStack(mod).visit_expr(func)
-        return mod
+        return _rewrite_functions(mod, _SumOfStack(mod))
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.DropoutToIdentity")
+class DropoutToIdentity:
+    """The output of an inference-time dropout is its input."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _rewrite_functions(mod, _DropoutOutput(mod))
 
 
 def _max_or_min_with_scalar(func: tirx.PrimFunc) -> str | None:
@@ -112,7 +138,4 @@ class ClipFromTIR:
         rewriter = _CallTIRToOp(mod)
         if not rewriter.ops:
             return mod
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mod[gvar] = rewriter.visit_expr(func)
-        return relax.transform.DeadCodeElimination()(mod)
+        return relax.transform.DeadCodeElimination()(_rewrite_functions(mod, rewriter))

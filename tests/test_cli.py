@@ -49,6 +49,12 @@ def test_compile_run_and_inspect(model_file, tmp_path):
     assert report["ops"]["Conv"] == 3
     assert "R.nn.conv2d" in proc.stdout and proc.stderr == ""
 
+    proc = relaxc("inspect", str(model_file), "--phase", "layout", "--block", "8", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert 'data_layout="NCHW8c"' in proc.stdout and "pad_value=T.float32(0.0)" in proc.stdout
+    report = json.loads(proc.stdout[: proc.stdout.index("\n}\n") + 2])
+    assert report["layout"]["padded_tensors"][0] == {"name": "x", "from": 3, "to": 4}
+
 
 def test_run_compiles_onnx_with_shape_binding(model_file, tmp_path):
     model = onnx.load(model_file)

@@ -205,6 +205,16 @@ def test_block_zero_leaves_the_module_alone():
     assert tvm_ffi.structural_equal(new, mod) and stats["block"] == 0 and stats["blocked_ops"] == 0
 
 
+def test_clip_stays_blocked_and_a_group_split_inside_a_block_falls_back():
+    art = compiler.compile(reference.branchy_cnn(), layout_block=8)
+    report = art.report()["layout"]
+    # Clip (imported as TIR max/min) stays blocked; the 4-group conv with 11 channels per group and
+    # the channel softmax run in NCHW
+    assert report["standard_op_kinds"] == {"relax.nn.conv2d": 1, "relax.nn.softmax": 1}
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(reference.branchy_cnn(), inputs))
+
+
 def test_concat_of_padded_parts_repacks_without_padding_between_channels():
     art = compiler.compile(reference.blocked_paths_cnn())
     layout = art.module("layout")
@@ -232,5 +242,6 @@ def test_resnet50_layout():
     assert [int(d) for d in stem_input.ty.shape.values] == [1, 1, 224, 224, 4]  # 3 channels padded to 4
     assert _inverse_pairs(layout) == []
     report = art.report()["layout"]
-    assert report["block"] == 8 and report["converters"] == 2
+    assert report["block"] in (8, 16)  # AVX2 or AVX-512 machine
+    assert report["converters"] == 2  # into the stem, out before the classifier's reshape
     assert report["padded_tensors"] == [{"name": "gpu_0/data_0", "from": 3, "to": 4}]
