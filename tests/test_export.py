@@ -53,3 +53,17 @@ def test_loaded_artifact_validates_inputs(tmp_path):
     dep = compiler.load(tmp_path / "m.so")
     with pytest.raises(compiler.InputError, match=r"expected shape \(1, 3, 32, 32\)"):
         dep.run(np.zeros((1, 3, 31, 32), np.float32))
+
+
+@pytest.mark.parametrize("env, expected", [({}, "physical"), ({"TVM_NUM_THREADS": "1"}, "1")])
+def test_runtime_threads_default_to_physical_cores(env, expected):
+    """TVM alone would use half the logical CPUs: one thread on a 2-core VM without SMT."""
+    import psutil
+
+    code = "import compiler, tvm; print(tvm.get_global_func('runtime.NumThreads')())"
+    clean = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**clean, **env, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr
+    want = psutil.cpu_count(logical=False) if expected == "physical" else int(expected)
+    assert int(proc.stdout.strip()) == want
