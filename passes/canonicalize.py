@@ -19,12 +19,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-
-def _rewrite_functions(mod: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mod[gvar] = mutator.visit_expr(func)
-    return mod
+from passes.rewrite import map_relax_functions
 
 
 def _shape(expr: relax.Expr) -> tuple | None:
@@ -81,7 +76,7 @@ class SumOfStackToAdd:
     """``sum(stack((a, b, ...)), axis=0)`` to ``a + b + ...`` (no-op broadcasts dropped)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return _rewrite_functions(mod, _SumOfStack(mod))
+        return map_relax_functions(mod, _SumOfStack(mod).visit_expr)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.DropoutToIdentity")
@@ -89,7 +84,7 @@ class DropoutToIdentity:
     """The output of an inference-time dropout is its input."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return _rewrite_functions(mod, _DropoutOutput(mod))
+        return map_relax_functions(mod, _DropoutOutput(mod).visit_expr)
 
 
 def _max_or_min_with_scalar(func: tirx.PrimFunc) -> str | None:
@@ -138,4 +133,4 @@ class ClipFromTIR:
         rewriter = _CallTIRToOp(mod)
         if not rewriter.ops:
             return mod
-        return relax.transform.DeadCodeElimination()(_rewrite_functions(mod, rewriter))
+        return relax.transform.DeadCodeElimination()(map_relax_functions(mod, rewriter.visit_expr))

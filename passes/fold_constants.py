@@ -16,6 +16,8 @@ from tvm import relax
 from tvm.ir import GenericConst
 from tvm.tirx import FloatImm, IntImm
 
+from passes.rewrite import map_relax_functions
+
 _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "relax.add": np.add,
     "relax.subtract": np.subtract,
@@ -87,7 +89,4 @@ class FoldConstantsNumpy:
     """Fold calls on constants of the operators listed above, evaluated by numpy."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mod[gvar] = _NumpyFolder().visit_expr(func)
-        return mod
+        return map_relax_functions(mod, _NumpyFolder().visit_expr)

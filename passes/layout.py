@@ -31,6 +31,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
+from passes.rewrite import map_relax_functions
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -466,8 +468,5 @@ class LayoutPass:
         self.stats = LayoutStats(self.layout.block)
         if self.layout.standard:
             return mod
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter = _Rewriter(mod, self.layout, self.stats)
-                mod[gvar] = rewriter.visit_expr(func)
-        return relax.transform.DeadCodeElimination()(mod)
+        new = map_relax_functions(mod, lambda func: _Rewriter(mod, self.layout, self.stats).visit_expr(func))
+        return relax.transform.DeadCodeElimination()(new)

@@ -1,5 +1,7 @@
 """Every bundled architecture, and random-weight models, match onnxruntime."""
 
+import re
+
 import onnx
 import pytest
 
@@ -60,6 +62,8 @@ def test_report_and_ir_per_phase():
     assert "R.nn.batch_norm" in art.ir("import")
     # simplify folds the batch norm that follows a conv into the conv's weights
     assert "batch_norm" not in art.ir("simplify")
+    # each phase's snapshot is what that phase produced, untouched by later phases
+    assert not re.search(r"NCHW\d+c", art.ir("simplify")) and re.search(r"NCHW\d+c", art.ir("layout"))
     assert "T.prim_func" in art.ir("legalize")
     with pytest.raises(compiler.UserError, match="unknown phase 'nope'"):
         art.ir("nope")
