@@ -38,7 +38,8 @@ __all__ = ["compile", "load", "Deployed", "UserError", "ModelError", "Unsupporte
 
 def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,  # noqa: A001
             tuning: str = "replay", cache_dir: str | None = None,
-            layout_block: int | None = None) -> "Artifact":
+            layout_block: int | None = None, memory_planner: str = "arena", unshared=(),
+            validate_memory: bool = False) -> "Artifact":
     """Compile an ONNX model for a target and return a runnable ``Artifact``.
 
     model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
@@ -48,8 +49,14 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     cache_dir: directory of tuning records (not used yet).
     layout_block: channel block b of the blocked NCHW{b}c layout; default: the target's fp32 vector
         lanes (8 with AVX2, 16 with AVX-512); 0 keeps every operator in NCHW.
+    memory_planner: ``"arena"`` (default: every intermediate at an offset of one arena) or
+        ``"tvm"`` (TVM's StaticPlanBlockMemory), for comparison; ``report()["memory"]`` has both.
+    unshared: glob patterns of kernel names (see ``report()["memory"]["tensors"]``) whose outputs
+        get bytes of their own, never reused (a subgraph that plans its own memory).
+    validate_memory: check the plan pair by pair and fill the arena with garbage before each run.
     """
     from compiler.pipeline import compile_model
 
     return compile_model(model, target=target, shapes=shapes, tuning=tuning, cache_dir=cache_dir,
-                         layout_block=layout_block)
+                         layout_block=layout_block, memory_planner=memory_planner, unshared=unshared,
+                         validate_memory=validate_memory)

@@ -6,7 +6,7 @@
     legalize   passes/legalize.py      Relax operators to TIR PrimFuncs (blocked convs: ours)
     fuse       TVM FuseOps/FuseTIR     fuse producers with their elementwise consumers
     schedule   schedules/default.py    default schedules for every kernel
-    lower      TVM VM lowering         storage planning, VM calling convention
+    lower      passes/memory.py + TVM  VM lowering, arena storage planning on the final shapes
     build      tvm.compile             code generation for the target
 
 Each phase is timed and the module after it is kept, so ``Artifact.ir(phase)`` shows what it did.
@@ -32,6 +32,7 @@ from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
 from passes.fold_constants import FoldConstantsNumpy
 from passes.layout import LayoutPass
 from passes.legalize import legalize_ops
+from passes.memory import PLANNERS, ArenaPlan
 from schedules import cache
 from schedules.cpu import SCHEDULE_ATTR
 from schedules.default import apply_default_schedules
@@ -46,9 +47,13 @@ class Options:
 
     target: Target
     layout_block: int  # channel block of NCHW{b}c; 0 keeps NCHW
+    memory_planner: str = "arena"  # or "tvm": StaticPlanBlockMemory
+    unshared: tuple[str, ...] = ()  # kernels (glob patterns) whose outputs get bytes of their own
+    validate_memory: bool = False  # check the plan, fill the arena with garbage before each run
 
     def fingerprint_options(self) -> dict:
-        return {"layout_block": self.layout_block}
+        return {"layout_block": self.layout_block, "memory_planner": self.memory_planner,
+                "unshared": list(self.unshared), "validate_memory": self.validate_memory}
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,9 @@ def _schedule(options: Options) -> list[tvm.transform.Pass]:
 
 
 def _lower(options: Options) -> list[tvm.transform.Pass]:
-    return cpu_generic.dataflow_lower_passes(options.target) + cpu_generic.finalize_passes(options.target)
+    arena = ArenaPlan(options.memory_planner, options.unshared, options.validate_memory)
+    return (cpu_generic.dataflow_lower_passes(options.target) + [arena]
+            + cpu_generic.finalize_passes(options.target))
 
 
 PHASES: tuple[Phase, ...] = (
@@ -107,7 +114,9 @@ PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)
 
 def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cpu",
                   shapes: frontend.Shapes | None = None, tuning: str = "replay",
-                  cache_dir: str | None = None, layout_block: int | None = None) -> Artifact:
+                  cache_dir: str | None = None, layout_block: int | None = None,
+                  memory_planner: str = "arena", unshared: tuple[str, ...] | list[str] = (),
+                  validate_memory: bool = False) -> Artifact:
     """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
     if tuning not in TUNING_MODES:
         raise UserError(f"tuning must be one of {', '.join(TUNING_MODES)}, not {tuning!r}")
@@ -122,7 +131,9 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
         layout_block = targets.vector_lanes(tvm_target)
     if layout_block != 0 and layout_block < 2:
         raise UserError(f"layout_block must be 0 (keep NCHW) or at least 2, not {layout_block}")
-    options = Options(tvm_target, layout_block)
+    if memory_planner not in PLANNERS:
+        raise UserError(f"memory_planner must be one of {', '.join(PLANNERS)}, not {memory_planner!r}")
+    options = Options(tvm_target, layout_block, memory_planner, tuple(unshared), validate_memory)
     timings: list[dict] = []
     snapshots: dict[str, tvm.IRModule] = {}
     summaries: dict[str, dict] = {}
@@ -142,7 +153,7 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
             for pass_ in passes:  # passes that say what they did: their summary joins the report
                 summary = getattr(pass_, "summary", None)
                 if summary is not None:
-                    summaries[phase.name] = summary()
+                    summaries[pass_.report_key] = summary()
             timings.append({"name": phase.name, "seconds": time.perf_counter() - start})
             log.info("%-9s %6.2fs", phase.name, timings[-1]["seconds"])
             snapshots[phase.name] = mod

@@ -455,6 +455,8 @@ class LayoutPass:
     ``block == 0`` keeps every op in NCHW. ``summary()`` says what the last run did.
     """
 
+    report_key = "layout"
+
     def __init__(self, block: int) -> None:
         if block == 1 or block < 0:
             raise ValueError(f"channel block must be 0 (off) or at least 2, not {block}")

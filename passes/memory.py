@@ -1,0 +1,334 @@
+"""Storage planning: every intermediate tensor of ``main`` at an offset in one arena.
+
+Why here (seed 002): the planner runs after layout selection and fusion, on the final shapes, so
+it plans the real padded, blocked sizes. Why an arena: TVM's ``StaticPlanBlockMemory`` reuses
+whole storage blocks, so a small tensor can hold a large block hostage; placing tensors at byte
+offsets of one arena lets any tensors whose lifetimes do not overlap share bytes (Pisarchyk and
+Lee 2020, "Efficient Memory Management for Deep Neural Net Inference": greedy by size).
+
+How: after ``CallTIRRewrite`` every intermediate is an ``R.builtin.alloc_tensor`` followed by the
+kernels that write and read it. A tensor lives from its allocation to the last binding that uses
+it or any alias of it (plain rebinding, reshape, tuples); tensors that reach the return value are
+outputs and stay outside the arena, as do inputs and constants, which are never allocated here.
+The arena is one ``R.memory.alloc_storage`` and each tensor an ``R.memory.alloc_tensor`` at its
+offset, so the built artifact really allocates the planned arena. Tensors made by kernels the
+caller marks unshared (seed 001: a subgraph that plans its own memory) get bytes of their own.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import tvm
+import tvm.script
+from tvm import relax, tirx
+
+ALIGNMENT = 64  # bytes: every offset and size is a multiple, so vector loads stay aligned
+EXACT_LIMIT = 7  # up to this many tensors, every placement order is tried (optimal)
+GARBAGE = 0x7F7F7F7F  # arena fill in validation mode: about 3.4e38 as float32, survives max()
+PLANNERS = ("arena", "tvm")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A planned tensor: aligned size in bytes, lifetime as binding indices (inclusive)."""
+
+    name: str
+    size: int
+    first: int
+    last: int
+
+    def overlaps(self, other: "Tensor") -> bool:
+        return self.first <= other.last and other.first <= self.last
+
+
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def lower_bound(tensors: Sequence[Tensor]) -> int:
+    """The largest sum of sizes of tensors live at the same binding: no placement does better."""
+    if not tensors:
+        return 0
+    end = max(t.last for t in tensors) + 2
+    live = np.zeros(end, dtype=np.int64)
+    for t in tensors:
+        live[t.first] += t.size
+        live[t.last + 1] -= t.size
+    return int(np.cumsum(live).max())
+
+
+def _place(order: Sequence[Tensor], best_fit: bool) -> tuple[dict[str, int], int]:
+    """Offsets when tensors are placed in ``order``, each in a gap among those it overlaps in time:
+    the smallest gap it fits (best fit) or the lowest (first fit); returns (offsets, arena size)."""
+    placed: list[tuple[int, Tensor]] = []
+    offsets: dict[str, int] = {}
+    top = 0
+    for tensor in order:
+        busy = sorted((o, o + t.size) for o, t in placed if t.overlaps(tensor))
+        chosen, chosen_gap, cursor = None, None, 0
+        for start, end in busy:
+            gap = start - cursor
+            if gap >= tensor.size and (chosen is None or (best_fit and gap < chosen_gap)):
+                chosen, chosen_gap = cursor, gap
+                if not best_fit:
+                    break
+            cursor = max(cursor, end)
+        offset = cursor if chosen is None else chosen
+        placed.append((offset, tensor))
+        offsets[tensor.name] = offset
+        top = max(top, offset + tensor.size)
+    return offsets, top
+
+
+def plan(tensors: Sequence[Tensor]) -> tuple[dict[str, int], int]:
+    """Offsets for ``tensors`` such that tensors live at the same time never share a byte.
+
+    Up to ``EXACT_LIMIT`` tensors every order is tried with first fit, which is optimal (any
+    optimal placement, replayed in the order of its offsets, places each tensor at or below its
+    offset). Beyond that, the best of greedy by size (Pisarchyk and Lee's best fit) and three
+    other orders.
+    """
+    if not tensors:
+        return {}, 0
+    if len(tensors) <= EXACT_LIMIT:
+        return min((_place(order, best_fit=False) for order in itertools.permutations(tensors)),
+                   key=lambda result: result[1])
+    orders = [
+        sorted(tensors, key=lambda t: (-t.size, t.first)),
+        sorted(tensors, key=lambda t: (-(t.last - t.first), -t.size)),
+        sorted(tensors, key=lambda t: (-t.size * (t.last - t.first + 1), t.first)),
+        sorted(tensors, key=lambda t: (t.first, -t.size)),
+    ]
+    return min((_place(order, best_fit=True) for order in orders), key=lambda result: result[1])
+
+
+def verify_placement(tensors: Sequence[Tensor], offsets: dict[str, int], arena_bytes: int) -> list[str]:
+    """Every problem with a placement, checked pair by pair without the planner's code."""
+    problems = []
+    for t in tensors:
+        offset = offsets[t.name]
+        if offset % ALIGNMENT or offset < 0 or offset + t.size > arena_bytes:
+            problems.append(f"{t.name} at [{offset}, {offset + t.size}) is misaligned or outside the arena")
+    for a, b in itertools.combinations(tensors, 2):
+        oa, ob = offsets[a.name], offsets[b.name]
+        if a.overlaps(b) and oa < ob + b.size and ob < oa + a.size:
+            problems.append(f"{a.name} [{oa}, {oa + a.size}) and {b.name} [{ob}, {ob + b.size}) "
+                            f"are live together (bindings {max(a.first, b.first)}-{min(a.last, b.last)}) "
+                            "and share bytes")
+    return problems
+
+
+# --- lifetimes of the lowered main function ------------------------------------------------------
+
+def _is_op(expr: relax.Expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+def _static_bytes(call: relax.Call) -> int | None:
+    shape, dtype = call.args[0], call.args[1]
+    if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(d, tirx.IntImm) for d in shape.values):
+        return None
+    elements = int(np.prod([int(d) for d in shape.values]))
+    return elements * tvm.runtime.DataType(str(dtype.value)).bits // 8
+
+
+def _vars_in(expr: relax.Expr) -> list[relax.Var]:
+    found: list[relax.Var] = []
+    relax.analysis.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
+    return found
+
+
+@dataclass
+class Lifetimes:
+    """What ``analyse`` found in a lowered ``main``."""
+
+    tensors: list[Tensor] = field(default_factory=list)
+    calls: dict[str, relax.Call] = field(default_factory=dict)  # tensor name -> its alloc_tensor
+    producers: dict[str, str] = field(default_factory=dict)  # tensor name -> kernel writing it first
+    outputs: list[str] = field(default_factory=list)  # allocations that reach the return value
+    dynamic: int = 0  # allocations without a static size (left to TVM)
+    kernel_args: list[tuple[relax.GlobalVar, set[str]]] = field(default_factory=list)  # per call
+
+
+def analyse(func: relax.Function, unshared: Sequence[str] = ()) -> Lifetimes:
+    """Lifetimes of the intermediate tensors of ``func`` (after CallTIRRewrite)."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    owners: dict[relax.Var, set[str]] = {}
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    result = Lifetimes()
+    for index, binding in enumerate(bindings):
+        value, var = binding.value, binding.var
+        if _is_op(value, "relax.builtin.alloc_tensor"):
+            size = _static_bytes(value)
+            if size is None:
+                result.dynamic += 1
+                continue
+            owners[var] = {var.name}
+            first[var.name] = last[var.name] = index
+            result.calls[var.name] = value
+            result.tensors.append(Tensor(var.name, aligned(size), index, index))
+            continue
+        used = set().union(*(owners.get(v, set()) for v in _vars_in(value)))
+        for name in used:
+            last[name] = index
+        if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+            result.kernel_args.append((value.op, used))
+            for arg in value.args:  # destination-passing kernel: its last tensor argument is written
+                if isinstance(arg, relax.Var) and arg in owners:
+                    for name in owners[arg]:
+                        result.producers.setdefault(name, value.op.name_hint)
+        if used:  # anything computed from an arena tensor may be a view of it (reshape, tuple)
+            owners[var] = used
+    returned = set().union(*(owners.get(v, set()) for v in _vars_in(func.body.body)))
+    result.outputs = sorted(returned)
+    end = len(bindings)
+    tensors = []
+    for t in result.tensors:
+        if t.name in returned:
+            continue
+        kernel = result.producers.get(t.name, "")
+        exclusive = any(fnmatch.fnmatch(kernel, pattern) for pattern in unshared)
+        tensors.append(Tensor(t.name, t.size, 0 if exclusive else first[t.name], end if exclusive else last[t.name]))
+    result.tensors = tensors
+    return result
+
+
+def _storage_bytes(func: relax.Function) -> int:
+    """Bytes of every static ``alloc_storage`` in ``func`` (what a planner made it allocate)."""
+    total = 0
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if _is_op(value, "relax.memory.alloc_storage") and isinstance(value.args[0], relax.ShapeExpr):
+                total += int(value.args[0].values[0])
+    return total
+
+
+# --- the rewrite -----------------------------------------------------------------------------------
+
+_PARAMS = re.compile(r'(\w+: T\.Buffer\((?:\([^()]*(?:\([^()]*\)[^()]*)*\)), ("\w+")\))')
+
+
+def accepting_offsets(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with parameter buffers that accept a byte offset.
+
+    TVM's kernels assert ``byte_offset == 0`` on every argument unless a buffer declares an offset
+    factor, and on CPU the VM gives a tensor at a storage offset exactly that byte offset (TVM's
+    own planner only ever uses offset 0). TVM 0.27 offers no buffer substitution in Python, so the
+    kernel goes through TVMScript with ``offset_factor=1`` on its parameters (about 0.1 s each).
+    """
+    text = func.script()
+    signature_end = text.index("):\n", text.index("def "))
+    signature = _PARAMS.sub(lambda m: m.group(1)[:-1] + ", offset_factor=1)", text[:signature_end])
+    return tvm.script.from_source(signature + text[signature_end:])
+
+
+def _fill_kernel(words: int) -> tirx.PrimFunc:
+    """A PrimFunc writing the garbage pattern over an arena viewed as ``words`` uint32."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def fill(arena: T.Buffer((words,), "uint32")):
+        for i in T.parallel(words):
+            arena[i] = T.uint32(GARBAGE)
+
+    return fill
+
+
+@relax.expr_functor.mutator
+class _ArenaRewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, offsets: dict[str, int], calls: dict[str, relax.Call],
+                 arena_bytes: int, fill: relax.GlobalVar | None) -> None:
+        super().__init__(mod)
+        self.offsets = offsets
+        self.calls = calls
+        self.arena_bytes = arena_bytes
+        self.fill = fill
+        self.arena: relax.Var | None = None
+
+    def _arena(self) -> relax.Var:
+        if self.arena is None:
+            self.arena = self.builder_.emit(relax.op.memory.alloc_storage(
+                relax.ShapeExpr([self.arena_bytes]), 0, "global", "uint8"), name_hint="arena")
+            if self.fill is not None:
+                words = self.builder_.emit(relax.op.memory.alloc_tensor(
+                    self.arena, 0, relax.ShapeExpr([self.arena_bytes // 4]), "uint32"), name_hint="arena_words")
+                self.builder_.emit(relax.Call(self.fill, [words]), name_hint="_")
+        return self.arena
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        name = binding.var.name
+        if name not in self.offsets or not binding.value.same_as(self.calls[name]):
+            return super().visit_var_binding_(binding)
+        call = self.calls[name]
+        new = relax.op.memory.alloc_tensor(self._arena(), self.offsets[name], call.args[0], call.args[1])
+        self.set_var_remap(binding.var, self.builder_.emit(new, name_hint=name))
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.ArenaPlan")
+class ArenaPlan:
+    """Plan ``main``'s intermediates into one arena (planner "arena") or leave them to TVM's
+    StaticPlanBlockMemory (planner "tvm"); either way ``summary()`` reports both plans.
+
+    ``unshared``: glob patterns of kernel names whose outputs get bytes of their own.
+    ``validate``: check the placement pair by pair, and fill the arena with garbage before each
+    run, so a read of memory nobody wrote, or that another tensor overwrote, shows in the outputs.
+    """
+
+    report_key = "memory"
+
+    def __init__(self, planner: str = "arena", unshared: Sequence[str] = (), validate: bool = False) -> None:
+        if planner not in PLANNERS:
+            raise ValueError(f"memory planner must be one of {', '.join(PLANNERS)}, not {planner!r}")
+        self.planner = planner
+        self.unshared = tuple(unshared)
+        self.validate = validate
+        self.report: dict = {}
+
+    def summary(self) -> dict:
+        return self.report
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        gvar = mod.get_global_var("main")
+        found = analyse(mod[gvar], self.unshared)
+        offsets, arena_bytes = plan(found.tensors)
+        problems = verify_placement(found.tensors, offsets, arena_bytes)
+        if problems:  # a planner bug: never build a model that would compute garbage
+            raise RuntimeError("memory plan is invalid: " + "; ".join(problems[:5]))
+        tvm_bytes = _storage_bytes(relax.transform.StaticPlanBlockMemory()(mod)[gvar])
+        self.report = {
+            "planner": self.planner,
+            "arena_bytes": arena_bytes if self.planner == "arena" else tvm_bytes,
+            "lower_bound_bytes": lower_bound(found.tensors),
+            "tvm_static_plan_bytes": tvm_bytes,
+            "no_reuse_bytes": sum(t.size for t in found.tensors),
+            "unshared": list(self.unshared),
+            "validated": self.validate,
+            "outputs": found.outputs,
+            "dynamic_allocations": found.dynamic,
+            "tensors": [{"name": t.name, "bytes": t.size, "offset": offsets[t.name], "first": t.first,
+                         "last": t.last, "kernel": found.producers.get(t.name, "")}
+                        for t in sorted(found.tensors, key=lambda t: t.first)],
+        }
+        if self.planner == "tvm" or not found.tensors:
+            return mod
+        fill = None
+        if self.validate:
+            builder = relax.BlockBuilder(mod)
+            fill = builder.add_func(_fill_kernel(arena_bytes // 4), "relaxc_fill_arena")
+            mod = builder.get()
+        rewriter = _ArenaRewriter(mod, offsets, found.calls, arena_bytes, fill)
+        new = mod.clone()
+        new[gvar] = rewriter.visit_expr(mod[gvar])
+        shifted = {kernel for kernel, names in found.kernel_args if any(offsets.get(n, 0) for n in names)}
+        for kernel in shifted:
+            new[kernel] = accepting_offsets(mod[kernel])
+        self.report["kernels_accepting_offsets"] = len(shifted)
+        return new
