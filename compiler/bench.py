@@ -38,7 +38,7 @@ class Row:
 ROUNDS = 4  # blocks per runtime
 
 
-def _block(fn: Callable[[], object], runs: int) -> list[float]:
+def block(fn: Callable[[], object], runs: int) -> list[float]:
     """Milliseconds of ``runs`` calls of ``fn`` after one untimed warm-up call."""
     fn()
     times = []
@@ -68,8 +68,8 @@ def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_op
     ours, theirs = [], []
     for round_ in range(ROUNDS):
         runs = repeat // ROUNDS + (round_ < repeat % ROUNDS)
-        ours += _block(lambda: art.run(inputs), runs)
-        theirs += _block(lambda: session.run(None, inputs), runs)
+        ours += block(lambda: art.run(inputs), runs)
+        theirs += block(lambda: session.run(None, inputs), runs)
     return Row(spec, compile_s, statistics.median(ours), statistics.median(theirs))
 
 

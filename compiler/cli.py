@@ -48,6 +48,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block", type=int, default=None, metavar="B",
                         help="channel block of the NCHW{B}c layout (default: the target's fp32 vector "
                              "lanes; 0 keeps NCHW)")
+    parser.add_argument("--memory-planner", default="arena", choices=("arena", "tvm"),
+                        help="intermediates in one arena at offsets (default) or TVM's StaticPlanBlockMemory")
 
 
 def _compile(args: argparse.Namespace):
@@ -57,7 +59,8 @@ def _compile(args: argparse.Namespace):
     if len(shapes) != len(args.shape):
         raise ShapeError("an input is given more than one --shape")
     return compiler.compile(args.model, target=args.target, shapes=shapes or None, tuning=args.tuning,
-                            layout_block=args.block)
+                            layout_block=args.block, memory_planner=args.memory_planner,
+                            validate_memory=getattr(args, "validate_memory", False))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -120,7 +123,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     art = _compile(args)
-    print(json.dumps(art.report(), indent=2))
+    if args.memory or args.chart:
+        from compiler import memory_report
+
+        print(memory_report.summary(art.report()["memory"]))
+        if args.chart:
+            print(f"wrote {memory_report.chart(art.report()['memory'], args.chart, art.report()['model'])}")
+    else:
+        print(json.dumps(art.report(), indent=2))
     if args.phase:
         print(art.ir(args.phase))
     return 0
@@ -132,7 +142,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeat < 1 or args.threads < 1:
         raise UserError("--repeat and --threads must be at least 1")
     bench.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
-              tuning=args.tuning, layout_block=args.block, print_fn=lambda line: print(line, flush=True))
+              tuning=args.tuning, layout_block=args.block, memory_planner=args.memory_planner,
+              print_fn=lambda line: print(line, flush=True))
     return 0
 
 
@@ -159,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", parents=[common], help="print the compile report and the IR after a phase")
     _add_model_args(p)
     p.add_argument("--phase", help="print the IR after this phase (import, simplify, layout, ..., final)")
+    p.add_argument("--memory", action="store_true",
+                   help="print the memory plan (arena, lower bound, TVM's plan, biggest tensors) instead of the report")
+    p.add_argument("--chart", metavar="PNG", help="also write the lifetime chart of the plan (needs matplotlib)")
+    p.add_argument("--validate-memory", action="store_true",
+                   help="check the plan pair by pair and fill the arena with garbage before each run")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("bench", parents=[common],
@@ -169,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="threads for both runtimes (default 2)")
     p.add_argument("--tuning", default="replay", choices=("off", "replay"))
     p.add_argument("--block", type=int, default=None, metavar="B", help="layout block (see compile)")
+    p.add_argument("--memory-planner", default="arena", choices=("arena", "tvm"))
     p.set_defaults(func=cmd_bench)
     return parser
 

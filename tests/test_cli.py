@@ -56,6 +56,16 @@ def test_compile_run_and_inspect(model_file, tmp_path):
     assert report["layout"]["padded_tensors"][0] == {"name": "x", "from": 3, "to": 4}
 
 
+def test_inspect_memory_prints_the_plan_and_writes_a_chart(model_file, tmp_path):
+    chart = tmp_path / "plan.png"
+    proc = relaxc("inspect", str(model_file), "--memory", "--chart", str(chart), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "planner arena:" in proc.stdout and "lower bound" in proc.stdout and "TVM StaticPlanBlockMemory" in proc.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
+    proc = relaxc("inspect", str(model_file), "--memory", "--chart", "/no/such/dir/plan.png", "-q")
+    assert proc.returncode == 2 and "directory /no/such/dir does not exist" in proc.stderr
+
+
 def test_run_compiles_onnx_with_shape_binding(model_file, tmp_path):
     model = onnx.load(model_file)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"

@@ -13,11 +13,16 @@ from tests import reference
 @pytest.mark.slow
 @pytest.mark.parametrize("name", models.BUNDLED)
 def test_bundled_model_matches_onnxruntime(name):
+    """With the arena planner validating: placement checked, arena filled with garbage each run."""
     spec = f"onnx:{name}"
-    art = compiler.compile(spec, target="cpu")
+    art = compiler.compile(spec, target="cpu", validate_memory=True)
     inputs = reference.random_inputs(art.inputs)
     expected = reference.ort_run(onnx.load(models.bundled_path(spec)), inputs)
     reference.assert_matches(art.run(inputs), expected)
+    reference.assert_matches(art.run(inputs), expected)
+    memory = art.report()["memory"]
+    assert memory["arena_bytes"] <= 1.05 * memory["lower_bound_bytes"]
+    assert memory["arena_bytes"] <= memory["tvm_static_plan_bytes"]
 
 
 @pytest.mark.slow
