@@ -115,6 +115,8 @@ def test_small_cnn_plan_is_real_and_correct():
     assert report["planner"] == "arena" and report["validated"]
     assert report["lower_bound_bytes"] <= report["arena_bytes"] <= report["tvm_static_plan_bytes"]
     assert report["arena_bytes"] < report["no_reuse_bytes"]
+    assert report["padding_bytes"] == art.report()["layout"]["padding_bytes"] > 0  # 20 channels padded to 24
+    assert 0 < report["alignment_bytes"] < ALIGNMENT * len(report["tensors"])
     assert all(t["bytes"] % ALIGNMENT == 0 and t["offset"] % ALIGNMENT == 0 for t in report["tensors"])
     outputs = set(report["outputs"])
     assert outputs and not outputs & {t["name"] for t in report["tensors"]}  # outputs stay outside
