@@ -32,10 +32,16 @@ def _tensors(draw_sizes, draw_spans) -> list[Tensor]:
             for i, (size, (first, length)) in enumerate(zip(draw_sizes, draw_spans))]
 
 
-lifetimes = st.integers(1, 40).flatmap(lambda n: st.builds(
-    _tensors,
-    st.lists(st.integers(1, 64), min_size=n, max_size=n),
-    st.lists(st.tuples(st.integers(0, 30), st.integers(0, 12)), min_size=n, max_size=n)))
+def lifetime_sets(most: int, largest: int, latest: int, longest: int):
+    """Up to ``most`` tensors of 1..``largest`` alignment units, starting by ``latest``, living up to
+    ``longest`` more bindings."""
+    return st.integers(1, most).flatmap(lambda n: st.builds(
+        _tensors,
+        st.lists(st.integers(1, largest), min_size=n, max_size=n),
+        st.lists(st.tuples(st.integers(0, latest), st.integers(0, longest)), min_size=n, max_size=n)))
+
+
+lifetimes = lifetime_sets(most=40, largest=64, latest=30, longest=12)
 
 
 @settings(max_examples=200, deadline=None)
@@ -66,10 +72,7 @@ def _optimum(tensors: list[Tensor]) -> int:
     return best
 
 
-small_lifetimes = st.integers(1, 5).flatmap(lambda n: st.builds(
-    _tensors,
-    st.lists(st.integers(1, 6), min_size=n, max_size=n),
-    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 4)), min_size=n, max_size=n)))
+small_lifetimes = lifetime_sets(most=5, largest=6, latest=6, longest=4)
 
 
 @settings(max_examples=150, deadline=None)
