@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from compiler.frontend import ModelLike, Shapes
     from compiler.targets import TargetLike
 
-__all__ = ["compile", "load", "Deployed", "UserError", "ModelError", "UnsupportedOperatorError",
+__all__ = ["compile", "tune", "load", "Deployed", "UserError", "ModelError", "UnsupportedOperatorError",
            "ShapeError", "TargetError", "InputError", "ExportError"]
 
 
@@ -45,8 +45,10 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
     target: ``"cpu"`` (this machine), ``"llvm"``, a JSON dict or a ``tvm.target.Target``.
     shapes: binds dynamic input dims, e.g. ``{"input": (1, 3, 224, 224)}``.
-    tuning: ``"replay"`` (default) or ``"off"``; ``"strict"`` and ``"tune"`` are not available yet.
-    cache_dir: directory of tuning records (not used yet).
+    tuning: ``"replay"`` (default: apply the records there are, default schedules for the rest),
+        ``"strict"`` (fail naming every kernel without a record), ``"tune"`` (tune what is missing,
+        then build) or ``"off"`` (default schedules only).
+    cache_dir: root of the tuning records (default: ``$RELAXC_CACHE_DIR``, else ``./tuning_logs``).
     layout_block: channel block b of the blocked NCHW{b}c layout; default: the target's fp32 vector
         lanes (8 with AVX2, 16 with AVX-512); 0 keeps every operator in NCHW.
     memory_planner: ``"arena"`` (default: every intermediate at an offset of one arena) or
@@ -60,3 +62,22 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     return compile_model(model, target=target, shapes=shapes, tuning=tuning, cache_dir=cache_dir,
                          layout_block=layout_block, memory_planner=memory_planner, unshared=unshared,
                          validate_memory=validate_memory)
+
+
+def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", trials: int = 2000,
+         trials_per_task: int | None = None, minutes: float | None = None, cache_dir: str | None = None,
+         shapes: "Shapes | None" = None, layout_block: int | None = None) -> dict:
+    """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the record store.
+
+    trials: total measurement budget; trials_per_task: per kernel (default: an even share, at
+    least 64); minutes: stop when the time is spent. Records go to ``<cache_dir>/<target key>/``
+    as they are measured, so an interrupted run loses nothing and a rerun resumes. Later
+    ``compile`` calls replay them. Returns a summary (tasks, trials, records, minutes, stop reason).
+    """
+    from compiler.pipeline import compile_model
+    from schedules.tuning import tune_module
+
+    art = compile_model(model, target=target, shapes=shapes, tuning="off", layout_block=layout_block)
+    return tune_module(art.module("fuse"), art.target, trials=trials, trials_per_task=trials_per_task,
+                       minutes=minutes, cache_dir=cache_dir, fingerprint=art.fingerprint,
+                       model=art.report()["model"])

@@ -43,8 +43,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-t", "--target", default="cpu", help='cpu (default, this machine), llvm, or a JSON dict')
     parser.add_argument("--shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
                         help="bind an input's dynamic dims (repeatable)")
-    parser.add_argument("--tuning", default="replay", choices=("off", "replay"),
-                        help="use tuning records (replay, default) or not (off)")
+    parser.add_argument("--tuning", default="replay", choices=("off", "replay", "strict", "tune"),
+                        help="apply tuning records (replay, default), require one for every kernel "
+                             "(strict), tune what is missing (tune), or not (off)")
+    parser.add_argument("--log-dir", default=None, help="root of the tuning records (default: "
+                        "$RELAXC_CACHE_DIR or ./tuning_logs)")
     parser.add_argument("--block", type=int, default=None, metavar="B",
                         help="channel block of the NCHW{B}c layout (default: the target's fp32 vector "
                              "lanes; 0 keeps NCHW)")
@@ -59,7 +62,7 @@ def _compile(args: argparse.Namespace):
     if len(shapes) != len(args.shape):
         raise ShapeError("an input is given more than one --shape")
     return compiler.compile(args.model, target=args.target, shapes=shapes or None, tuning=args.tuning,
-                            layout_block=args.block, memory_planner=args.memory_planner,
+                            cache_dir=args.log_dir, layout_block=args.block, memory_planner=args.memory_planner,
                             validate_memory=getattr(args, "validate_memory", False))
 
 
@@ -136,6 +139,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    import compiler
+
+    shapes = dict(args.shape)
+    summary = compiler.tune(args.model, target=args.target, trials=args.trials,
+                            trials_per_task=args.trials_per_task, minutes=args.minutes,
+                            cache_dir=args.log_dir, shapes=shapes or None, layout_block=args.block)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from compiler import bench
 
@@ -177,13 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the plan pair by pair and fill the arena with garbage before each run")
     p.set_defaults(func=cmd_inspect)
 
+    p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the record store")
+    _add_model_args(p)
+    p.add_argument("--trials", type=int, default=2000, help="total measurements (default 2000)")
+    p.add_argument("--trials-per-task", type=int, default=None, help="per kernel (default: an even share)")
+    p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    p.set_defaults(func=cmd_tune)
+
     p = sub.add_parser("bench", parents=[common],
                        help="latency against onnxruntime in the same run (Markdown table)")
     p.add_argument("models", nargs="*", help="models (default: the nine bundled ones)")
     p.add_argument("-t", "--target", default="cpu", help="cpu (default, this machine), llvm, or a JSON dict")
     p.add_argument("--repeat", type=int, default=20, help="timed runs of each runtime (default 20)")
     p.add_argument("--threads", type=int, default=2, help="threads for both runtimes (default 2)")
-    p.add_argument("--tuning", default="replay", choices=("off", "replay"))
+    p.add_argument("--tuning", default="replay", choices=("off", "replay", "strict"))
     p.add_argument("--block", type=int, default=None, metavar="B", help="layout block (see compile)")
     p.add_argument("--memory-planner", default="arena", choices=("arena", "tvm"))
     p.set_defaults(func=cmd_bench)

@@ -5,7 +5,8 @@
     layout     passes/layout.py        NCHW convs to blocked NCHW{b}c, channels padded to the block
     legalize   passes/legalize.py      Relax operators to TIR PrimFuncs (blocked convs: ours)
     fuse       TVM FuseOps/FuseTIR     fuse producers with their elementwise consumers
-    schedule   schedules/default.py    default schedules for every kernel
+    tune       schedules/tuning.py     apply tuning records (replay, strict) or tune first (tune)
+    schedule   schedules/default.py    default schedules for every kernel without a record
     lower      passes/memory.py + TVM  VM lowering, arena storage planning on the final shapes
     build      tvm.compile             code generation for the target
 
@@ -36,9 +37,10 @@ from passes.memory import PLANNERS, ArenaPlan
 from schedules import cache
 from schedules.cpu import SCHEDULE_ATTR
 from schedules.default import apply_default_schedules
+from schedules.tuning import MODES as TUNING_MODES
+from schedules.tuning import ApplyTuningRecords
 
 log = logging.getLogger("relaxc")
-TUNING_MODES = ("off", "replay", "strict", "tune")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Options:
     memory_planner: str = "arena"  # or "tvm": StaticPlanBlockMemory
     unshared: tuple[str, ...] = ()  # kernels (glob patterns) whose outputs get bytes of their own
     validate_memory: bool = False  # check the plan, fill the arena with garbage before each run
+    tuning: str = "replay"  # off | replay | strict | tune
+    cache_dir: str | None = None  # root of the tuning records (default: $RELAXC_CACHE_DIR or ./tuning_logs)
 
     def fingerprint_options(self) -> dict:
         return {"layout_block": self.layout_block, "memory_planner": self.memory_planner,
@@ -91,6 +95,10 @@ def _fuse(_options: Options) -> list[tvm.transform.Pass]:
             relax.transform.DeadCodeElimination()]
 
 
+def _tune(options: Options) -> list[tvm.transform.Pass]:
+    return [ApplyTuningRecords(options.tuning, options.cache_dir)]
+
+
 def _schedule(options: Options) -> list[tvm.transform.Pass]:
     return [apply_default_schedules(options.target)]
 
@@ -106,6 +114,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("layout", _layout),
     Phase("legalize", _legalize),
     Phase("fuse", _fuse),
+    Phase("tune", _tune),
     Phase("schedule", _schedule),
     Phase("lower", _lower),
 )
@@ -120,9 +129,6 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
     """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
     if tuning not in TUNING_MODES:
         raise UserError(f"tuning must be one of {', '.join(TUNING_MODES)}, not {tuning!r}")
-    if tuning in ("strict", "tune"):
-        raise UserError(f"tuning={tuning!r} is not available in this version of relaxc; "
-                        "use 'replay' or 'off'")
     tvm_target = targets.resolve(target)
     if tvm_target.kind.name != "llvm":
         raise TargetError(f"target kind {tvm_target.kind.name!r} is not supported yet; "
@@ -133,7 +139,8 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
         raise UserError(f"layout_block must be 0 (keep NCHW) or at least 2, not {layout_block}")
     if memory_planner not in PLANNERS:
         raise UserError(f"memory_planner must be one of {', '.join(PLANNERS)}, not {memory_planner!r}")
-    options = Options(tvm_target, layout_block, memory_planner, tuple(unshared), validate_memory)
+    options = Options(tvm_target, layout_block, memory_planner, tuple(unshared), validate_memory, tuning,
+                      cache_dir)
     timings: list[dict] = []
     snapshots: dict[str, tvm.IRModule] = {}
     summaries: dict[str, dict] = {}
@@ -149,11 +156,15 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
         for phase in PHASES:
             start = time.perf_counter()
             passes = phase.passes(options)
-            mod = tvm.transform.Sequential(passes, name=phase.name)(mod)
+            # a clone: some passes (TVM's dlight among them) assign into the module they are given,
+            # which would rewrite the snapshot of the previous phase
+            mod = tvm.transform.Sequential(passes, name=phase.name)(mod.clone())
             for pass_ in passes:  # passes that say what they did: their summary joins the report
                 summary = getattr(pass_, "summary", None)
                 if summary is not None:
                     summaries[pass_.report_key] = summary()
+                if getattr(pass_, "error", None) is not None:  # a user error, kept across the FFI
+                    raise pass_.error
             timings.append({"name": phase.name, "seconds": time.perf_counter() - start})
             log.info("%-9s %6.2fs", phase.name, timings[-1]["seconds"])
             snapshots[phase.name] = mod
@@ -183,10 +194,17 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
 
 
 def _schedule_counts(mod: tvm.IRModule) -> dict[str, int]:
-    """How many kernels got each kind of default schedule ("tiled", "basic"; "none" if unscheduled)."""
-    kinds = [str(func.attrs.get(SCHEDULE_ATTR, "none")) if func.attrs else "none"
-             for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)]
+    """How many kernels got each kind of schedule: a tuning record ("tuned"), the default schedules
+    ("tiled", "basic"), or none."""
+    kinds = [_schedule_kind(func) for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)]
     return dict(sorted(collections.Counter(kinds).items()))
+
+
+def _schedule_kind(func: tvm.tirx.PrimFunc) -> str:
+    attrs = func.attrs or {}
+    if SCHEDULE_ATTR in attrs:
+        return str(attrs[SCHEDULE_ATTR])
+    return "tuned" if attrs.get("tirx.is_scheduled") else "none"
 
 
 def _spec_json(spec: frontend.TensorSpec) -> dict:

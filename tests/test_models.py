@@ -69,6 +69,7 @@ def test_report_and_ir_per_phase():
     assert "batch_norm" not in art.ir("simplify")
     # each phase's snapshot is what that phase produced, untouched by later phases
     assert not re.search(r"NCHW\d+c", art.ir("simplify")) and re.search(r"NCHW\d+c", art.ir("layout"))
+    assert "tirx.is_scheduled" not in art.ir("fuse") and "tirx.is_scheduled" in art.ir("schedule")
     assert "T.prim_func" in art.ir("legalize")
     with pytest.raises(compiler.UserError, match="unknown phase 'nope'"):
         art.ir("nope")

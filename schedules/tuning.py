@@ -1,0 +1,199 @@
+"""Kernel tuning with MetaSchedule and XGBoost, and replay of the records at compile time.
+
+Tasks are the kernels of the module after layout and fusion, the same PrimFuncs the default
+schedules would get, so a record applies exactly where it was measured. Every measured record is
+appended to the target's database as it comes (MetaSchedule's JSON database), so Ctrl-C or kill -9
+loses nothing already measured, and a rerun counts the records on disk and tunes only what is
+still short of its budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import Target
+
+from compiler.errors import UserError
+from schedules import builder
+from schedules.cache import RecordStore, cache_root
+
+log = logging.getLogger("relaxc")
+MODES = ("off", "replay", "strict", "tune")
+TRIALS_PER_ITER = 64
+
+
+class _TimeUp(Exception):
+    """Raised from the progress callback when the time budget is spent."""
+
+
+@dataclass
+class Progress:
+    """Trials done, best latency per task and the rate, printed as one status line."""
+
+    names: list[str]
+    weights: list[float]
+    total_trials: int
+    deadline: float | None
+    stream: object = sys.stderr
+    trials: int = 0
+    best_us: dict[int, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def update(self, task_id: int, seconds: list[float]) -> None:
+        self.trials += len(seconds)
+        finite = [s for s in seconds if s < 1e9]
+        if finite:
+            self.best_us[task_id] = min(self.best_us.get(task_id, float("inf")), min(finite) * 1e6)
+        elapsed = time.perf_counter() - self.started
+        rate = self.trials / elapsed if elapsed else 0.0
+        remaining = (self.total_trials - self.trials) / rate if rate else float("inf")
+        if self.deadline is not None:
+            remaining = min(remaining, max(0.0, self.deadline - time.time()))
+        estimate = sum(self.weights[i] * us for i, us in self.best_us.items()) / 1e3
+        print(f"[relaxc] tune: {len(self.best_us)}/{len(self.names)} tasks measured, "
+              f"{self.trials}/{self.total_trials} trials, kernels sum {estimate:.2f} ms, "
+              f"{rate:.1f} trials/s, about {remaining / 60:.1f} min left "
+              f"(last: {self.names[task_id]})", file=self.stream, flush=True)
+        if self.deadline is not None and time.time() >= self.deadline:
+            raise _TimeUp()
+
+
+def _progress_callback(progress: Progress) -> ms.MeasureCallback:
+    """A MetaSchedule measure callback feeding ``progress`` (runs after the records are saved)."""
+    from tvm.s_tir.meta_schedule.measure_callback.measure_callback import _PyMeasureCallback
+
+    def apply(_scheduler, task_id, _candidates, _builder_results, runner_results) -> None:
+        seconds = []
+        for result in runner_results:
+            times = [float(t) for t in result.run_secs] if result.run_secs else []
+            seconds.append(sum(times) / len(times) if times and not result.error_msg else 1e10)
+        progress.update(int(task_id), seconds)
+
+    return _PyMeasureCallback(apply)
+
+
+def _records(database, task: ms.ExtractedTask, target: Target) -> int:
+    """How many valid records the database holds for ``task``."""
+    mod = task.dispatched[0]
+    if not database.has_workload(mod):
+        return 0
+    return len(database.get_top_k(database.commit_workload(mod), 10**6))
+
+
+def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_task: int | None = None,
+                minutes: float | None = None, cache_dir: str | None = None, fingerprint: str = "",
+                model: str = "") -> dict:
+    """Tune the kernels of ``mod`` (after layout and fusion) into the target's record store."""
+    if trials < 1:
+        raise UserError(f"trials must be at least 1, not {trials}")
+    builder.skip_tensor_intrinsics(target)
+    store = RecordStore(cache_root(cache_dir), target)
+    tasks = ms.relax_integration.extract_tasks(mod, target)
+    per_task = trials_per_task or max(TRIALS_PER_ITER, trials // max(1, len(tasks)))
+    started = time.time()
+    with store.lock():
+        if store.exists() and not store.compatible():
+            raise UserError(f"{store.dir} holds records tuned with other versions "
+                            f"({store.manifest().get('versions')}); tune into another --log-dir")
+        database = store.database(writable=True)
+        have = [_records(database, task, target) for task in tasks]
+        todo = [i for i, task in enumerate(tasks) if have[i] < per_task]
+        budget = min(trials, sum(per_task - have[i] for i in todo))
+        summary = {"tasks": len(tasks), "tasks_tuned": len(todo), "trials_budget": budget,
+                   "records_before": sum(have), "stopped": "done", "cache_dir": store.dir}
+        if todo and budget > 0:
+            work_dir = store.dir
+            contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                [tasks[i] for i in todo], work_dir)
+            deadline = started + minutes * 60 if minutes else None
+            progress = Progress([tasks[i].task_name for i in todo], weights, budget, deadline)
+            callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_progress_callback(progress)]
+            try:
+                ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
+                              max_trials_global=budget, max_trials_per_task=per_task,
+                              num_trials_per_iter=min(TRIALS_PER_ITER, per_task), database=database,
+                              builder=ms.builder.LocalBuilder(f_build=builder.build),
+                              cost_model="xgb", measure_callbacks=callbacks)
+            except Exception as err:  # the callback's _TimeUp arrives wrapped by the FFI
+                if "_TimeUp" not in f"{type(err).__name__} {err}":
+                    raise
+                summary["stopped"] = "time budget"
+            summary["trials"] = progress.trials
+        after = [_records(database, task, target) for task in tasks]
+        summary["records_after"] = sum(after)
+        summary["minutes"] = round((time.time() - started) / 60, 2)
+        if fingerprint:
+            previous = store.manifest().get("fingerprints", {}).get(fingerprint, {})
+            store.update_manifest(fingerprint, {
+                "model": model, "tasks": [t.task_name for t in tasks],
+                "trials": previous.get("trials", 0) + summary.get("trials", 0),
+                "minutes": round(previous.get("minutes", 0) + summary["minutes"], 2),
+                "last_tuned": time.strftime("%Y-%m-%d %H:%M:%S"),
+            })
+    return summary
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.ApplyTuningRecords")
+class ApplyTuningRecords:
+    """Schedule every kernel that has a tuning record with its best record (``replay``); ``strict``
+    also fails naming every kernel without one; ``tune`` first tunes what is missing; ``off``
+    leaves every kernel to the default schedules. ``summary()`` is ``report()["tuning"]``."""
+
+    report_key = "tuning"
+
+    def __init__(self, mode: str, cache_dir: str | None, trials: int = 512) -> None:
+        if mode not in MODES:
+            raise UserError(f"tuning must be one of {', '.join(MODES)}, not {mode!r}")
+        self.mode = mode
+        self.cache_dir = cache_dir
+        self.trials = trials
+        self.report: dict = {}
+        self.error: UserError | None = None  # the FFI would turn a raised UserError into a RuntimeError
+
+    def summary(self) -> dict:
+        return self.report
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        try:
+            return self._apply(mod)
+        except UserError as err:
+            self.error = err
+            return mod
+
+    def _apply(self, mod: tvm.IRModule) -> tvm.IRModule:
+        target = Target.current()
+        store = RecordStore(cache_root(self.cache_dir), target)
+        tasks = ms.relax_integration.extract_tasks(mod, target)
+        self.report = {"mode": self.mode, "cache_dir": store.dir, "tasks": len(tasks),
+                       "tasks_with_records": 0, "missing": [t.task_name for t in tasks]}
+        if self.mode == "off":
+            return mod
+        if self.mode == "tune":
+            self.report["tuned"] = tune_module(mod, target, trials=self.trials, cache_dir=self.cache_dir)
+        if not store.exists():
+            return self._finish(mod, tasks, None, target)
+        if not store.compatible():
+            log.warning("ignoring %s: its records were tuned with other versions %s", store.dir,
+                        store.manifest().get("versions"))
+            return self._finish(mod, tasks, None, target)
+        builder.skip_tensor_intrinsics(target)
+        return self._finish(mod, tasks, store.database(writable=False), target)
+
+    def _finish(self, mod: tvm.IRModule, tasks: list, database, target: Target) -> tvm.IRModule:
+        covered = [t for t in tasks if database is not None
+                   and database.query_tuning_record(t.dispatched[0], target, "main") is not None]
+        missing = [t.task_name for t in tasks if t not in covered]
+        self.report.update(tasks_with_records=len(covered), missing=missing)
+        if self.mode == "strict" and missing:
+            raise UserError(f"tuning='strict': {len(missing)} of {len(tasks)} kernels have no tuning record "
+                            f"in {self.report['cache_dir']}: {', '.join(missing)}")
+        if database is None or not covered:
+            return mod
+        with target, database:
+            return relax.transform.MetaScheduleApplyDatabase()(mod)
