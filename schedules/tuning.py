@@ -28,10 +28,6 @@ MODES = ("off", "replay", "strict", "tune")
 TRIALS_PER_ITER = 64
 
 
-class _TimeUp(Exception):
-    """Raised from the progress callback when the time budget is spent."""
-
-
 @dataclass
 class Progress:
     """Trials done, best latency per task and the rate, printed as one status line."""
@@ -56,26 +52,35 @@ class Progress:
         if self.deadline is not None:
             remaining = min(remaining, max(0.0, self.deadline - time.time()))
         estimate = sum(self.weights[i] * us for i, us in self.best_us.items()) / 1e3
-        print(f"[relaxc] tune: {len(self.best_us)}/{len(self.names)} tasks measured, "
+        print(f"[relaxc] tune: {len(self.best_us)}/{len(self.names)} kernels measured, "
               f"{self.trials}/{self.total_trials} trials, kernels sum {estimate:.2f} ms, "
               f"{rate:.1f} trials/s, about {remaining / 60:.1f} min left "
               f"(last: {self.names[task_id]})", file=self.stream, flush=True)
-        if self.deadline is not None and time.time() >= self.deadline:
-            raise _TimeUp()
 
 
-def _progress_callback(progress: Progress) -> ms.MeasureCallback:
+def _progress_callback(progress: Progress, task_index: int) -> ms.MeasureCallback:
     """A MetaSchedule measure callback feeding ``progress`` (runs after the records are saved)."""
     from tvm.s_tir.meta_schedule.measure_callback.measure_callback import _PyMeasureCallback
 
-    def apply(_scheduler, task_id, _candidates, _builder_results, runner_results) -> None:
+    def apply(_scheduler, _task_id, _candidates, _builder_results, runner_results) -> None:
         seconds = []
         for result in runner_results:
             times = [float(t) for t in result.run_secs] if result.run_secs else []
             seconds.append(sum(times) / len(times) if times and not result.error_msg else 1e10)
-        progress.update(int(task_id), seconds)
+        progress.update(task_index, seconds)
 
     return _PyMeasureCallback(apply)
+
+
+def _quiet_metaschedule() -> None:
+    """MetaSchedule's own console output (statistics tables on stdout) gives way to relaxc's progress
+    line; its per-task logs still go to ``<store>/logs/``. Unnamed handlers left on its logger by an
+    earlier run in this process would break its logging set-up (it formats handler names)."""
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    ms_logger.setLevel(logging.WARNING)
+    for handler in list(ms_logger.handlers):
+        if handler.get_name() is None:
+            ms_logger.removeHandler(handler)
 
 
 def _records(database, task: ms.ExtractedTask, target: Target) -> int:
@@ -89,14 +94,22 @@ def _records(database, task: ms.ExtractedTask, target: Target) -> int:
 def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_task: int | None = None,
                 minutes: float | None = None, cache_dir: str | None = None, fingerprint: str = "",
                 model: str = "") -> dict:
-    """Tune the kernels of ``mod`` (after layout and fusion) into the target's record store."""
+    """Tune the kernels of ``mod`` (after layout and fusion) into the target's record store.
+
+    MetaSchedule commits a task's measurements to the database only when its scheduler next visits
+    the task, a whole round of tasks later, so a killed run would lose every batch of the round.
+    Here each ``tune_tasks`` call measures one batch of one task and commits it before returning;
+    the tasks take turns, round by round, sharing one XGBoost cost model.
+    """
     if trials < 1:
         raise UserError(f"trials must be at least 1, not {trials}")
     builder.skip_tensor_intrinsics(target)
     store = RecordStore(cache_root(cache_dir), target)
     tasks = ms.relax_integration.extract_tasks(mod, target)
     per_task = trials_per_task or max(TRIALS_PER_ITER, trials // max(1, len(tasks)))
+    batch = min(TRIALS_PER_ITER, per_task)
     started = time.time()
+    deadline = started + minutes * 60 if minutes else None
     with store.lock():
         if store.exists() and not store.compatible():
             raise UserError(f"{store.dir} holds records tuned with other versions "
@@ -106,24 +119,25 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
         todo = [i for i, task in enumerate(tasks) if have[i] < per_task]
         budget = min(trials, sum(per_task - have[i] for i in todo))
         summary = {"tasks": len(tasks), "tasks_tuned": len(todo), "trials_budget": budget,
-                   "records_before": sum(have), "stopped": "done", "cache_dir": store.dir}
+                   "records_before": sum(have), "stopped": "done", "cache_dir": store.dir, "trials": 0}
         if todo and budget > 0:
-            work_dir = store.dir
-            contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [tasks[i] for i in todo], work_dir)
-            deadline = started + minutes * 60 if minutes else None
-            progress = Progress([tasks[i].task_name for i in todo], weights, budget, deadline)
-            callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_progress_callback(progress)]
-            try:
-                ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
-                              max_trials_global=budget, max_trials_per_task=per_task,
-                              num_trials_per_iter=min(TRIALS_PER_ITER, per_task), database=database,
-                              builder=ms.builder.LocalBuilder(f_build=builder.build),
-                              cost_model="xgb", measure_callbacks=callbacks)
-            except Exception as err:  # the callback's _TimeUp arrives wrapped by the FFI
-                if "_TimeUp" not in f"{type(err).__name__} {err}":
-                    raise
-                summary["stopped"] = "time budget"
+            _quiet_metaschedule()
+            progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline)
+            callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+            cost_model = ms.cost_model.XGBModel(num_tuning_cores=builder_cores())
+            left = {i: per_task - have[i] for i in todo}
+            while left and progress.trials < budget and summary["stopped"] == "done":
+                for i in list(left):
+                    if deadline is not None and time.time() >= deadline:
+                        summary["stopped"] = "time budget"
+                        break
+                    size = min(batch, left[i], budget - progress.trials)
+                    if size <= 0:
+                        break
+                    done = _tune_batch(tasks[i], i, size, store.dir, database, cost_model, callbacks, progress)
+                    left[i] -= max(done, 1)  # a task whose space is exhausted measures nothing
+                    if left[i] <= 0:
+                        del left[i]
             summary["trials"] = progress.trials
         after = [_records(database, task, target) for task in tasks]
         summary["records_after"] = sum(after)
@@ -132,11 +146,32 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
             previous = store.manifest().get("fingerprints", {}).get(fingerprint, {})
             store.update_manifest(fingerprint, {
                 "model": model, "tasks": [t.task_name for t in tasks],
-                "trials": previous.get("trials", 0) + summary.get("trials", 0),
+                "complete": all(count > 0 for count in after),
+                "trials": previous.get("trials", 0) + summary["trials"],
                 "minutes": round(previous.get("minutes", 0) + summary["minutes"], 2),
                 "last_tuned": time.strftime("%Y-%m-%d %H:%M:%S"),
             })
     return summary
+
+
+def builder_cores() -> int:
+    """Threads MetaSchedule's search and cost model use: the physical cores."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or 1
+
+
+def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, database, cost_model,
+                callbacks: list, progress: Progress) -> int:
+    """Measure one batch of ``task`` and commit it; returns the trials measured."""
+    (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir)
+    before = progress.trials
+    ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
+                  max_trials_per_task=size, num_trials_per_iter=size, database=database,
+                  builder=ms.builder.LocalBuilder(f_build=builder.build), cost_model=cost_model,
+                  measure_callbacks=callbacks + [_progress_callback(progress, index)],
+                  task_scheduler="round-robin")
+    return progress.trials - before
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.ApplyTuningRecords")

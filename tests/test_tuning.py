@@ -1,0 +1,186 @@
+"""Tuning records as a cache: tune a few trials, replay, strict, resume, corrupt lines, kill -9,
+concurrent tuners, fingerprints, and strict replay of the committed logs (CI never tunes there)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+import compiler
+from compiler import models, targets
+from schedules import cache
+from schedules.cache import RecordStore
+from tests import reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ZNVER3 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # the target the committed logs are for
+
+
+def _record_lines(store_dir: str) -> list[str]:
+    with open(os.path.join(store_dir, "database_tuning_record.json")) as f:
+        return [line for line in f if line.strip()]
+
+
+def _tune_cli(model_path, log_dir, *extra):
+    return [sys.executable, "-m", "compiler", "tune", str(model_path), "--log-dir", str(log_dir), "-q", *extra]
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": ROOT}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """small_cnn tuned for 2 trials on each of 3 kernels (a partial store)."""
+    log_dir = tmp_path_factory.mktemp("records")
+    summary = compiler.tune(reference.small_cnn(), trials=6, trials_per_task=2, cache_dir=str(log_dir))
+    return log_dir, summary
+
+
+def test_tune_writes_records_and_a_manifest(tuned):
+    log_dir, summary = tuned
+    store_dir = summary["cache_dir"]
+    assert store_dir == os.path.join(str(log_dir), cache.target_key(targets.resolve("cpu")))
+    assert summary["tasks"] == 10 and summary["records_before"] == 0
+    assert 1 <= summary["records_after"] == len(_record_lines(store_dir))
+    manifest = json.load(open(os.path.join(store_dir, "manifest.json")))
+    assert manifest["versions"]["tvm"] == cache.versions()["tvm"]
+    (entry,) = manifest["fingerprints"].values()
+    assert entry["model"] == "test" and len(entry["tasks"]) == 10 and entry["trials"] >= 1
+
+
+def test_replay_applies_records_and_strict_names_the_rest(tuned):
+    log_dir, _ = tuned
+    art = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir))
+    report = art.report()["tuning"]
+    assert report["mode"] == "replay" and report["tasks"] == 10
+    assert 1 <= report["tasks_with_records"] < 10 and len(report["missing"]) == 10 - report["tasks_with_records"]
+    assert art.report()["schedules"]["tuned"] == report["tasks_with_records"]
+    inputs = reference.random_inputs(art.inputs)
+    outputs = art.run(inputs)
+    reference.assert_matches(outputs, reference.ort_run(reference.small_cnn(), inputs))
+    again = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir))  # replay is deterministic
+    assert all(np.array_equal(a, b) for a, b in zip(outputs, again.run(inputs)))
+    with pytest.raises(compiler.UserError, match=rf"tuning='strict': {len(report['missing'])} of 10 kernels "
+                                                 rf"have no tuning record in .*{report['missing'][0]}"):
+        compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict")
+    off = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="off").report()
+    assert off["tuning"]["tasks_with_records"] == 0 and "tuned" not in off["schedules"]
+
+
+def test_a_rerun_resumes_instead_of_starting_over(tuned):
+    log_dir, first = tuned
+    again = compiler.tune(reference.small_cnn(), trials=6, trials_per_task=2, cache_dir=str(log_dir))
+    assert again["records_before"] == first["records_after"]
+    assert again["tasks_tuned"] < first["tasks_tuned"]  # kernels with their 2 records are not tuned again
+
+
+def test_corrupted_lines_are_skipped_with_a_warning(tuned, tmp_path, caplog):
+    log_dir, _ = tuned
+    copy = tmp_path / "copy"
+    store = RecordStore(str(log_dir), targets.resolve("cpu"))
+    os.makedirs(copy / os.path.basename(store.dir))
+    for name in os.listdir(store.dir):
+        if name.endswith(".json"):
+            data = open(os.path.join(store.dir, name)).read()
+            open(copy / os.path.basename(store.dir) / name, "w").write(data)
+    records = copy / os.path.basename(store.dir) / "database_tuning_record.json"
+    good = records.read_text()
+    records.write_text('{"truncated": [1, 2\n' + good + "garbage that is not json\n")
+    with caplog.at_level("WARNING", logger="relaxc"):
+        art = compiler.compile(reference.small_cnn(), cache_dir=str(copy))
+    assert f"{records} line 1 is not a valid record" in caplog.text
+    assert f"line {len(good.splitlines()) + 2} is not a valid record" in caplog.text
+    clean = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir))
+    assert art.report()["tuning"]["tasks_with_records"] == clean.report()["tuning"]["tasks_with_records"]
+    assert records.read_text().startswith('{"truncated"')  # a reader never rewrites the store
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "small.onnx"
+    onnx.save(reference.small_cnn(), path)
+    return path
+
+
+def test_kill_minus_9_loses_no_measured_record(model_path, tmp_path):
+    proc = subprocess.Popen(_tune_cli(model_path, tmp_path, "--trials", "40", "--trials-per-task", "4"),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    store = RecordStore(str(tmp_path), targets.resolve("cpu"))
+    deadline = time.time() + 300
+    while time.time() < deadline and (not store.exists() or len(_record_lines(store.dir)) < 2):
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    measured = [line for line in _record_lines(store.dir) if line.endswith("\n")]
+    assert len(measured) >= 2
+    summary = compiler.tune(reference.small_cnn(), trials=1, trials_per_task=4, cache_dir=str(tmp_path))
+    assert summary["records_before"] >= len(measured) - 1  # at most the line being written is lost
+    assert store.bad_lines() == []
+
+
+def test_two_tuners_on_one_directory_do_not_corrupt_it(model_path, tmp_path):
+    cmd = _tune_cli(model_path, tmp_path, "--trials", "4", "--trials-per-task", "2")
+    procs = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    store = RecordStore(str(tmp_path), targets.resolve("cpu"))
+    assert store.bad_lines() == []
+    summaries = [json.loads(out[out.rindex('{\n  "tasks"'):]) for out, _ in outputs]
+    assert sorted(s["records_before"] for s in summaries)[1] > 0  # the second waited for the first
+
+
+# --- fingerprints ---------------------------------------------------------------------------------
+
+def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monkeypatch):
+    code = ("import compiler; from tests import reference; "
+            "print(compiler.compile(reference.small_cnn(), tuning='off').fingerprint)")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
+    base = compiler.compile(reference.small_cnn(), tuning="off")
+    assert other.stdout.strip().splitlines()[-1] == base.fingerprint
+    mod, target = base.module("fuse"), base.target
+    options = {"layout_block": 8}
+    assert cache.fingerprint(mod, target, options) == cache.fingerprint(mod, target, options)
+    skylake = targets.resolve({"kind": "llvm", "mcpu": "skylake", "num-cores": 2})
+    assert cache.fingerprint(mod, skylake, options) != cache.fingerprint(mod, target, options)
+    monkeypatch.setattr(cache.tvm, "__version__", "0.28.0")
+    assert cache.fingerprint(mod, target, options) != base.fingerprint
+    monkeypatch.undo()
+    changed = compiler.compile(reference.small_cnn(seed=5), tuning="off")  # other weights
+    assert changed.fingerprint != base.fingerprint
+
+
+# --- the committed logs: CI replays them and never tunes ------------------------------------------
+
+def _host_runs_znver3_code() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+@pytest.mark.skipif(not _host_runs_znver3_code(), reason="the committed logs are for znver3 (AVX2 + FMA)")
+def test_committed_logs_replay_strictly():
+    logs = os.path.join(ROOT, "tuning_logs")
+    store = RecordStore(logs, targets.resolve(ZNVER3))
+    if not store.exists():
+        pytest.skip(f"no committed records in {store.dir}")
+    covered = store.manifest().get("fingerprints", {})
+    models = sorted({entry["model"] for entry in covered.values() if entry.get("complete")})
+    if not models:
+        pytest.skip("no model in the committed logs has a record for every kernel yet")
+    for spec in models:
+        art = compiler.compile(spec, target=ZNVER3, tuning="strict", cache_dir=logs)
+        assert art.report()["tuning"]["missing"] == []
+        inputs = reference.random_inputs(art.inputs)
+        expected = reference.ort_session(onnx.load(models.bundled_path(spec))).run(None, inputs)
+        reference.assert_matches(art.run(inputs), expected)
