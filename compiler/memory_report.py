@@ -28,7 +28,7 @@ def summary(memory: dict) -> str:
         lines.append(f"  unshared kernels: {', '.join(memory['unshared'])}")
     biggest = sorted(memory["tensors"], key=lambda t: -t["bytes"])[:TOP]
     if biggest:
-        lines.append(f"  biggest tensors (bytes, offset, live bindings, kernel):")
+        lines.append("  biggest tensors (bytes, offset, live bindings, kernel):")
         lines += [f"    {t['name']:>10} {t['bytes']:>10} @ {t['offset']:>10}  [{t['first']}, {t['last']}]  {t['kernel']}"
                   for t in biggest]
     return "\n".join(lines)

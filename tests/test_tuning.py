@@ -175,10 +175,10 @@ def test_committed_logs_replay_strictly():
     if not store.exists():
         pytest.skip(f"no committed records in {store.dir}")
     covered = store.manifest().get("fingerprints", {})
-    models = sorted({entry["model"] for entry in covered.values() if entry.get("complete")})
-    if not models:
+    specs = sorted({entry["model"] for entry in covered.values() if entry.get("complete")})
+    if not specs:
         pytest.skip("no model in the committed logs has a record for every kernel yet")
-    for spec in models:
+    for spec in specs:
         art = compiler.compile(spec, target=ZNVER3, tuning="strict", cache_dir=logs)
         assert art.report()["tuning"]["missing"] == []
         inputs = reference.random_inputs(art.inputs)
