@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from compiler.frontend import ModelLike, Shapes
     from compiler.targets import TargetLike
 
-__all__ = ["compile", "tune", "load", "Deployed", "UserError", "ModelError", "UnsupportedOperatorError",
+__all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Deployed", "UserError", "ModelError", "UnsupportedOperatorError",
            "ShapeError", "TargetError", "InputError", "ExportError"]
 
 
@@ -81,3 +81,19 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", trials: int = 2000
     return tune_module(art.module("fuse"), art.target, trials=trials, trials_per_task=trials_per_task,
                        minutes=minutes, cache_dir=cache_dir, fingerprint=art.fingerprint,
                        model=art.report()["model"])
+
+
+def save_cache(path: str, cache_dir: str | None = None) -> str:
+    """Archive the tuning records under ``cache_dir`` (default ``$RELAXC_CACHE_DIR`` or
+    ``./tuning_logs``) to ``path`` (.tar.gz), to carry them to another machine or CI."""
+    from schedules import cache
+
+    return cache.save(path, cache.cache_root(cache_dir))
+
+
+def load_cache(path: str, cache_dir: str | None = None) -> dict[str, int]:
+    """Merge an archive from ``save_cache`` into the records under ``cache_dir``; returns the
+    records added per target key. Compiles replay them from then on."""
+    from schedules import cache
+
+    return cache.load(path, cache.cache_root(cache_dir))

@@ -150,6 +150,41 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from schedules import cache
+
+    root = cache.cache_root(args.log_dir)
+    if args.action in ("merge", "save", "load") and not args.path:
+        raise UserError(f"relaxc cache {args.action} needs a PATH")
+    if args.action == "list" or args.action == "verify":
+        keys = cache.stores(root)
+        if not keys:
+            print(f"no tuning records under {root}")
+            return 0 if args.action == "list" else 1
+        problems = 0
+        for key in keys:
+            info = cache.describe_store(root, key)
+            print(f"{key}: {info['records']} records for {info['workloads']} kernels, versions "
+                  f"{info['versions']}{'' if info['compatible'] else ' (NOT this TVM: never applied)'}")
+            for fingerprint, entry in info["models"].items():
+                print(f"  {entry.get('model')} [{fingerprint}] trials {entry.get('trials')}, "
+                      f"{entry.get('minutes')} min, every kernel covered: {entry.get('complete')}")
+            for bad in info["bad_lines"]:
+                print(f"  unparsable line {bad}")
+            problems += len(info["bad_lines"]) + (not info["compatible"])
+        return 1 if args.action == "verify" and problems else 0
+    if args.action == "merge":
+        print(json.dumps(cache.merge(args.path, root)))
+    elif args.action == "prune":
+        for key, (before, after) in cache.prune(root).items():
+            print(f"{key}: {before} -> {after} records (best per kernel)")
+    elif args.action == "save":
+        print(f"wrote {cache.save(args.path, root)}")
+    else:
+        print(json.dumps(cache.load(args.path, root)))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from compiler import bench
 
@@ -197,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials-per-task", type=int, default=None, help="per kernel (default: an even share)")
     p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("cache", parents=[common], help="list, verify, merge, prune, save or load tuning records")
+    p.add_argument("action", choices=("list", "verify", "merge", "prune", "save", "load"))
+    p.add_argument("path", nargs="?", help="merge: another records root; save/load: a .tar.gz archive")
+    p.add_argument("--log-dir", default=None, help="records root (default: $RELAXC_CACHE_DIR or ./tuning_logs)")
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("bench", parents=[common],
                        help="latency against onnxruntime in the same run (Markdown table)")

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import tarfile
 import tempfile
 from importlib import metadata
 
@@ -20,6 +21,7 @@ import tvm
 import tvm_ffi
 from tvm.target import Target, codegen
 
+from compiler.errors import UserError
 from compiler.targets import describe
 
 
@@ -88,20 +90,10 @@ class RecordStore:
     def exists(self) -> bool:
         return all(os.path.exists(os.path.join(self.dir, name)) for name in DATABASE_FILES)
 
-    @contextlib.contextmanager
     def lock(self):
         """Exclusive lock on the directory for a writer; a second writer waits for the first."""
         os.makedirs(self.dir, exist_ok=True)
-        with open(os.path.join(self.dir, ".lock"), "w") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.warning("waiting for another process tuning into %s", self.dir)
-                fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return _lock(self.dir)
 
     def manifest(self) -> dict:
         try:
@@ -196,3 +188,159 @@ def _atomic_write(path: str, text: str) -> None:
         if os.path.exists(temp):
             os.unlink(temp)
         raise
+
+
+# --- maintenance: list, verify, merge, prune, save, load -----------------------------------------
+
+def stores(root: str) -> list[str]:
+    """Target keys under ``root`` that hold a record database."""
+    if not os.path.isdir(root):
+        return []
+    return sorted(name for name in os.listdir(root)
+                  if all(os.path.exists(os.path.join(root, name, f)) for f in DATABASE_FILES))
+
+
+def _count_lines(path: str) -> int:
+    with open(path) as f:
+        return sum(1 for line in f if line.strip())
+
+
+def describe_store(root: str, key: str) -> dict:
+    """What one store holds: record and workload counts, versions, models, unparsable lines."""
+    directory = os.path.join(root, key)
+    manifest_path = os.path.join(directory, "manifest.json")
+    manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
+    bad = []
+    for name in DATABASE_FILES:
+        with open(os.path.join(directory, name)) as f:
+            bad += [f"{name}:{number}" for number, line in enumerate(f, 1) if line.strip() and not _parses(line)]
+    current = {k: v for k, v in versions().items() if k != "relaxc"}
+    tuned_with = manifest.get("versions")
+    return {
+        "target_key": key,
+        "workloads": _count_lines(os.path.join(directory, DATABASE_FILES[0])),
+        "records": _count_lines(os.path.join(directory, DATABASE_FILES[1])),
+        "versions": tuned_with,
+        "compatible": tuned_with is None or {k: tuned_with.get(k) for k in current} == current,
+        "models": {fp[:12]: {k: v for k, v in entry.items() if k != "tasks"}
+                   for fp, entry in manifest.get("fingerprints", {}).items()},
+        "bad_lines": bad,
+    }
+
+
+def _open(root: str, key: str, writable: bool):
+    from tvm.s_tir import meta_schedule as ms
+
+    directory = os.path.join(root, key)
+    if writable:
+        os.makedirs(directory, exist_ok=True)
+        return ms.database.JSONDatabase(work_dir=directory, module_equality="structural")
+    return ms.database.JSONDatabase(work_dir=directory, module_equality="structural", allow_missing=False)
+
+
+def merge(source_root: str, root: str) -> dict[str, int]:
+    """Add every record of ``source_root`` to the stores of ``root`` with the same target key;
+    returns records added per key. Workloads are matched by structure, so line numbers differ freely."""
+    from tvm.s_tir import meta_schedule as ms
+
+    added = {}
+    for key in stores(source_root):
+        if any(describe_store(source_root, key)["bad_lines"]):
+            raise UserError(f"{os.path.join(source_root, key)} has unparsable lines; run 'relaxc cache verify'")
+        source = _open(source_root, key, writable=False)
+        directory = os.path.join(root, key)
+        os.makedirs(directory, exist_ok=True)
+        with _lock(directory):
+            destination = _open(root, key, writable=True)
+            records = source.get_all_tuning_records()
+            for record in records:
+                workload = destination.commit_workload(record.workload.mod)
+                destination.commit_tuning_record(ms.database.TuningRecord(
+                    record.trace, workload, record.run_secs, record.target, record.args_info))
+            _merge_manifest(os.path.join(source_root, key), directory)
+        added[key] = len(records)
+    return added
+
+
+def prune(root: str) -> dict[str, tuple[int, int]]:
+    """Keep only the best record of each workload; returns (records before, after) per key."""
+    result = {}
+    for key in stores(root):
+        directory = os.path.join(root, key)
+        with _lock(directory):
+            source = _open(root, key, writable=False)
+            before = _count_lines(os.path.join(directory, DATABASE_FILES[1]))
+            staging = tempfile.mkdtemp(prefix=".prune-", dir=directory)
+            from tvm.s_tir import meta_schedule as ms
+
+            source.dump_pruned(ms.database.JSONDatabase(work_dir=staging, module_equality="structural"))
+            for name in DATABASE_FILES:
+                os.replace(os.path.join(staging, name), os.path.join(directory, name))
+            os.rmdir(staging)
+            result[key] = (before, _count_lines(os.path.join(directory, DATABASE_FILES[1])))
+    return result
+
+
+def _merge_manifest(source_dir: str, directory: str) -> None:
+    source_path, path = os.path.join(source_dir, "manifest.json"), os.path.join(directory, "manifest.json")
+    if not os.path.exists(source_path):
+        return
+    source = json.load(open(source_path))
+    manifest = json.load(open(path)) if os.path.exists(path) else {}
+    manifest.setdefault("versions", source.get("versions"))
+    manifest.setdefault("target", source.get("target"))
+    for fingerprint, entry in source.get("fingerprints", {}).items():
+        manifest.setdefault("fingerprints", {}).setdefault(fingerprint, entry)
+    _atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True))
+
+
+@contextlib.contextmanager
+def _lock(directory: str):
+    """Exclusive flock on ``directory/.lock``; says so when it has to wait for another process."""
+    with open(os.path.join(directory, ".lock"), "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("waiting for another process writing to %s", directory)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save(path: str, root: str) -> str:
+    """Archive every store under ``root`` (databases and manifests) to ``path`` (.tar.gz), atomically."""
+    keys = stores(root)
+    if not keys:
+        raise UserError(f"no tuning records under {root}")
+    path = os.path.abspath(path)
+    if not os.path.isdir(os.path.dirname(path)):
+        raise UserError(f"cannot write {path}: directory {os.path.dirname(path)} does not exist")
+    fd, temp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+    os.close(fd)
+    try:
+        with tarfile.open(temp, "w:gz") as archive:
+            for key in keys:
+                for name in DATABASE_FILES + ("manifest.json",):
+                    member = os.path.join(root, key, name)
+                    if os.path.exists(member):
+                        archive.add(member, arcname=f"{key}/{name}")
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    return path
+
+
+def load(path: str, root: str) -> dict[str, int]:
+    """Merge the records of an archive written by ``save`` into the stores under ``root``."""
+    if not os.path.isfile(path):
+        raise UserError(f"no cache archive at {path}")
+    with tempfile.TemporaryDirectory(prefix="relaxc-cache-") as unpacked:
+        try:
+            with tarfile.open(path, "r:gz") as archive:
+                archive.extractall(unpacked, filter="data")
+        except (tarfile.TarError, OSError) as err:
+            raise UserError(f"{path} is not a relaxc cache archive: {err}") from None
+        return merge(unpacked, root)

@@ -203,17 +203,23 @@ def _mark(sch: s_tir.Schedule, kind: str) -> s_tir.Schedule:
     return s_tir.Schedule(sch.mod["main"].with_attr(SCHEDULE_ATTR, kind))
 
 
+def default_schedule(func: tirx.PrimFunc, target: Target) -> tuple[s_tir.Schedule, str]:
+    """The default schedule of ``func`` ("tiled" if possible, else "basic"), with its trace."""
+    lanes = vector_lanes(target)
+    try:
+        sch = _tiled(func, lanes)
+        if sch is not None:
+            return sch, "tiled"
+    except (s_tir.ScheduleError, ValueError) as err:
+        log.debug("tiled schedule failed, using basic: %s", str(err).splitlines()[0])
+    return _basic(func), "basic"
+
+
 class CPUDefault(dl.ScheduleRule):
     """The default schedule of every CPU kernel: tiled when possible, else basic."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        lanes = vector_lanes(target)
-        try:
-            sch = _tiled(func, lanes)
-            if sch is not None:
-                return _mark(sch, "tiled")
-        except (s_tir.ScheduleError, ValueError) as err:
-            log.debug("tiled schedule failed, using basic: %s", str(err).splitlines()[0])
-        return _mark(_basic(func), "basic")
+        sch, kind = default_schedule(func, target)
+        return _mark(sch, kind)

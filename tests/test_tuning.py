@@ -102,6 +102,34 @@ def test_corrupted_lines_are_skipped_with_a_warning(tuned, tmp_path, caplog):
     assert records.read_text().startswith('{"truncated"')  # a reader never rewrites the store
 
 
+def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
+    log_dir, _ = tuned
+    archive = compiler.save_cache(str(tmp_path / "records.tar.gz"), cache_dir=str(log_dir))
+    loaded = compiler.load_cache(archive, cache_dir=str(tmp_path / "other"))
+    key = cache.target_key(targets.resolve("cpu"))
+    original = cache.describe_store(str(log_dir), key)
+    assert loaded == {key: original["records"]}
+    copy = cache.describe_store(str(tmp_path / "other"), key)
+    assert copy["records"] == original["records"] and copy["workloads"] == original["workloads"]
+    assert copy["models"] == original["models"] and copy["bad_lines"] == []
+    # the loaded records replay like the originals
+    replayed = compiler.compile(reference.small_cnn(), cache_dir=str(tmp_path / "other")).report()["tuning"]
+    assert replayed["tasks_with_records"] == original["workloads"]
+    run = lambda *a: subprocess.run([sys.executable, "-m", "compiler", "cache", *a], capture_output=True,  # noqa: E731
+                                    text=True, env=_env(), timeout=300)
+    assert run("verify", "--log-dir", str(tmp_path / "other")).returncode == 0
+    assert run("merge", str(log_dir), "--log-dir", str(tmp_path / "other")).returncode == 0
+    assert cache.describe_store(str(tmp_path / "other"), key)["records"] == 2 * original["records"]
+    proc = run("prune", "--log-dir", str(tmp_path / "other"))
+    assert proc.returncode == 0 and f"-> {original['workloads']} records" in proc.stdout
+    with open(tmp_path / "other" / key / "database_tuning_record.json", "a") as f:
+        f.write("{not json\n")
+    proc = run("verify", "--log-dir", str(tmp_path / "other"))
+    assert proc.returncode == 1 and "unparsable line database_tuning_record.json:" in proc.stdout
+    with pytest.raises(compiler.UserError, match="not a relaxc cache archive"):
+        compiler.load_cache(str(log_dir / key / "manifest.json"), cache_dir=str(tmp_path / "x"))
+
+
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "small.onnx"
