@@ -1,29 +1,13 @@
 """The relaxc command line: success paths print what they did; user errors exit 2 on one line."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import pytest
 
 from tests import reference
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def relaxc(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "compiler", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
-
-
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cli") / "small.onnx"
-    onnx.save(reference.small_cnn(), path)
-    return path
+from tests.helpers import relaxc
 
 
 def test_compile_run_and_inspect(model_file, tmp_path):

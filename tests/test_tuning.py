@@ -18,7 +18,8 @@ from schedules import cache
 from schedules.cache import RecordStore
 from tests import reference
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT, env, relaxc, relaxc_command
+
 ZNVER3 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # the target the committed logs are for
 
 
@@ -27,12 +28,8 @@ def _record_lines(store_dir: str) -> list[str]:
         return [line for line in f if line.strip()]
 
 
-def _tune_cli(model_path, log_dir, *extra):
-    return [sys.executable, "-m", "compiler", "tune", str(model_path), "--log-dir", str(log_dir), "-q", *extra]
-
-
-def _env():
-    return {**os.environ, "PYTHONPATH": ROOT}
+def _tune_cli(model_file, log_dir, *extra):
+    return relaxc_command("tune", model_file, "--log-dir", log_dir, "-q", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +53,22 @@ def test_tune_writes_records_and_a_manifest(tuned):
 
 
 def test_replay_applies_records_and_strict_names_the_rest(tuned):
-    log_dir, _ = tuned
-    art = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir))
+    log_dir, summary = tuned
+    assert summary["defaults_recorded"] == 10  # every kernel's default schedule, measured
+    art = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict")
     report = art.report()["tuning"]
-    assert report["mode"] == "replay" and report["tasks"] == 10
-    assert 1 <= report["tasks_with_records"] < 10 and len(report["missing"]) == 10 - report["tasks_with_records"]
-    assert art.report()["schedules"]["tuned"] == report["tasks_with_records"]
+    assert report["mode"] == "strict" and report["tasks"] == report["tasks_with_records"] == 10
+    assert report["missing"] == [] and art.report()["schedules"] == {"tuned": 10}
     inputs = reference.random_inputs(art.inputs)
     outputs = art.run(inputs)
     reference.assert_matches(outputs, reference.ort_run(reference.small_cnn(), inputs))
     again = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir))  # replay is deterministic
     assert all(np.array_equal(a, b) for a, b in zip(outputs, again.run(inputs)))
-    with pytest.raises(compiler.UserError, match=rf"tuning='strict': {len(report['missing'])} of 10 kernels "
-                                                 rf"have no tuning record in .*{report['missing'][0]}"):
-        compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict")
+    other = compiler.compile(reference.branchy_cnn(), cache_dir=str(log_dir)).report()["tuning"]
+    assert other["missing"] and other["tasks_with_records"] + len(other["missing"]) == other["tasks"]
+    with pytest.raises(compiler.UserError, match=rf"tuning='strict': {len(other['missing'])} of {other['tasks']} "
+                                                 rf"kernels have no tuning record in .*{other['missing'][0]}"):
+        compiler.compile(reference.branchy_cnn(), cache_dir=str(log_dir), tuning="strict")
     off = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="off").report()
     assert off["tuning"]["tasks_with_records"] == 0 and "tuned" not in off["schedules"]
 
@@ -115,8 +114,7 @@ def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
     # the loaded records replay like the originals
     replayed = compiler.compile(reference.small_cnn(), cache_dir=str(tmp_path / "other")).report()["tuning"]
     assert replayed["tasks_with_records"] == original["workloads"]
-    run = lambda *a: subprocess.run([sys.executable, "-m", "compiler", "cache", *a], capture_output=True,  # noqa: E731
-                                    text=True, env=_env(), timeout=300)
+    run = lambda *a: relaxc("cache", *a, timeout=300)  # noqa: E731
     assert run("verify", "--log-dir", str(tmp_path / "other")).returncode == 0
     assert run("merge", str(log_dir), "--log-dir", str(tmp_path / "other")).returncode == 0
     assert cache.describe_store(str(tmp_path / "other"), key)["records"] == 2 * original["records"]
@@ -130,16 +128,9 @@ def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
         compiler.load_cache(str(log_dir / key / "manifest.json"), cache_dir=str(tmp_path / "x"))
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "small.onnx"
-    onnx.save(reference.small_cnn(), path)
-    return path
-
-
-def test_kill_minus_9_loses_no_measured_record(model_path, tmp_path):
-    proc = subprocess.Popen(_tune_cli(model_path, tmp_path, "--trials", "40", "--trials-per-task", "4"),
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+def test_kill_minus_9_loses_no_measured_record(model_file, tmp_path):
+    proc = subprocess.Popen(_tune_cli(model_file, tmp_path, "--trials", "40", "--trials-per-task", "4"),
+                            env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     store = RecordStore(str(tmp_path), targets.resolve("cpu"))
     deadline = time.time() + 300
@@ -154,9 +145,9 @@ def test_kill_minus_9_loses_no_measured_record(model_path, tmp_path):
     assert store.bad_lines() == []
 
 
-def test_two_tuners_on_one_directory_do_not_corrupt_it(model_path, tmp_path):
-    cmd = _tune_cli(model_path, tmp_path, "--trials", "4", "--trials-per-task", "2")
-    procs = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_two_tuners_on_one_directory_do_not_corrupt_it(model_file, tmp_path):
+    cmd = _tune_cli(model_file, tmp_path, "--trials", "4", "--trials-per-task", "2")
+    procs = [subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
@@ -171,7 +162,7 @@ def test_two_tuners_on_one_directory_do_not_corrupt_it(model_path, tmp_path):
 def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monkeypatch):
     code = ("import compiler; from tests import reference; "
             "print(compiler.compile(reference.small_cnn(), tuning='off').fingerprint)")
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=300)
     base = compiler.compile(reference.small_cnn(), tuning="off")
     assert other.stdout.strip().splitlines()[-1] == base.fingerprint
     mod, target = base.module("fuse"), base.target

@@ -1,0 +1,21 @@
+"""Running relaxc's command line from the tests, as a user would (a fresh process each time)."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def env() -> dict:
+    """This environment with the repository importable."""
+    return {**os.environ, "PYTHONPATH": ROOT}
+
+
+def relaxc_command(*args) -> list[str]:
+    return [sys.executable, "-m", "compiler", *(str(a) for a in args)]
+
+
+def relaxc(*args, cwd=ROOT, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(relaxc_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env())
