@@ -179,6 +179,7 @@ def _parses(line: str) -> bool:
 def _atomic_write(path: str, text: str) -> None:
     fd, temp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
     try:
+        os.chmod(temp, 0o644)  # mkstemp makes it private; the store is shared
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
