@@ -58,7 +58,7 @@ def test_report_and_ir_per_phase():
     assert report["model"] == "test"
     assert report["target"]["kind"] == "llvm"
     assert [p["name"] for p in report["phases"]] == ["import", "simplify", "layout", "legalize", "fuse",
-                                                     "schedule", "lower", "build"]
+                                                     "tune", "schedule", "lower", "build"]
     assert report["layout"]["block"] == 8 or report["layout"]["block"] == 16
     assert report["layout"]["blocked_ops"] > 0 and report["layout"]["padded_tensors"][0]["from"] == 3
     assert all(p["seconds"] >= 0 for p in report["phases"])
