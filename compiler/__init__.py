@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import psutil
+from compiler.targets import physical_cores
 
 # TVM's default thread count is half the logical CPUs (to skip hyper-threads): one thread on a
 # 2-core VM without SMT, which ran ResNet-50 in 171 ms instead of 96. Use the physical cores unless
 # the user chose; TVM reads this when its thread pool starts, at the first run.
 if not os.environ.get("TVM_NUM_THREADS") and not os.environ.get("OMP_NUM_THREADS"):
-    os.environ["TVM_NUM_THREADS"] = str(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    os.environ["TVM_NUM_THREADS"] = str(physical_cores())
 
 from compiler.artifact import Deployed, load  # noqa: E402
 from compiler.errors import (ExportError, InputError, ModelError, ShapeError, TargetError,  # noqa: E402

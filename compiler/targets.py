@@ -23,6 +23,7 @@ def host_cpu() -> str:
 
 
 def physical_cores() -> int:
+    """Physical cores (hyper-threads share a core's vector units, so kernels do not gain from them)."""
     import psutil
 
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1

@@ -256,15 +256,17 @@ class _Rewriter(relax.PyExprMutator):
         standard = source if home.standard else home.to_standard(source, value.channels)
         converted = standard if layout.standard else layout.from_standard(standard)
         value.versions[layout.name] = self.builder_.emit(converted)
-        if layout.padded(value.channels) != value.channels:
-            self._padded(name, value.channels, layout, value.versions[layout.name])
+        self._note_padding(name, value.channels, layout, value.versions[layout.name])
 
-    def _padded(self, name: str, channels: int, layout: Layout, expr: relax.Expr) -> None:
-        shape = _static_shape(expr)
+    def _note_padding(self, name: str, channels: int, layout: Layout, expr: relax.Expr) -> None:
+        """Count ``expr`` (fp32, NCHW or NCHW{b}c) in the report if ``layout`` pads its channels."""
         padded = layout.padded(channels)
-        per_channel = int(np.prod(shape)) // padded * 4
+        if padded == channels:
+            return
+        shape = _static_shape(expr)
+        per_channel = int(np.prod(shape)) // (shape[1] * (shape[4] if len(shape) == 5 else 1))
         self.stats.padded_tensors.append({"name": name, "from": channels, "to": padded})
-        self.stats.padding_bytes += (padded - channels) * per_channel
+        self.stats.padding_bytes += (padded - channels) * per_channel * 4
 
     def _blocked_home(self, args: list[relax.Expr]) -> bool:
         """Whether any tracked argument is already blocked (layouts follow their producers)."""
@@ -317,7 +319,7 @@ class _Rewriter(relax.PyExprMutator):
 
     # --- handlers: return (new expr, its layout, real channels), _ALIAS for a var registered as
     # another name of an existing value, or None to fall back to the standard layout -------------
-    def _conv2d(self, call: relax.Call, _var: relax.Var):
+    def _conv2d(self, call: relax.Call, var: relax.Var):
         attrs = call.attrs
         if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
             return None
@@ -337,12 +339,7 @@ class _Rewriter(relax.PyExprMutator):
             data_layout=in_layout.name, kernel_layout=kernel_layout, out_layout=self.layout.name,
             out_dtype=attrs.out_dtype)
         out_channels = array.shape[0]
-        if self.layout.padded(out_channels) != out_channels:
-            self.stats.padded_tensors.append({"name": _var.name, "from": out_channels,
-                                              "to": self.layout.padded(out_channels)})
-            shape = _static_shape(call)
-            self.stats.padding_bytes += (self.layout.padded(out_channels) - out_channels) \
-                * shape[0] * shape[2] * shape[3] * 4
+        self._note_padding(var.name, out_channels, self.layout, call)
         return new, self.layout, out_channels
 
     def _unary(self, call: relax.Call, _var: relax.Var):

@@ -35,6 +35,11 @@ def versions() -> dict[str, str]:
     }
 
 
+def _code_versions() -> dict[str, str]:
+    """The versions that decide whether tuning records still apply (relaxc's own does not)."""
+    return {k: v for k, v in versions().items() if k != "relaxc"}
+
+
 def _installed(dist: str) -> bool:
     try:
         metadata.version(dist)
@@ -82,10 +87,14 @@ class RecordStore:
     naming file and line, and every other record still loads. ``lock()`` serialises writers.
     """
 
-    def __init__(self, root: str, target: Target) -> None:
-        self.target = target
-        self.dir = os.path.join(root, target_key(target))
-        self.manifest_path = os.path.join(self.dir, "manifest.json")
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.manifest_path = os.path.join(directory, "manifest.json")
+
+    @classmethod
+    def of(cls, root: str, target: Target) -> "RecordStore":
+        """The store of ``target``'s records under ``root``."""
+        return cls(os.path.join(root, target_key(target)))
 
     def exists(self) -> bool:
         return all(os.path.exists(os.path.join(self.dir, name)) for name in DATABASE_FILES)
@@ -109,63 +118,89 @@ class RecordStore:
     def compatible(self) -> bool:
         """Whether the records were tuned with this TVM, tvm-ffi and LLVM (so may be applied)."""
         tuned_with = self.manifest().get("versions")
-        current = {k: v for k, v in versions().items() if k != "relaxc"}
-        return tuned_with is None or {k: tuned_with.get(k) for k in current} == current
+        return tuned_with is None or {k: tuned_with.get(k) for k in _code_versions()} == _code_versions()
 
-    def update_manifest(self, fingerprint: str, entry: dict) -> None:
+    def update_manifest(self, target: Target, fingerprint: str, entry: dict) -> None:
         """Record what was tuned for ``fingerprint``; written to a temporary file and renamed."""
         manifest = self.manifest()
-        manifest["target"] = describe(self.target)
-        manifest["versions"] = {k: v for k, v in versions().items() if k != "relaxc"}
+        manifest["target"] = describe(target)
+        manifest["versions"] = _code_versions()
         manifest.setdefault("fingerprints", {})[fingerprint] = entry
         _atomic_write(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
 
+    def _read(self, name: str) -> tuple[list[str], list[int]]:
+        """The parsable lines of one database file (newline-terminated) and the numbers of the others."""
+        path = os.path.join(self.dir, name)
+        if not os.path.exists(path):
+            return [], []
+        kept, bad = [], []
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                if _parses(line):
+                    kept.append(line if line.endswith("\n") else line + "\n")
+                else:
+                    bad.append(number)
+        return kept, bad
+
     def bad_lines(self) -> list[tuple[str, int]]:
         """(file, line number) of every line of the database files that does not parse."""
-        bad = []
+        return [(os.path.join(self.dir, name), number)
+                for name in DATABASE_FILES for number in self._read(name)[1]]
+
+    def _clean(self) -> tuple[dict[str, list[str]], int]:
+        """The parsable lines of each database file and how many were skipped (each one warned about)."""
+        clean, skipped = {}, 0
         for name in DATABASE_FILES:
-            path = os.path.join(self.dir, name)
-            if not os.path.exists(path):
-                continue
-            with open(path) as f:
-                for number, line in enumerate(f, 1):
-                    if line.strip() and not _parses(line):
-                        bad.append((path, number))
-        return bad
+            clean[name], bad = self._read(name)
+            skipped += len(bad)
+            for number in bad:
+                log.warning("%s line %d is not a valid record; skipped", os.path.join(self.dir, name), number)
+        return clean, skipped
 
     def repair(self) -> None:
         """Drop unparsable lines from the database files (atomically), warning about each one."""
-        for path, number in self.bad_lines():
-            log.warning("%s line %d is not a valid record; skipped", path, number)
-        for name in DATABASE_FILES:
+        for name, lines in self._clean()[0].items():
             path = os.path.join(self.dir, name)
             if os.path.exists(path):
                 with open(path) as f:
-                    lines = f.readlines()
-                kept = [line if line.endswith("\n") else line + "\n" for line in lines
-                        if line.strip() and _parses(line)]
-                if kept != lines:
-                    _atomic_write(path, "".join(kept))
+                    if f.read() != "".join(lines):
+                        _atomic_write(path, "".join(lines))
 
     def database(self, writable: bool):
-        """The MetaSchedule database: the files themselves when ``writable`` (hold ``lock()``), else
-        a clean copy, so a reader never changes the store."""
+        """The MetaSchedule database. Writable: the files themselves (hold ``lock()``). Read-only: the
+        files too when every line parses, else a clean copy in a temporary directory, so a reader never
+        changes the store (JSONDatabase reads its files when constructed, so the copy can go)."""
         from tvm.s_tir import meta_schedule as ms
 
         if writable:
             os.makedirs(self.dir, exist_ok=True)
             self.repair()
             return ms.database.JSONDatabase(work_dir=self.dir, module_equality="structural")
-        copy = tempfile.mkdtemp(prefix="relaxc-records-")
-        bad = set(self.bad_lines())
-        for path, number in sorted(bad):
-            log.warning("%s line %d is not a valid record; skipped", path, number)
-        for name in DATABASE_FILES:
-            with open(os.path.join(self.dir, name)) as src, open(os.path.join(copy, name), "w") as dst:
-                dst.writelines(line if line.endswith("\n") else line + "\n"
-                               for number, line in enumerate(src, 1)
-                               if line.strip() and (src.name, number) not in bad)
-        return ms.database.JSONDatabase(work_dir=copy, module_equality="structural", allow_missing=False)
+        clean, skipped = self._clean()
+        if not skipped:
+            return ms.database.JSONDatabase(work_dir=self.dir, module_equality="structural", allow_missing=False)
+        with tempfile.TemporaryDirectory(prefix="relaxc-records-") as copy:
+            for name, lines in clean.items():
+                with open(os.path.join(copy, name), "w") as f:
+                    f.writelines(lines)
+            return ms.database.JSONDatabase(work_dir=copy, module_equality="structural", allow_missing=False)
+
+    def describe(self) -> dict:
+        """What the store holds: record and workload counts, versions, models, unparsable lines."""
+        manifest = self.manifest()
+        workloads, records = (self._read(name)[0] for name in DATABASE_FILES)
+        return {
+            "target_key": os.path.basename(self.dir),
+            "workloads": len(workloads),
+            "records": len(records),
+            "versions": manifest.get("versions"),
+            "compatible": self.compatible(),
+            "models": {fp[:12]: {k: v for k, v in entry.items() if k != "tasks"}
+                       for fp, entry in manifest.get("fingerprints", {}).items()},
+            "bad_lines": [f"{os.path.basename(path)}:{number}" for path, number in self.bad_lines()],
+        }
 
 
 def _parses(line: str) -> bool:
@@ -201,42 +236,9 @@ def stores(root: str) -> list[str]:
                   if all(os.path.exists(os.path.join(root, name, f)) for f in DATABASE_FILES))
 
 
-def _count_lines(path: str) -> int:
-    with open(path) as f:
-        return sum(1 for line in f if line.strip())
-
-
 def describe_store(root: str, key: str) -> dict:
-    """What one store holds: record and workload counts, versions, models, unparsable lines."""
-    directory = os.path.join(root, key)
-    manifest_path = os.path.join(directory, "manifest.json")
-    manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
-    bad = []
-    for name in DATABASE_FILES:
-        with open(os.path.join(directory, name)) as f:
-            bad += [f"{name}:{number}" for number, line in enumerate(f, 1) if line.strip() and not _parses(line)]
-    current = {k: v for k, v in versions().items() if k != "relaxc"}
-    tuned_with = manifest.get("versions")
-    return {
-        "target_key": key,
-        "workloads": _count_lines(os.path.join(directory, DATABASE_FILES[0])),
-        "records": _count_lines(os.path.join(directory, DATABASE_FILES[1])),
-        "versions": tuned_with,
-        "compatible": tuned_with is None or {k: tuned_with.get(k) for k in current} == current,
-        "models": {fp[:12]: {k: v for k, v in entry.items() if k != "tasks"}
-                   for fp, entry in manifest.get("fingerprints", {}).items()},
-        "bad_lines": bad,
-    }
-
-
-def _open(root: str, key: str, writable: bool):
-    from tvm.s_tir import meta_schedule as ms
-
-    directory = os.path.join(root, key)
-    if writable:
-        os.makedirs(directory, exist_ok=True)
-        return ms.database.JSONDatabase(work_dir=directory, module_equality="structural")
-    return ms.database.JSONDatabase(work_dir=directory, module_equality="structural", allow_missing=False)
+    """What the store ``root/key`` holds (see ``RecordStore.describe``)."""
+    return RecordStore(os.path.join(root, key)).describe()
 
 
 def merge(source_root: str, root: str) -> dict[str, int]:
@@ -246,44 +248,42 @@ def merge(source_root: str, root: str) -> dict[str, int]:
 
     added = {}
     for key in stores(source_root):
-        if any(describe_store(source_root, key)["bad_lines"]):
-            raise UserError(f"{os.path.join(source_root, key)} has unparsable lines; run 'relaxc cache verify'")
-        source = _open(source_root, key, writable=False)
-        directory = os.path.join(root, key)
-        os.makedirs(directory, exist_ok=True)
-        with _lock(directory):
-            destination = _open(root, key, writable=True)
+        source_store, store = RecordStore(os.path.join(source_root, key)), RecordStore(os.path.join(root, key))
+        if source_store.bad_lines():
+            raise UserError(f"{source_store.dir} has unparsable lines; run 'relaxc cache verify'")
+        source = source_store.database(writable=False)
+        with store.lock():
+            destination = store.database(writable=True)
             records = source.get_all_tuning_records()
             for record in records:
                 workload = destination.commit_workload(record.workload.mod)
                 destination.commit_tuning_record(ms.database.TuningRecord(
                     record.trace, workload, record.run_secs, record.target, record.args_info))
-            _merge_manifest(os.path.join(source_root, key), directory)
+            _merge_manifest(source_store.manifest_path, store.manifest_path)
         added[key] = len(records)
     return added
 
 
 def prune(root: str) -> dict[str, tuple[int, int]]:
     """Keep only the best record of each workload; returns (records before, after) per key."""
+    from tvm.s_tir import meta_schedule as ms
+
     result = {}
     for key in stores(root):
-        directory = os.path.join(root, key)
-        with _lock(directory):
-            source = _open(root, key, writable=False)
-            before = _count_lines(os.path.join(directory, DATABASE_FILES[1]))
-            staging = tempfile.mkdtemp(prefix=".prune-", dir=directory)
-            from tvm.s_tir import meta_schedule as ms
-
-            source.dump_pruned(ms.database.JSONDatabase(work_dir=staging, module_equality="structural"))
+        store = RecordStore(os.path.join(root, key))
+        with store.lock():
+            before = store.describe()["records"]
+            staging = tempfile.mkdtemp(prefix=".prune-", dir=store.dir)
+            store.database(writable=False).dump_pruned(
+                ms.database.JSONDatabase(work_dir=staging, module_equality="structural"))
             for name in DATABASE_FILES:
-                os.replace(os.path.join(staging, name), os.path.join(directory, name))
+                os.replace(os.path.join(staging, name), os.path.join(store.dir, name))
             os.rmdir(staging)
-            result[key] = (before, _count_lines(os.path.join(directory, DATABASE_FILES[1])))
+            result[key] = (before, store.describe()["records"])
     return result
 
 
-def _merge_manifest(source_dir: str, directory: str) -> None:
-    source_path, path = os.path.join(source_dir, "manifest.json"), os.path.join(directory, "manifest.json")
+def _merge_manifest(source_path: str, path: str) -> None:
     if not os.path.exists(source_path):
         return
     source = json.load(open(source_path))

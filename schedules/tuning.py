@@ -20,6 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from compiler.errors import UserError
+from compiler.targets import physical_cores
 from schedules import builder
 from schedules.cache import RecordStore, cache_root
 
@@ -73,8 +74,8 @@ def _progress_callback(progress: Progress, task_index: int) -> ms.MeasureCallbac
 
 
 def _quiet_metaschedule() -> None:
-    """MetaSchedule's own console output (statistics tables on stdout) gives way to relaxc's progress
-    line; its per-task logs still go to ``<store>/logs/``. Unnamed handlers left on its logger by an
+    """MetaSchedule's own console output (statistics tables and XGBoost lines on stdout) gives way to
+    relaxc's progress line; its per-task logs still go to ``<store>/logs/``. Unnamed handlers left on its logger by an
     earlier run in this process would break its logging set-up (it formats handler names)."""
     ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
     ms_logger.setLevel(logging.WARNING)
@@ -83,7 +84,7 @@ def _quiet_metaschedule() -> None:
             ms_logger.removeHandler(handler)
 
 
-def _records(database, task: ms.ExtractedTask, target: Target) -> int:
+def _records(database, task: ms.ExtractedTask) -> int:
     """How many valid records the database holds for ``task``."""
     mod = task.dispatched[0]
     if not database.has_workload(mod):
@@ -104,7 +105,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     if trials < 1:
         raise UserError(f"trials must be at least 1, not {trials}")
     builder.skip_tensor_intrinsics(target)
-    store = RecordStore(cache_root(cache_dir), target)
+    store = RecordStore.of(cache_root(cache_dir), target)
     tasks = ms.relax_integration.extract_tasks(mod, target)
     per_task = trials_per_task or max(TRIALS_PER_ITER, trials // max(1, len(tasks)))
     batch = min(TRIALS_PER_ITER, per_task)
@@ -115,17 +116,16 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
             raise UserError(f"{store.dir} holds records tuned with other versions "
                             f"({store.manifest().get('versions')}); tune into another --log-dir")
         database = store.database(writable=True)
-        have = [_records(database, task, target) for task in tasks]
+        have = [_records(database, task) for task in tasks]
         todo = [i for i, task in enumerate(tasks) if have[i] < per_task]
         budget = min(trials, sum(per_task - have[i] for i in todo))
         summary = {"tasks": len(tasks), "tasks_tuned": len(todo), "trials_budget": budget,
                    "records_before": sum(have), "stopped": "done", "cache_dir": store.dir, "trials": 0}
         summary["defaults_recorded"] = _commit_defaults([tasks[i] for i in todo if have[i] == 0], target, database)
         if todo and budget > 0:
-            _quiet_metaschedule()
             progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline)
             callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
-            cost_model = ms.cost_model.XGBModel(num_tuning_cores=builder_cores())
+            cost_model = ms.cost_model.XGBModel(num_tuning_cores=physical_cores())
             left = {i: per_task - have[i] for i in todo}
             while left and progress.trials < budget and summary["stopped"] == "done":
                 for i in list(left):
@@ -140,12 +140,12 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
                     if left[i] <= 0:
                         del left[i]
             summary["trials"] = progress.trials
-        after = [_records(database, task, target) for task in tasks]
+        after = [_records(database, task) for task in tasks]
         summary["records_after"] = sum(after)
         summary["minutes"] = round((time.time() - started) / 60, 2)
         if fingerprint:
             previous = store.manifest().get("fingerprints", {}).get(fingerprint, {})
-            store.update_manifest(fingerprint, {
+            store.update_manifest(target, fingerprint, {
                 "model": model, "tasks": [t.task_name for t in tasks],
                 "complete": all(count > 0 for count in after),
                 "trials": previous.get("trials", 0) + summary["trials"],
@@ -186,18 +186,12 @@ def _commit_defaults(tasks: list, target: Target, database) -> int:
     return committed
 
 
-def builder_cores() -> int:
-    """Threads MetaSchedule's search and cost model use: the physical cores."""
-    import psutil
-
-    return psutil.cpu_count(logical=False) or 1
-
-
 def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, database, cost_model,
                 callbacks: list, progress: Progress) -> int:
     """Measure one batch of ``task`` and commit it; returns the trials measured."""
     (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir)
     before = progress.trials
+    _quiet_metaschedule()  # each tune_tasks call sets its logger back to DEBUG
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
                   builder=ms.builder.LocalBuilder(f_build=builder.build), cost_model=cost_model,
@@ -235,7 +229,7 @@ class ApplyTuningRecords:
 
     def _apply(self, mod: tvm.IRModule) -> tvm.IRModule:
         target = Target.current()
-        store = RecordStore(cache_root(self.cache_dir), target)
+        store = RecordStore.of(cache_root(self.cache_dir), target)
         tasks = ms.relax_integration.extract_tasks(mod, target)
         self.report = {"mode": self.mode, "cache_dir": store.dir, "tasks": len(tasks),
                        "tasks_with_records": 0, "missing": [t.task_name for t in tasks]}

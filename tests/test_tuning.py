@@ -1,11 +1,13 @@
 """Tuning records as a cache: tune a few trials, replay, strict, resume, corrupt lines, kill -9,
 concurrent tuners, fingerprints, and strict replay of the committed logs (CI never tunes there)."""
 
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -83,7 +85,7 @@ def test_a_rerun_resumes_instead_of_starting_over(tuned):
 def test_corrupted_lines_are_skipped_with_a_warning(tuned, tmp_path, caplog):
     log_dir, _ = tuned
     copy = tmp_path / "copy"
-    store = RecordStore(str(log_dir), targets.resolve("cpu"))
+    store = RecordStore.of(str(log_dir), targets.resolve("cpu"))
     os.makedirs(copy / os.path.basename(store.dir))
     for name in os.listdir(store.dir):
         if name.endswith(".json"):
@@ -92,8 +94,11 @@ def test_corrupted_lines_are_skipped_with_a_warning(tuned, tmp_path, caplog):
     records = copy / os.path.basename(store.dir) / "database_tuning_record.json"
     good = records.read_text()
     records.write_text('{"truncated": [1, 2\n' + good + "garbage that is not json\n")
+    copies = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "relaxc-records-*")))  # noqa: E731
+    before = copies()
     with caplog.at_level("WARNING", logger="relaxc"):
         art = compiler.compile(reference.small_cnn(), cache_dir=str(copy))
+    assert copies() == before  # the clean copy it read from is gone
     assert f"{records} line 1 is not a valid record" in caplog.text
     assert f"line {len(good.splitlines()) + 2} is not a valid record" in caplog.text
     clean = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir))
@@ -132,7 +137,7 @@ def test_kill_minus_9_loses_no_measured_record(model_file, tmp_path):
     proc = subprocess.Popen(_tune_cli(model_file, tmp_path, "--trials", "40", "--trials-per-task", "4"),
                             env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    store = RecordStore(str(tmp_path), targets.resolve("cpu"))
+    store = RecordStore.of(str(tmp_path), targets.resolve("cpu"))
     deadline = time.time() + 300
     while time.time() < deadline and (not store.exists() or len(_record_lines(store.dir)) < 2):
         time.sleep(0.5)
@@ -151,7 +156,8 @@ def test_two_tuners_on_one_directory_do_not_corrupt_it(model_file, tmp_path):
              for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    store = RecordStore(str(tmp_path), targets.resolve("cpu"))
+    assert not any("task_scheduler" in out for out, _ in outputs)  # -q: no MetaSchedule chatter either
+    store = RecordStore.of(str(tmp_path), targets.resolve("cpu"))
     assert store.bad_lines() == []
     summaries = [json.loads(out[out.rindex('{\n  "tasks"'):]) for out, _ in outputs]
     assert sorted(s["records_before"] for s in summaries)[1] > 0  # the second waited for the first
@@ -190,7 +196,7 @@ def _host_runs_znver3_code() -> bool:
 @pytest.mark.skipif(not _host_runs_znver3_code(), reason="the committed logs are for znver3 (AVX2 + FMA)")
 def test_committed_logs_replay_strictly():
     logs = os.path.join(ROOT, "tuning_logs")
-    store = RecordStore(logs, targets.resolve(ZNVER3))
+    store = RecordStore.of(logs, targets.resolve(ZNVER3))
     if not store.exists():
         pytest.skip(f"no committed records in {store.dir}")
     covered = store.manifest().get("fingerprints", {})
