@@ -6,10 +6,15 @@ STAMP := $(VENV)/.relaxc-installed
 
 .PHONY: demo test conformance clean
 
+# ROCm code generation links TVM's bitcode with the ROCm device libraries: Debian's
+# rocm-device-libs unless a ROCm install has them (needs root; else the ROCm tests say what is missing).
+ROCM_BITCODE := $(firstword $(wildcard /opt/rocm/amdgcn/bitcode/ocml.bc /usr/lib/x86_64-linux-gnu/amdgcn/bitcode/ocml.bc))
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(if $(ROCM_BITCODE),,-(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rocm-device-libs) >/dev/null)
 	touch $(STAMP)
 
 # Compile the bundled ResNet-50 for this CPU, run it on a random input, print report and latency.

@@ -38,21 +38,24 @@ __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Deployed", "U
 
 def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,  # noqa: A001
             tuning: str = "replay", cache_dir: str | None = None,
-            layout_block: int | None = None, memory_planner: str = "arena", unshared=(),
+            layout_block: int | None = None, memory_planner: str | None = None, unshared=(),
             validate_memory: bool = False) -> "Artifact":
     """Compile an ONNX model for a target and return a runnable ``Artifact``.
 
     model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
-    target: ``"cpu"`` (this machine), ``"llvm"``, a JSON dict or a ``tvm.target.Target``.
+    target: ``"cpu"`` (this machine), ``"llvm"``, ``"cuda"`` (the visible GPU's arch, else sm_80;
+        ``"cuda:sm_90"`` to choose), ``"rocm"`` (gfx90a; ``"rocm:gfx942"``), a JSON dict or a
+        ``tvm.target.Target``. GPU targets cross-compile here; running needs the GPU.
     shapes: binds dynamic input dims, e.g. ``{"input": (1, 3, 224, 224)}``.
     tuning: ``"replay"`` (default: apply the records there are, default schedules for the rest),
         ``"strict"`` (fail naming every kernel without a record), ``"tune"`` (tune what is missing,
         then build) or ``"off"`` (default schedules only).
     cache_dir: root of the tuning records (default: ``$RELAXC_CACHE_DIR``, else ``./tuning_logs``).
     layout_block: channel block b of the blocked NCHW{b}c layout; default: the target's fp32 vector
-        lanes (8 with AVX2, 16 with AVX-512); 0 keeps every operator in NCHW.
-    memory_planner: ``"arena"`` (default: every intermediate at an offset of one arena) or
-        ``"tvm"`` (TVM's StaticPlanBlockMemory), for comparison; ``report()["memory"]`` has both.
+        lanes (8 with AVX2, 16 with AVX-512) on CPU, 0 (NCHW) on GPU; 0 keeps every operator in NCHW.
+    memory_planner: ``"arena"`` (CPU default: every intermediate at an offset of one arena) or
+        ``"tvm"`` (TVM's StaticPlanBlockMemory; GPU default and only choice so far); on CPU
+        ``report()["memory"]`` compares both.
     unshared: glob patterns of kernel names (see ``report()["memory"]["tensors"]``) whose outputs
         get bytes of their own, never reused (a subgraph that plans its own memory).
     validate_memory: check the plan pair by pair and fill the arena with garbage before each run.
@@ -78,6 +81,10 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", trials: int = 2000
     from schedules.tuning import tune_module
 
     art = compile_model(model, target=target, shapes=shapes, tuning="off", layout_block=layout_block)
+    if art.target.kind.name != "llvm":
+        from compiler.artifact import open_device
+
+        open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
     return tune_module(art.module("fuse"), art.target, trials=trials, trials_per_task=trials_per_task,
                        minutes=minutes, cache_dir=cache_dir, fingerprint=art.fingerprint,
                        model=art.report()["model"])

@@ -17,10 +17,11 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from compiler.errors import ExportError, InputError, UserError
+from compiler import device_code
+from compiler.errors import ExportError, InputError, TargetError, UserError
 
 TensorSpec = tuple[str, tuple[int, ...], str]
-DEVICES = ("cpu",)
+DEVICES = {"cpu": "llvm", "cuda": "cuda", "rocm": "rocm"}  # device -> the target kind it runs
 
 
 class _Runner:
@@ -35,6 +36,9 @@ class _Runner:
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
+        if self._vm is None:
+            raise UserError("a GPU artifact runs where its GPU is: export() it, then "
+                            "compiler.load(path, device=...) on that machine")
         ordered = self._order(arrays)
         args = [tvm.runtime.tensor(self._check(spec, value), self._device)
                 for spec, value in zip(self.inputs, ordered)]
@@ -71,10 +75,20 @@ def _to_numpy(result: Any) -> list[np.ndarray]:
     return [item for part in result for item in _to_numpy(part)]
 
 
-def _device(name: str) -> tvm.runtime.Device:
+def open_device(name: str) -> tvm.runtime.Device:
+    """The first device of kind ``name``; a clear error when this machine has none."""
     if name not in DEVICES:
         raise UserError(f"unknown device {name!r}; available: {', '.join(DEVICES)}")
-    return tvm.cpu()
+    if name == "cpu":
+        return tvm.cpu()
+    if not tvm.runtime.enabled(name):
+        driver = "libcuda.so.1 (the NVIDIA driver)" if name == "cuda" else "the ROCm runtime (libamdhip64)"
+        raise TargetError(f"no {name} device: TVM's {name} runtime is not loaded on this machine, "
+                          f"{driver} was not found")
+    device = tvm.device(name, 0)
+    if not device.exist:
+        raise TargetError(f"no {name} device is visible on this machine")
+    return device
 
 
 class Artifact(_Runner):
@@ -82,7 +96,7 @@ class Artifact(_Runner):
 
     def __init__(self, executable: relax.VMExecutable, target: Target, inputs: list[TensorSpec],
                  outputs: list[TensorSpec], report: dict, snapshots: dict[str, tvm.IRModule]) -> None:
-        device = _device("cpu") if target.kind.name == "llvm" else None
+        device = open_device("cpu") if target.kind.name == "llvm" else None
         vm = relax.VirtualMachine(executable, device) if device is not None else None
         super().__init__(vm, device, inputs, outputs)
         self.executable = executable
@@ -128,9 +142,17 @@ class Artifact(_Runner):
         try:
             lib_tmp = _temp_name(folder, path, temps)
             self.executable.export_library(lib_tmp)
+            os.chmod(lib_tmp, 0o755)
+            fatbins = []
+            if self.target.kind.name == "cuda":
+                fatbins = device_code.write_cuda_fatbins(self.executable.mod, str(self.target.attrs["arch"]),
+                                                         path, temps)
+                manifest["device_code"] = [{k: v for k, v in e.items() if k != "temp"} for e in fatbins]
             manifest_tmp = _temp_name(folder, manifest_path, temps)
             with open(manifest_tmp, "w") as f:
                 json.dump(manifest, f, indent=2)
+            for entry in fatbins:
+                os.replace(entry["temp"], os.path.join(folder, entry["file"]))
             os.replace(lib_tmp, path)
             os.replace(manifest_tmp, manifest_path)
         except OSError as err:
@@ -146,6 +168,7 @@ def _temp_name(folder: str, final: str, temps: list[str]) -> str:
     fd, name = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(final)}.",
                                 suffix=os.path.splitext(final)[1])
     os.close(fd)
+    os.chmod(name, 0o644)  # mkstemp makes it private; an artifact is for others to deploy
     temps.append(name)
     return name
 
@@ -159,9 +182,12 @@ class Deployed(_Runner):
 
     def __init__(self, library: str, manifest: dict, device: str) -> None:
         kind = manifest["target"]["kind"]
-        if kind != "llvm" and device == "cpu":
-            raise UserError(f"{library} was compiled for {kind!r}, not for device 'cpu'")
-        dev = _device(device)
+        if device in DEVICES and DEVICES[device] != kind:
+            runs_on = next(d for d, k in DEVICES.items() if k == kind)
+            raise TargetError(f"{library} was compiled for {kind!r}: load it with device={runs_on!r}, "
+                              f"not {device!r}")
+        device_code.register_cuda_binaries(os.path.dirname(library), manifest.get("device_code", []))
+        dev = open_device(device)
         vm = relax.VirtualMachine(tvm.runtime.load_module(library), dev)
         spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
         super().__init__(vm, dev, [spec(t) for t in manifest["inputs"]], [spec(t) for t in manifest["outputs"]])

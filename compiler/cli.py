@@ -40,7 +40,8 @@ def _input_arg(text: str) -> tuple[str, str]:
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="path to .onnx, or onnx:<name> for a bundled model")
-    parser.add_argument("-t", "--target", default="cpu", help='cpu (default, this machine), llvm, or a JSON dict')
+    parser.add_argument("-t", "--target", default="cpu",
+                        help="cpu (default, this machine), llvm, cuda[:sm_XY], rocm[:gfxNNN], or a JSON dict")
     parser.add_argument("--shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
                         help="bind an input's dynamic dims (repeatable)")
     parser.add_argument("--tuning", default="replay", choices=("off", "replay", "strict", "tune"),
@@ -51,8 +52,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block", type=int, default=None, metavar="B",
                         help="channel block of the NCHW{B}c layout (default: the target's fp32 vector "
                              "lanes; 0 keeps NCHW)")
-    parser.add_argument("--memory-planner", default="arena", choices=("arena", "tvm"),
-                        help="intermediates in one arena at offsets (default) or TVM's StaticPlanBlockMemory")
+    parser.add_argument("--memory-planner", default=None, choices=("arena", "tvm"),
+                        help="intermediates in one arena at offsets (CPU default) or TVM's "
+                             "StaticPlanBlockMemory (GPU default)")
 
 
 def _compile(args: argparse.Namespace):
@@ -247,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="threads for both runtimes (default 2)")
     p.add_argument("--tuning", default="replay", choices=("off", "replay", "strict"))
     p.add_argument("--block", type=int, default=None, metavar="B", help="layout block (see compile)")
-    p.add_argument("--memory-planner", default="arena", choices=("arena", "tvm"))
+    p.add_argument("--memory-planner", default=None, choices=("arena", "tvm"))
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -8,6 +8,7 @@ once with node names, and dynamic dimensions the caller did not bind.
 from __future__ import annotations
 
 import collections
+import re
 import os
 import warnings
 from dataclasses import dataclass
@@ -177,6 +178,33 @@ def _output_specs(graph: onnx.GraphProto, module: IRModule) -> list[TensorSpec]:
             for out, ty in zip(graph.output, fields)]
 
 
+def _identifier_inputs(proto: onnx.ModelProto, names: list[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy whose graph inputs are C identifiers, and the renaming. The importer names kernel
+    parameters after them, and CUDA C cannot declare ``gpu_0/data_0_ptr`` (ResNet-50's input).
+    Names do not enter structural hashes, so fingerprints and tuning records are unaffected."""
+    taken = {n for node in _all_nodes(proto.graph) for n in list(node.input) + list(node.output)} | set(names)
+    renames = {}
+    for name in names:
+        if name.isidentifier():
+            continue
+        new = re.sub(r"\W", "_", name)
+        new = new if new[:1].isalpha() or new[:1] == "_" else f"_{new}"
+        while new in taken:
+            new += "_"
+        taken.add(new)
+        renames[name] = new
+    mapping = {name: renames.get(name, name) for name in names}
+    if not renames:
+        return proto, mapping
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for value in list(copy.graph.input) + list(copy.graph.output):
+        value.name = renames.get(value.name, value.name)
+    for node in _all_nodes(copy.graph):
+        node.input[:] = [renames.get(n, n) for n in node.input]
+    return copy, mapping
+
+
 def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedModel:
     """Validate the model and convert it to Relax; every failure is a UserError."""
     proto, name, path = load_model(model)
@@ -186,8 +214,9 @@ def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedMode
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
         try:
-            module = from_onnx(proto, shape_dict={n: list(s) for n, s, _ in inputs},
-                               dtype_dict={n: d for n, _, d in inputs}, keep_params_in_input=False)
+            renamed, names = _identifier_inputs(proto, [n for n, _, _ in inputs])
+            module = from_onnx(renamed, shape_dict={names[n]: list(s) for n, s, _ in inputs},
+                               dtype_dict={names[n]: d for n, _, d in inputs}, keep_params_in_input=False)
         except Exception as err:  # the importer raises bare Python errors for unconvertible nodes
             raise UnsupportedOperatorError(f"TVM's ONNX importer cannot convert this model: "
                                            f"{type(err).__name__}: {_first_line(err)}") from err

@@ -8,7 +8,7 @@
     tune       schedules/tuning.py     apply tuning records (replay, strict) or tune first (tune)
     schedule   schedules/default.py    default schedules for every kernel without a record
     lower      passes/memory.py + TVM  VM lowering, arena storage planning on the final shapes
-    build      tvm.compile             code generation for the target
+    build      tvm.compile             code generation (GPU: tools from compiler/toolchain.py)
 
 Each phase is timed and the module after it is kept, so ``Artifact.ir(phase)`` shows what it did.
 """
@@ -24,9 +24,11 @@ from typing import Callable
 import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+from tvm.relax.backend.cuda import pipeline as cuda_backend
+from tvm.relax.backend.rocm import pipeline as rocm_backend
 from tvm.target import Target
 
-from compiler import frontend, targets
+from compiler import frontend, targets, toolchain
 from compiler.artifact import Artifact
 from compiler.errors import TargetError, UserError
 from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
@@ -103,10 +105,13 @@ def _schedule(options: Options) -> list[tvm.transform.Pass]:
     return [apply_default_schedules(options.target)]
 
 
+BACKENDS = {"llvm": cpu_generic, "cuda": cuda_backend, "rocm": rocm_backend}
+
+
 def _lower(options: Options) -> list[tvm.transform.Pass]:
+    backend = BACKENDS[options.target.kind.name]
     arena = ArenaPlan(options.memory_planner, options.unshared, options.validate_memory)
-    return (cpu_generic.dataflow_lower_passes(options.target) + [arena]
-            + cpu_generic.finalize_passes(options.target))
+    return backend.dataflow_lower_passes(options.target) + [arena] + backend.finalize_passes(options.target)
 
 
 PHASES: tuple[Phase, ...] = (
@@ -124,21 +129,28 @@ PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)
 def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cpu",
                   shapes: frontend.Shapes | None = None, tuning: str = "replay",
                   cache_dir: str | None = None, layout_block: int | None = None,
-                  memory_planner: str = "arena", unshared: tuple[str, ...] | list[str] = (),
+                  memory_planner: str | None = None, unshared: tuple[str, ...] | list[str] = (),
                   validate_memory: bool = False) -> Artifact:
     """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
     if tuning not in TUNING_MODES:
         raise UserError(f"tuning must be one of {', '.join(TUNING_MODES)}, not {tuning!r}")
     tvm_target = targets.resolve(target)
-    if tvm_target.kind.name != "llvm":
-        raise TargetError(f"target kind {tvm_target.kind.name!r} is not supported yet; "
-                          "this version of relaxc compiles for CPU (llvm) only")
-    if layout_block is None:
-        layout_block = targets.vector_lanes(tvm_target)
+    if tvm_target.kind.name not in BACKENDS:
+        raise TargetError(f"target kind {tvm_target.kind.name!r} is not supported; "
+                          f"relaxc compiles for {', '.join(BACKENDS)}")
+    gpu = targets.is_gpu(tvm_target)
+    toolchain_versions = toolchain.prepare(tvm_target.kind.name)  # fails early if a tool is missing
+    if layout_block is None:  # GPU: NCHW until the blocked layout is measured on one (docs/gpu.md)
+        layout_block = 0 if gpu else targets.vector_lanes(tvm_target)
     if layout_block != 0 and layout_block < 2:
         raise UserError(f"layout_block must be 0 (keep NCHW) or at least 2, not {layout_block}")
+    if memory_planner is None:
+        memory_planner = "tvm" if gpu else "arena"
     if memory_planner not in PLANNERS:
         raise UserError(f"memory_planner must be one of {', '.join(PLANNERS)}, not {memory_planner!r}")
+    if gpu and (memory_planner == "arena" or unshared or validate_memory):
+        raise UserError("the arena planner (and unshared, validate_memory) is CPU-only so far: its kernels "
+                        "take element offsets, never run on a GPU yet; use memory_planner='tvm'")
     options = Options(tvm_target, layout_block, memory_planner, tuple(unshared), validate_memory, tuning,
                       cache_dir)
     timings: list[dict] = []
@@ -180,8 +192,9 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
     report = {
         "model": imported.name,
         "target": targets.describe(tvm_target),
-        "fingerprint": cache.fingerprint(snapshots["fuse"], tvm_target, options.fingerprint_options()),
-        "versions": cache.versions(),
+        "fingerprint": cache.fingerprint(snapshots["fuse"], tvm_target, options.fingerprint_options(),
+                                         toolchain_versions),
+        "versions": {**cache.versions(), **toolchain_versions},
         "inputs": [_spec_json(s) for s in imported.inputs],
         "outputs": [_spec_json(s) for s in imported.outputs],
         "phases": timings,

@@ -1,12 +1,16 @@
-"""Target presets: turn what a user types (``"cpu"``, ``"llvm"``, a JSON dict) into a TVM target.
+"""Target presets: turn what a user types (``"cpu"``, ``"cuda:sm_90"``, a JSON dict) into a TVM target.
 
 TVM 0.27 accepts targets only in JSON-dict form. ``"cpu"`` means *this* machine: the CPU name LLVM
 detects and the number of physical cores, so kernels use the real vector width and thread count.
+``"cuda"`` takes the compute capability of the visible GPU, else ``sm_80`` (say ``"cuda:sm_90"``
+to choose); ``"rocm"`` means ``gfx90a`` unless ``"rocm:gfx942"``. GPU targets get a generic x86-64
+host, so the host code of an exported library runs on any x86-64 machine, not just this one.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Union
 
 from tvm.target import Target, codegen
@@ -14,7 +18,11 @@ from tvm.target import Target, codegen
 from compiler.errors import TargetError
 
 TargetLike = Union[str, dict, Target]
-PRESETS = ("cpu", "llvm")
+PRESETS = ("cpu", "llvm", "cuda", "cuda:sm_XY", "rocm", "rocm:gfxNNN")
+DEFAULT_CUDA_ARCH = "sm_80"  # A100; an H100 runs it too (sm_90 is faster there)
+DEFAULT_ROCM_ARCH = "gfx90a"  # MI200
+GPU_KINDS = ("cuda", "rocm")
+GPU_HOST = {"kind": "llvm"}
 
 
 def host_cpu() -> str:
@@ -39,6 +47,11 @@ def resolve(target: TargetLike) -> Target:
             return Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": physical_cores()})
         if spec == "llvm":
             return Target({"kind": "llvm"})
+        kind, _, arch = spec.partition(":")
+        if kind == "cuda":
+            return _from_dict({"kind": "cuda", "arch": arch or visible_cuda_arch() or DEFAULT_CUDA_ARCH})
+        if kind == "rocm":
+            return _from_dict({"kind": "rocm", "mcpu": arch or DEFAULT_ROCM_ARCH})
         if spec.startswith("{"):
             try:
                 return resolve(json.loads(spec))
@@ -52,6 +65,13 @@ def resolve(target: TargetLike) -> Target:
 
 
 def _from_dict(spec: dict[str, Any]) -> Target:
+    if spec.get("kind") in GPU_KINDS:
+        spec = {"host": GPU_HOST, **spec}
+        arch = spec.get("arch") if spec["kind"] == "cuda" else spec.get("mcpu")
+        pattern = r"sm_\d+[a-z]?" if spec["kind"] == "cuda" else r"gfx[0-9a-f]+"
+        if arch is not None and not re.fullmatch(pattern, str(arch)):
+            raise TargetError(f"{arch!r} is not a {spec['kind']} architecture (like "
+                              f"{DEFAULT_CUDA_ARCH if spec['kind'] == 'cuda' else DEFAULT_ROCM_ARCH})")
     try:
         resolved = Target(spec)
     except ValueError as err:
@@ -62,9 +82,25 @@ def _from_dict(spec: dict[str, Any]) -> Target:
     return resolved
 
 
+def is_gpu(target: Target) -> bool:
+    return target.kind.name in GPU_KINDS
+
+
+def visible_cuda_arch() -> str | None:
+    """``sm_XY`` of the first visible CUDA GPU, or None (no GPU, or no CUDA driver to ask)."""
+    import tvm
+
+    try:
+        device = tvm.cuda(0)
+        return "sm_" + device.compute_version.replace(".", "") if device.exist else None
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
 def describe(target: Target) -> dict[str, Any]:
     """The target as a JSON-serialisable dict, for reports and manifests."""
-    return json.loads(json.dumps(dict(target.export()), default=list))
+    return json.loads(json.dumps(dict(target.export()),
+                                 default=lambda o: dict(o) if hasattr(o, "items") else list(o)))
 
 
 def vector_bits(target: Target) -> int:

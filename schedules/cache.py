@@ -48,9 +48,11 @@ def _installed(dist: str) -> bool:
     return True
 
 
-def fingerprint(module: tvm.IRModule, target: Target, options: dict | None = None) -> str:
-    """sha256 over relaxc major.minor, TVM/ffi/LLVM versions, target, options and module structure."""
-    info = versions()
+def fingerprint(module: tvm.IRModule, target: Target, options: dict | None = None,
+                tools: dict | None = None) -> str:
+    """sha256 over relaxc major.minor, TVM/ffi/LLVM versions, the GPU ``tools`` (nvcc; ROCm device
+    libraries and lld), target, options and module structure."""
+    info = {**versions(), **(tools or {})}
     info["relaxc"] = ".".join(info["relaxc"].split(".")[:2])
     payload = {
         "versions": info,
@@ -76,7 +78,7 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> str:
 def target_key(target: Target) -> str:
     """Directory name of a target's records: kind, CPU and core count (what tuned code depends on)."""
     spec = describe(target)
-    return f"{spec['kind']}-{spec.get('mcpu') or 'generic'}-{spec.get('num-cores') or 'any'}c"
+    return f"{spec['kind']}-{spec.get('mcpu') or spec.get('arch') or 'generic'}-{spec.get('num-cores') or 'any'}c"
 
 
 class RecordStore:

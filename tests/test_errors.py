@@ -104,7 +104,7 @@ def test_bad_shape_bindings(shapes, message):
     ({"kind": "nope"}, 'invalid target {"kind": "nope"}'),
     ({"kind": "llvm", "mcpu": "pentium9"}, "LLVM does not know the CPU 'pentium9'"),
     ("{not json", "not valid JSON"),
-    ({"kind": "cuda"}, "target kind 'cuda' is not supported yet"),
+    ({"kind": "metal"}, "target kind 'metal' is not supported; relaxc compiles for llvm, cuda, rocm"),
 ])
 def test_unknown_target(target, message):
     with pytest.raises(compiler.TargetError, match=message):

@@ -1,0 +1,119 @@
+"""GPU targets: every bundled model cross-compiles and exports for CUDA and ROCm here (no GPU needed),
+with device code in the artifact; execution on a GPU runs only where one is visible."""
+
+import json
+import os
+import struct
+
+import onnx
+import pytest
+
+import compiler
+from compiler import models, targets, toolchain
+from compiler.artifact import open_device
+from tests import reference
+
+FATBIN_MAGIC = 0xBA55ED50
+EM_AMDGPU = 224
+
+
+def _gpu_visible(kind: str) -> bool:
+    try:
+        open_device(kind)
+    except compiler.TargetError:
+        return False
+    return True
+
+
+def _amdgpu_objects(data: bytes) -> list[bytes]:
+    """The ELF headers inside ``data`` whose machine is AMDGPU (the embedded code objects)."""
+    found, start = [], data.find(b"\x7fELF", 1)
+    while start != -1:
+        if struct.unpack_from("<H", data, start + 18)[0] == EM_AMDGPU:
+            found.append(data[start:start + 64])
+        start = data.find(b"\x7fELF", start + 1)
+    return found
+
+
+def test_presets_and_fingerprints():
+    assert targets.describe(targets.resolve("cuda:sm_90"))["arch"] == "sm_90"
+    assert targets.describe(targets.resolve("rocm"))["mcpu"] == targets.DEFAULT_ROCM_ARCH
+    cuda = targets.describe(targets.resolve({"kind": "cuda", "arch": "sm_86"}))
+    assert cuda["host"]["kind"] == "llvm" and "mcpu" not in cuda["host"]  # portable host code
+    for bad, message in (("cuda:90", "not a cuda architecture"), ("rocm:sm_80", "not a rocm architecture"),
+                         ("metal", "unknown target 'metal'")):
+        with pytest.raises(compiler.TargetError, match=message):
+            targets.resolve(bad)
+    sm80 = compiler.compile(reference.small_cnn(), target="cuda:sm_80")
+    sm90 = compiler.compile(reference.small_cnn(), target="cuda:sm_90")
+    assert sm80.fingerprint != sm90.fingerprint
+    assert sm80.report()["versions"]["nvcc"].count(".") == 2
+    assert sm80.report()["layout"]["block"] == 0  # NCHW on GPU until measured on one
+    rocm = compiler.compile(reference.small_cnn(), target="rocm").report()["versions"]
+    assert rocm["rocm_device_libs"] and int(rocm["lld"].split(".")[0]) >= 22
+    with pytest.raises(compiler.UserError, match="arena planner .* CPU-only"):
+        compiler.compile(reference.small_cnn(), target="cuda", memory_planner="arena")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["cuda", "rocm"])
+@pytest.mark.parametrize("name", models.BUNDLED)
+def test_bundled_model_exports_with_device_code(name, kind, tmp_path):
+    art = compiler.compile(f"onnx:{name}", target=kind)
+    schedules = art.report()["schedules"]
+    assert schedules.get("none", 0) == 0 and "tuned" not in schedules  # every kernel got a GPU schedule
+    manifest = json.load(open(art.export(tmp_path / f"{name}.so")))
+    library = (tmp_path / f"{name}.so").read_bytes()
+    if kind == "cuda":
+        (entry,) = manifest["device_code"]
+        assert entry["arch"] == targets.DEFAULT_CUDA_ARCH or entry["arch"] == targets.visible_cuda_arch()
+        fatbin = (tmp_path / entry["file"]).read_bytes()
+        assert struct.unpack_from("<I", fatbin)[0] == FATBIN_MAGIC and len(fatbin) > 10_000
+        assert b"__global__" in library  # the kernels' source the fatbin was compiled from
+    else:
+        objects = _amdgpu_objects(library)
+        assert objects, "no AMDGPU code object in the library"
+        assert b"amdgcn-amd-amdhsa" in library and targets.DEFAULT_ROCM_ARCH.encode() in library
+    with pytest.raises(compiler.TargetError, match=f"compiled for '{kind}'"):
+        compiler.load(tmp_path / f"{name}.so", device="cpu")
+
+
+@pytest.mark.parametrize("kind", ["cuda", "rocm"])
+def test_loading_needs_the_gpu(kind, tmp_path):
+    art = compiler.compile(reference.small_cnn(), target=kind)
+    with pytest.raises(compiler.UserError, match="runs where its GPU is"):
+        art.run(reference.random_inputs(art.inputs))
+    art.export(tmp_path / "m.so")
+    if _gpu_visible(kind):
+        pytest.skip(f"a {kind} GPU is visible: the execution tests cover loading")
+    with pytest.raises(compiler.TargetError, match=f"no {kind} device"):
+        compiler.load(tmp_path / "m.so", device=kind)
+
+
+def test_a_missing_tool_is_named(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    toolchain.cuda_home.cache_clear()
+    try:
+        with pytest.raises(toolchain.ToolchainError, match="needs nvcc on PATH"):
+            compiler.compile(reference.small_cnn(), target="cuda")
+    finally:
+        toolchain.cuda_home.cache_clear()
+
+
+def test_missing_fatbin_is_named(tmp_path):
+    compiler.compile(reference.small_cnn(), target="cuda").export(tmp_path / "m.so")
+    os.unlink(tmp_path / "m.0.fatbin")
+    with pytest.raises(compiler.ExportError, match="m.0.fatbin is missing"):
+        compiler.load(tmp_path / "m.so", device="cuda")
+
+
+@pytest.mark.skipif(not _gpu_visible("cuda"), reason="no CUDA GPU visible (CI never has one)")
+@pytest.mark.parametrize("name", models.BUNDLED)
+def test_bundled_model_matches_onnxruntime_on_cuda(name, tmp_path):
+    art = compiler.compile(f"onnx:{name}", target="cuda")
+    art.export(tmp_path / "m.so")
+    deployed = compiler.load(tmp_path / "m.so", device="cuda")
+    inputs = reference.random_inputs(deployed.inputs)
+    expected = reference.ort_run(onnx.load(models.bundled_path(f"onnx:{name}")), inputs)
+    reference.assert_matches(deployed.run(inputs), expected)
