@@ -244,7 +244,7 @@ class ApplyTuningRecords:
                         store.manifest().get("versions"))
             return self._finish(mod, tasks, None, target)
         builder.skip_tensor_intrinsics(target)
-        return self._finish(mod, tasks, store.database(writable=False), target)
+        return self._finish(mod, tasks, store.replay_database(), target)
 
     def _finish(self, mod: tvm.IRModule, tasks: list, database, target: Target) -> tvm.IRModule:
         covered = [t for t in tasks if database is not None
