@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
@@ -42,16 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         expected = reference.ort_session(frontend.load_model(spec)[0]).run(None, inputs)
         for art in arts.values():
             reference.assert_matches(art.run(inputs), expected)
-        times: dict[str, list[float]] = {"arena": [], "tvm": []}
-        for round_ in range(bench.ROUNDS):
-            runs = args.repeat // bench.ROUNDS + (round_ < args.repeat % bench.ROUNDS)
-            for planner, art in arts.items():
-                times[planner] += bench.block(lambda: art.run(inputs), runs)
+        ms = bench.alternate({planner: (lambda art=art: art.run(inputs)) for planner, art in arts.items()},
+                             args.repeat)
         m = arts["arena"].report()["memory"]
         print(f"| {spec} | {len(m['tensors'])} | {_mib(m['arena_bytes'])} | {_mib(m['lower_bound_bytes'])} | "
               f"{m['arena_bytes'] / m['lower_bound_bytes']:.3f} | {_mib(m['tvm_static_plan_bytes'])} | "
               f"{m['arena_bytes'] / m['tvm_static_plan_bytes']:.2f} | {_mib(m['no_reuse_bytes'])} | "
-              f"{statistics.median(times['arena']):.1f} | {statistics.median(times['tvm']):.1f} | "
+              f"{ms['arena']:.1f} | {ms['tvm']:.1f} | "
               f"{_lower_seconds(arts['arena']):.1f} / {_lower_seconds(arts['tvm']):.1f} |", flush=True)
     return 0
 

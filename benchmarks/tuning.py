@@ -56,11 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         reference.assert_matches(tuned.run(inputs), expected)
         runs = {"off": lambda: off.run(inputs), "tuned": lambda: tuned.run(inputs),
                 "ort": lambda: session.run(None, inputs)}
-        samples: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(bench.ROUNDS):  # alternating blocks, each after a warm-up call
-            for name, fn in runs.items():
-                samples[name] += bench.block(fn, max(1, args.repeat // bench.ROUNDS))
-        ms = {name: statistics.median(s) for name, s in samples.items()}
+        ms = bench.alternate(runs, args.repeat)
         print(f"| {spec.removeprefix('onnx:')} | {off_s:.1f} | {strict_s:.1f} | {strict_s / off_s:.2f}x "
               f"| {ms['off']:.1f} | {ms['tuned']:.1f} | {ms['ort']:.1f} | {ms['tuned'] / ms['ort']:.2f}x |",
               flush=True)

@@ -49,6 +49,17 @@ def block(fn: Callable[[], object], runs: int) -> list[float]:
     return times
 
 
+def alternate(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Median milliseconds of ``repeat`` calls of each function, the functions taking turns in
+    ``ROUNDS`` blocks (one after another per call measured thread-pool contention instead)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(ROUNDS):
+        count = repeat // ROUNDS + (round_ < repeat % ROUNDS)
+        for name, fn in runs.items():
+            times[name] += block(fn, count)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def _load(spec: str) -> onnx.ModelProto:
     from compiler import frontend
 
@@ -65,12 +76,9 @@ def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_op
     inputs = reference.random_inputs(art.inputs)
     session = reference.ort_session(_load(spec), threads=threads)
     reference.assert_matches(art.run(inputs), session.run(None, inputs))
-    ours, theirs = [], []
-    for round_ in range(ROUNDS):
-        runs = repeat // ROUNDS + (round_ < repeat % ROUNDS)
-        ours += block(lambda: art.run(inputs), runs)
-        theirs += block(lambda: session.run(None, inputs), runs)
-    return Row(spec, compile_s, statistics.median(ours), statistics.median(theirs))
+    ms = alternate({"relaxc": lambda: art.run(inputs), "onnxruntime": lambda: session.run(None, inputs)},
+                   repeat)
+    return Row(spec, compile_s, ms["relaxc"], ms["onnxruntime"])
 
 
 def header(threads: int, repeat: int, target: str) -> str:
