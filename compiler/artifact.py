@@ -198,8 +198,9 @@ class Deployed(_Runner):
         return self.manifest["fingerprint"]
 
 
-def load(path: str | os.PathLike, device: str = "cpu") -> Deployed:
-    """Load an exported artifact (``.so`` plus its ``.json`` manifest) for ``device``."""
+def load(path: str | os.PathLike, device: str | None = None) -> Deployed:
+    """Load an exported artifact (``.so`` plus its ``.json`` manifest) on ``device`` ("cpu", "cuda"
+    or "rocm"; default: the kind of device it was compiled for)."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise ExportError(f"no artifact at {path}")
@@ -211,4 +212,6 @@ def load(path: str | os.PathLike, device: str = "cpu") -> Deployed:
         raise ExportError(f"manifest {manifest_path} is missing; export writes it beside the library") from None
     except json.JSONDecodeError as err:
         raise ExportError(f"manifest {manifest_path} is not valid JSON: {err}") from None
+    if device is None:
+        device = next((d for d, kind in DEVICES.items() if kind == manifest["target"]["kind"]), "cpu")
     return Deployed(path, manifest, device)

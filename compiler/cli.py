@@ -103,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.model.endswith(".so"):
         import compiler
 
-        runner = compiler.load(args.model)
+        runner = compiler.load(args.model, device=args.device)
         report = None
     else:
         runner = _compile(args)
@@ -216,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=10, help="timed runs after one warm-up (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--report", action="store_true", help="print the compile report as JSON")
+    p.add_argument("--device", choices=("cpu", "cuda", "rocm"),
+                   help="device to run an exported .so on (default: the one it was compiled for)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("inspect", parents=[common], help="print the compile report and the IR after a phase")

@@ -12,6 +12,7 @@ import compiler
 from compiler import models, targets, toolchain
 from compiler.artifact import open_device
 from tests import reference
+from tests.helpers import relaxc
 
 FATBIN_MAGIC = 0xBA55ED50
 EM_AMDGPU = 224
@@ -87,7 +88,9 @@ def test_loading_needs_the_gpu(kind, tmp_path):
     if _gpu_visible(kind):
         pytest.skip(f"a {kind} GPU is visible: the execution tests cover loading")
     with pytest.raises(compiler.TargetError, match=f"no {kind} device"):
-        compiler.load(tmp_path / "m.so", device=kind)
+        compiler.load(tmp_path / "m.so")  # the device defaults to the artifact's kind
+    proc = relaxc("run", str(tmp_path / "m.so"))
+    assert proc.returncode == 2 and f"no {kind} device" in proc.stderr
 
 
 def test_a_missing_tool_is_named(monkeypatch):
