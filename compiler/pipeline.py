@@ -140,8 +140,10 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
                           f"relaxc compiles for {', '.join(BACKENDS)}")
     gpu = targets.is_gpu(tvm_target)
     toolchain_versions = toolchain.prepare(tvm_target.kind.name)  # fails early if a tool is missing
-    if layout_block is None:  # GPU: NCHW until the blocked layout is measured on one (docs/gpu.md)
-        layout_block = 0 if gpu else targets.vector_lanes(tvm_target)
+    layout_why = "given by the caller"
+    if layout_block is None:
+        layout_block, layout_why = ((0, "GPU: NCHW until NCHW, NHWC and blocked are measured on one (docs/gpu.md)")
+                                    if gpu else (targets.vector_lanes(tvm_target), "the target's fp32 vector lanes"))
     if layout_block != 0 and layout_block < 2:
         raise UserError(f"layout_block must be 0 (keep NCHW) or at least 2, not {layout_block}")
     if memory_planner is None:
@@ -187,6 +189,7 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
     timings.append({"name": "build", "seconds": time.perf_counter() - start})
     log.info("build     %6.2fs", timings[-1]["seconds"])
 
+    summaries["layout"]["why"] = layout_why
     if "memory" in summaries:  # channel padding is known before fusion only: the layout pass counted it
         summaries["memory"]["padding_bytes"] = summaries.get("layout", {}).get("padding_bytes", 0)
     report = {

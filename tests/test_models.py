@@ -59,7 +59,7 @@ def test_report_and_ir_per_phase():
     assert report["target"]["kind"] == "llvm"
     assert [p["name"] for p in report["phases"]] == ["import", "simplify", "layout", "legalize", "fuse",
                                                      "tune", "schedule", "lower", "build"]
-    assert report["layout"]["block"] == 8 or report["layout"]["block"] == 16
+    assert report["layout"]["block"] in (8, 16) and report["layout"]["why"] == "the target's fp32 vector lanes"
     assert report["layout"]["blocked_ops"] > 0 and report["layout"]["padded_tensors"][0]["from"] == 3
     assert all(p["seconds"] >= 0 for p in report["phases"])
     assert report["ops"]["Conv"] == 3 and report["ops"]["BatchNormalization"] == 1
