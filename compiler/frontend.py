@@ -36,13 +36,15 @@ _ONNX_DOMAINS = {"", "ai.onnx"}
 
 @dataclass
 class ImportedModel:
-    """A validated model and its Relax module; inputs/outputs keep the ONNX names."""
+    """A validated model and its Relax module; inputs/outputs keep the ONNX names, ``onnx_names``
+    maps the Relax parameters that had to be renamed (see ``_identifier_inputs``) back to them."""
 
     name: str
     module: IRModule
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     ops: dict[str, int]
+    onnx_names: dict[str, str]
 
 
 def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
@@ -221,4 +223,5 @@ def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedMode
             raise UnsupportedOperatorError(f"TVM's ONNX importer cannot convert this model: "
                                            f"{type(err).__name__}: {_first_line(err)}") from err
     ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))
-    return ImportedModel(name, module, inputs, _output_specs(proto.graph, module), dict(sorted(ops.items())))
+    return ImportedModel(name, module, inputs, _output_specs(proto.graph, module), dict(sorted(ops.items())),
+                         {new: old for old, new in names.items() if new != old})

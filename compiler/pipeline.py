@@ -190,6 +190,8 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
     log.info("build     %6.2fs", timings[-1]["seconds"])
 
     summaries["layout"]["why"] = layout_why
+    for padded in summaries["layout"]["padded_tensors"]:  # the user's names, not the C-safe ones
+        padded["name"] = imported.onnx_names.get(padded["name"], padded["name"])
     if "memory" in summaries:  # channel padding is known before fusion only: the layout pass counted it
         summaries["memory"]["padding_bytes"] = summaries.get("layout", {}).get("padding_bytes", 0)
     report = {

@@ -189,9 +189,9 @@ def _commit_defaults(tasks: list, target: Target, database) -> int:
 def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, database, cost_model,
                 callbacks: list, progress: Progress) -> int:
     """Measure one batch of ``task`` and commit it; returns the trials measured."""
+    _quiet_metaschedule()  # each batch's logging set-up sets its logger back to DEBUG
     (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir)
     before = progress.trials
-    _quiet_metaschedule()  # each tune_tasks call sets its logger back to DEBUG
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
                   builder=ms.builder.LocalBuilder(f_build=builder.build), cost_model=cost_model,
