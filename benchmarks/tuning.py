@@ -26,13 +26,13 @@ TARGET = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # what tuning_logs/
 DEFAULT_MODELS = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2"]
 
 
-def _compile_seconds(spec: str, compiles: int) -> dict[str, tuple[float, object]]:
+def _compile_seconds(spec: str, compiles: int, log_dir: str) -> dict[str, tuple[float, object]]:
     times: dict[str, list[float]] = {"off": [], "strict": []}
     built = {}
     for _ in range(compiles):
         for mode in times:
             start = time.perf_counter()
-            built[mode] = compiler.compile(spec, target=TARGET, tuning=mode, cache_dir="tuning_logs")
+            built[mode] = compiler.compile(spec, target=TARGET, tuning=mode, cache_dir=log_dir)
             times[mode].append(time.perf_counter() - start)
     return {mode: (statistics.median(t), built[mode]) for mode, t in times.items()}
 
@@ -42,12 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", default=DEFAULT_MODELS)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--compiles", type=int, default=3)
+    parser.add_argument("--log-dir", default="tuning_logs", help="records root (default: tuning_logs)")
     args = parser.parse_args(argv)
     print("| model | compile off (s) | compile strict (s) | ratio | default (ms) | tuned (ms) "
           "| onnxruntime (ms) | tuned / onnxruntime |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for spec in args.models:
-        compiled = _compile_seconds(spec, args.compiles)
+        compiled = _compile_seconds(spec, args.compiles, args.log_dir)
         (off_s, off), (strict_s, tuned) = compiled["off"], compiled["strict"]
         session = reference.ort_session(frontend.load_model(spec)[0], threads=2)
         inputs = reference.random_inputs(off.inputs)

@@ -69,13 +69,18 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
 
 def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", trials: int = 2000,
          trials_per_task: int | None = None, minutes: float | None = None, cache_dir: str | None = None,
-         shapes: "Shapes | None" = None, layout_block: int | None = None) -> dict:
+         shapes: "Shapes | None" = None, layout_block: int | None = None, reselect: bool = False,
+         kernels: tuple[str, ...] | list[str] = ()) -> dict:
     """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the record store.
 
-    trials: total measurement budget; trials_per_task: per kernel (default: an even share, at
-    least 64); minutes: stop when the time is spent. Records go to ``<cache_dir>/<target key>/``
-    as they are measured, so an interrupted run loses nothing and a rerun resumes. Later
-    ``compile`` calls replay them. Returns a summary (tasks, trials, records, minutes, stop reason).
+    trials: total measurement budget (0: tune nothing, only select); trials_per_task: per kernel
+    (default: an even share, at least 64); minutes: stop tuning when the time is spent. Records go
+    to ``<cache_dir>/<target key>/`` as they are measured, so an interrupted run loses nothing and
+    a rerun resumes. Then each kernel whose records changed (every kernel with ``reselect``) gets
+    its schedule chosen: the default and the best records measured again side by side, the
+    fastest winning, or the quickest to build within 3% of it. Later ``compile`` calls replay
+    the choices. ``kernels``: glob patterns of the kernels to tune (default: all; names as in
+    ``report()["tuning"]``). Returns a summary (tasks, trials, records, selection, minutes, stop reason).
     """
     from compiler.pipeline import compile_model
     from schedules.tuning import tune_module
@@ -87,7 +92,7 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", trials: int = 2000
         open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
     return tune_module(art.module("fuse"), art.target, trials=trials, trials_per_task=trials_per_task,
                        minutes=minutes, cache_dir=cache_dir, fingerprint=art.fingerprint,
-                       model=art.report()["model"])
+                       model=art.report()["model"], reselect=reselect, kernels=tuple(kernels))
 
 
 def save_cache(path: str, cache_dir: str | None = None) -> str:

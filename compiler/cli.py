@@ -147,7 +147,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     shapes = dict(args.shape)
     summary = compiler.tune(args.model, target=args.target, trials=args.trials,
                             trials_per_task=args.trials_per_task, minutes=args.minutes,
-                            cache_dir=args.log_dir, shapes=shapes or None, layout_block=args.block)
+                            cache_dir=args.log_dir, shapes=shapes or None, layout_block=args.block,
+                            reselect=args.reselect, kernels=args.kernels)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -171,9 +172,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
             for fingerprint, entry in info["models"].items():
                 print(f"  {entry.get('model')} [{fingerprint}] trials {entry.get('trials')}, "
                       f"{entry.get('minutes')} min, every kernel covered: {entry.get('complete')}")
+            print(f"  {info['selected']} kernels with a schedule chosen by measurement (selected.json)")
             for bad in info["bad_lines"]:
                 print(f"  unparsable line {bad}")
-            problems += len(info["bad_lines"]) + (not info["compatible"])
+            if info["bad_selection"]:
+                print(f"  invalid selection file {info['bad_selection']} (ignored: the best records apply)")
+            problems += len(info["bad_lines"]) + (not info["compatible"]) + bool(info["bad_selection"])
         return 1 if args.action == "verify" and problems else 0
     if args.action == "merge":
         print(json.dumps(cache.merge(args.path, root)))
@@ -232,9 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the record store")
     _add_model_args(p)
-    p.add_argument("--trials", type=int, default=2000, help="total measurements (default 2000)")
+    p.add_argument("--trials", type=int, default=2000,
+                   help="total measurements (default 2000; 0: only choose among the records there are)")
     p.add_argument("--trials-per-task", type=int, default=None, help="per kernel (default: an even share)")
-    p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes")
+    p.add_argument("--minutes", type=float, default=None, help="stop tuning after this many minutes")
+    p.add_argument("--kernels", nargs="+", default=(), metavar="GLOB",
+                   help="tune only the kernels whose names match (see relaxc inspect's tuning report)")
+    p.add_argument("--reselect", action="store_true",
+                   help="measure every kernel's default and best records side by side again, even if unchanged")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("cache", parents=[common], help="list, verify, merge, prune, save or load tuning records")

@@ -63,10 +63,22 @@ def fingerprint(module: tvm.IRModule, target: Target, options: dict | None = Non
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def workload_hash(mod: tvm.IRModule) -> str:
+    """A kernel's key in the database files: its structural hash, as MetaSchedule writes it."""
+    return str(tvm_ffi.structural_hash(mod) % 2**64)
+
+
+def mean_seconds(entry: list) -> float:
+    """The mean measured run time of a record (the second field of a database line)."""
+    run_secs = entry[1]
+    return sum(run_secs) / len(run_secs) if run_secs else float("inf")
+
+
 # --- the record store: MetaSchedule JSON databases under <root>/<target key>/ ----------------------
 
 DEFAULT_ROOT = "tuning_logs"
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+SELECTION_FILE = "selected.json"  # each kernel's schedule, chosen by measuring candidates side by side
 log = logging.getLogger("relaxc")
 
 
@@ -92,6 +104,7 @@ class RecordStore:
     def __init__(self, directory: str) -> None:
         self.dir = directory
         self.manifest_path = os.path.join(directory, "manifest.json")
+        self.selection_path = os.path.join(directory, SELECTION_FILE)
 
     @classmethod
     def of(cls, root: str, target: Target) -> "RecordStore":
@@ -155,11 +168,16 @@ class RecordStore:
         """The parsable lines of each database file and how many were skipped (each one warned about)."""
         clean, skipped = {}, 0
         for name in DATABASE_FILES:
-            clean[name], bad = self._read(name)
-            skipped += len(bad)
-            for number in bad:
-                log.warning("%s line %d is not a valid record; skipped", os.path.join(self.dir, name), number)
+            clean[name], bad = self._checked(name)
+            skipped += bad
         return clean, skipped
+
+    def _checked(self, name: str) -> tuple[list[str], int]:
+        """The parsable lines of one database file, and how many others there were (each warned about)."""
+        kept, bad = self._read(name)
+        for number in bad:
+            log.warning("%s line %d is not a valid record; skipped", os.path.join(self.dir, name), number)
+        return kept, len(bad)
 
     def repair(self) -> None:
         """Drop unparsable lines from the database files (atomically), warning about each one."""
@@ -185,20 +203,62 @@ class RecordStore:
             return ms.database.JSONDatabase(work_dir=self.dir, module_equality="structural", allow_missing=False)
         return _database_of(clean)
 
-    def replay_database(self):
-        """A read-only database of the best record of each workload: all that replay applies.
+    def records_of(self, hashes) -> dict[str, list[str]]:
+        """The record lines of each workload in ``hashes`` (see ``workload_hash``) that has any.
 
-        JSONDatabase deserialises every trace when it opens (about 10 ms a record here), so opening
-        the whole store, thousands of tuning trials, made each compile 20 s slower."""
-        clean, _ = self._clean()
-        best: dict[int, tuple[float, str]] = {}
-        for line in clean[DATABASE_FILES[1]]:
-            workload, (_trace, run_secs, *_rest) = json.loads(line)
-            seconds = sum(run_secs) / len(run_secs) if run_secs else float("inf")
-            if workload not in best or seconds < best[workload][0]:
-                best[workload] = (seconds, line)
-        clean[DATABASE_FILES[1]] = [line for _, line in best.values()]
-        return _database_of(clean)
+        Reads the workload file's hashes and each record's workload index only; a record line is
+        parsed by whoever uses it, so asking for a few kernels of a store of thousands stays cheap."""
+        wanted = set(hashes)
+        index = {}  # workload line number (what records refer to) -> hash
+        path = os.path.join(self.dir, DATABASE_FILES[0])
+        if os.path.exists(path):
+            with open(path) as f:
+                lines = (line for line in f if line.strip())
+                for number, line in enumerate(lines):
+                    key = line[2:line.find('"', 2)]  # ["<hash>","<base64 module>"]: only the hash is read
+                    if key in wanted:
+                        index.setdefault(number, key)
+        found: dict[str, list[str]] = {}
+        for line in self._checked(DATABASE_FILES[1])[0]:
+            try:
+                key = index.get(int(line[1:line.index(",")]))  # [<workload number>,[trace, run_secs, ...]]
+            except ValueError:
+                log.warning("%s: a line that is not a record; skipped", os.path.join(self.dir, DATABASE_FILES[1]))
+                continue
+            if key is not None:
+                found.setdefault(key, []).append(line)
+        return found
+
+    def best_records(self, hashes) -> dict[str, list]:
+        """The fastest record (as measured when tuned) of each workload in ``hashes`` that has any."""
+        return {key: min((json.loads(line)[1] for line in lines), key=mean_seconds)
+                for key, lines in self.records_of(hashes).items()}
+
+    def selections(self) -> dict[str, dict]:
+        """The chosen schedule of each selected kernel, by workload hash (``schedules/selection.py``)."""
+        try:
+            return self._selection_file()
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            log.warning("%s is not a valid selection file (%s); ignoring it, the best records apply",
+                        self.selection_path, err)
+            return {}
+
+    def _selection_file(self) -> dict[str, dict]:
+        try:
+            with open(self.selection_path) as f:
+                kernels = json.load(f)["kernels"]
+        except FileNotFoundError:
+            return {}
+        if not isinstance(kernels, dict):
+            raise TypeError("'kernels' is not an object")
+        return kernels
+
+    def save_selections(self, entries: dict[str, dict], replace: bool = True) -> None:
+        """Record the choices for some kernels (hold ``lock()``), keeping the others; with ``replace``
+        False, a kernel that has a choice keeps it. Written to a temporary file and renamed."""
+        chosen = self.selections()
+        chosen.update(entries if replace else {k: v for k, v in entries.items() if k not in chosen})
+        _atomic_write(self.selection_path, json.dumps({"kernels": chosen}, indent=1, sort_keys=True))
 
     def describe(self) -> dict:
         """What the store holds: record and workload counts, versions, models, unparsable lines."""
@@ -213,7 +273,16 @@ class RecordStore:
             "models": {fp[:12]: {k: v for k, v in entry.items() if k != "tasks"}
                        for fp, entry in manifest.get("fingerprints", {}).items()},
             "bad_lines": [f"{os.path.basename(path)}:{number}" for path, number in self.bad_lines()],
+            "selected": len(self.selections()),
+            "bad_selection": self._selection_problem(),
         }
+
+    def _selection_problem(self) -> str | None:
+        try:
+            self._selection_file()
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            return f"{SELECTION_FILE}: {err}"
+        return None
 
 
 def _database_of(files: dict[str, list[str]]):
@@ -284,12 +353,15 @@ def merge(source_root: str, root: str) -> dict[str, int]:
                 destination.commit_tuning_record(ms.database.TuningRecord(
                     record.trace, workload, record.run_secs, record.target, record.args_info))
             _merge_manifest(source_store.manifest_path, store.manifest_path)
+            if source_store.selections():
+                store.save_selections(source_store.selections(), replace=False)  # a local choice stays
         added[key] = len(records)
     return added
 
 
 def prune(root: str) -> dict[str, tuple[int, int]]:
-    """Keep only the best record of each workload; returns (records before, after) per key."""
+    """Keep only the best record of each workload (the selections, which hold their records, stay);
+    returns (records before, after) per key."""
     from tvm.s_tir import meta_schedule as ms
 
     result = {}
@@ -347,7 +419,7 @@ def save(path: str, root: str) -> str:
     try:
         with tarfile.open(temp, "w:gz") as archive:
             for key in keys:
-                for name in DATABASE_FILES + ("manifest.json",):
+                for name in DATABASE_FILES + ("manifest.json", SELECTION_FILE):
                     member = os.path.join(root, key, name)
                     if os.path.exists(member):
                         archive.add(member, arcname=f"{key}/{name}")

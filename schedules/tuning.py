@@ -9,6 +9,8 @@ still short of its budget.
 
 from __future__ import annotations
 
+import collections
+import fnmatch
 import logging
 import sys
 import time
@@ -22,11 +24,14 @@ from tvm.target import Target
 from compiler.errors import UserError
 from compiler.targets import physical_cores
 from schedules import builder
-from schedules.cache import RecordStore, cache_root
+from schedules.cache import RecordStore, cache_root, workload_hash
+from schedules.selection import Selection, record_of
 
 log = logging.getLogger("relaxc")
 MODES = ("off", "replay", "strict", "tune")
 TRIALS_PER_ITER = 64
+RUNS_PER_TRIAL = 5  # cold runs timed per candidate
+UNROLL_STEPS = (0, 16, 64)  # explicit unrolling MetaSchedule may choose on CPU (its default adds 512)
 
 
 @dataclass
@@ -94,19 +99,26 @@ def _records(database, task: ms.ExtractedTask) -> int:
 
 def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_task: int | None = None,
                 minutes: float | None = None, cache_dir: str | None = None, fingerprint: str = "",
-                model: str = "") -> dict:
+                model: str = "", reselect: bool = False, kernels: tuple[str, ...] = ()) -> dict:
     """Tune the kernels of ``mod`` (after layout and fusion) into the target's record store.
 
     MetaSchedule commits a task's measurements to the database only when its scheduler next visits
     the task, a whole round of tasks later, so a killed run would lose every batch of the round.
     Here each ``tune_tasks`` call measures one batch of one task and commits it before returning;
-    the tasks take turns, round by round, sharing one XGBoost cost model.
+    the tasks take turns, round by round, sharing one XGBoost cost model. Then every kernel whose
+    records changed (all of them with ``reselect``) gets its schedule chosen by measuring the
+    default and its best records side by side (``schedules/selection.py``); ``trials=0`` only does that.
+    ``kernels`` (glob patterns of kernel names) limits tuning to the kernels that match.
     """
-    if trials < 1:
-        raise UserError(f"trials must be at least 1, not {trials}")
+    if trials < 0:
+        raise UserError(f"trials must be at least 0, not {trials}")
     builder.skip_tensor_intrinsics(target)
     store = RecordStore.of(cache_root(cache_dir), target)
     tasks = ms.relax_integration.extract_tasks(mod, target)
+    chosen = [t for t in tasks if not kernels or any(fnmatch.fnmatchcase(t.task_name, k) for k in kernels)]
+    if not chosen:
+        raise UserError(f"no kernel matches {', '.join(kernels)}; the kernels are: "
+                        f"{', '.join(t.task_name for t in tasks)}")
     per_task = trials_per_task or max(TRIALS_PER_ITER, trials // max(1, len(tasks)))
     batch = min(TRIALS_PER_ITER, per_task)
     started = time.time()
@@ -117,11 +129,12 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
                             f"({store.manifest().get('versions')}); tune into another --log-dir")
         database = store.database(writable=True)
         have = [_records(database, task) for task in tasks]
-        todo = [i for i, task in enumerate(tasks) if have[i] < per_task]
+        todo = [i for i, task in enumerate(tasks) if have[i] < per_task and task in chosen]
         budget = min(trials, sum(per_task - have[i] for i in todo))
         summary = {"tasks": len(tasks), "tasks_tuned": len(todo), "trials_budget": budget,
                    "records_before": sum(have), "stopped": "done", "cache_dir": store.dir, "trials": 0}
-        summary["defaults_recorded"] = _commit_defaults([tasks[i] for i in todo if have[i] == 0], target, database)
+        summary["defaults_recorded"] = (_commit_defaults([tasks[i] for i in todo if have[i] == 0], target, database)
+                                        if budget > 0 else 0)
         if todo and budget > 0:
             progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline)
             callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
@@ -142,6 +155,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
             summary["trials"] = progress.trials
         after = [_records(database, task) for task in tasks]
         summary["records_after"] = sum(after)
+        summary["selection"] = Selection(store, target, reselect).run(tasks)
         summary["minutes"] = round((time.time() - started) / 60, 2)
         if fingerprint:
             previous = store.manifest().get("fingerprints", {}).get(fingerprint, {})
@@ -171,7 +185,7 @@ def _commit_defaults(tasks: list, target: Target, database) -> int:
         [ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     args = [ms.arg_info.ArgInfo.from_prim_func(task.dispatched[0]["main"]) for task in tasks]
     ok = [i for i, result in enumerate(built) if not result.error_msg]
-    futures = ms.runner.LocalRunner().run(
+    futures = _runner(target).run(
         [ms.runner.RunnerInput(built[i].artifact_path, "cpu", args[i]) for i in ok])
     committed = 0
     for i, future in zip(ok, futures):
@@ -190,14 +204,37 @@ def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, da
                 callbacks: list, progress: Progress) -> int:
     """Measure one batch of ``task`` and commit it; returns the trials measured."""
     _quiet_metaschedule()  # each batch's logging set-up sets its logger back to DEBUG
-    (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir)
+    target = task.target
+    (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir, space=_space(target))
     before = progress.trials
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
-                  builder=ms.builder.LocalBuilder(f_build=builder.build), cost_model=cost_model,
-                  measure_callbacks=callbacks + [_progress_callback(progress, index)],
+                  builder=ms.builder.LocalBuilder(f_build=builder.build), runner=_runner(target),
+                  cost_model=cost_model, measure_callbacks=callbacks + [_progress_callback(progress, index)],
                   task_scheduler="round-robin")
     return progress.trials - before
+
+
+def _runner(target: Target) -> ms.runner.Runner | str:
+    """How trials are timed. On CPU each run starts with every argument but the first flushed from
+    the caches, as in the model, where each weight is read once per inference: timed hot, the
+    records of ResNet-50 promised kernels 2.3x faster than the defaults, and the model ran 5% faster."""
+    if target.kind.name != "llvm":
+        return "local"
+    return ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(
+        number=1, repeat=RUNS_PER_TRIAL, min_repeat_ms=0, enable_cpu_cache_flush=True))
+
+
+def _space(target: Target) -> ms.space_generator.SpaceGenerator | str:
+    """MetaSchedule's search space; on CPU with explicit unrolling limited to 64 steps, because 512
+    made single kernels take LLVM up to 5 s to build and load, for no speed (docs/benchmarks.md)."""
+    if target.kind.name != "llvm":
+        return "post-order-apply"
+    rules = [ms.schedule_rule.ParallelizeVectorizeUnroll(max_jobs_per_core=16, max_vectorize_extent=64,
+                                                        unroll_max_steps=list(UNROLL_STEPS), unroll_explicit=True)
+             if isinstance(rule, ms.schedule_rule.ParallelizeVectorizeUnroll) else rule
+             for rule in ms.ScheduleRule.create("llvm")]
+    return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs="llvm", mutator_probs="llvm")
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.ApplyTuningRecords")
@@ -244,17 +281,42 @@ class ApplyTuningRecords:
                         store.manifest().get("versions"))
             return self._finish(mod, tasks, None, target)
         builder.skip_tensor_intrinsics(target)
-        return self._finish(mod, tasks, store.replay_database(), target)
+        return self._finish(mod, tasks, store, target)
 
-    def _finish(self, mod: tvm.IRModule, tasks: list, database, target: Target) -> tvm.IRModule:
-        covered = [t for t in tasks if database is not None
-                   and database.query_tuning_record(t.dispatched[0], target, "main") is not None]
-        missing = [t.task_name for t in tasks if t not in covered]
-        self.report.update(tasks_with_records=len(covered), missing=missing)
+    def _finish(self, mod: tvm.IRModule, tasks: list, store: RecordStore | None, target: Target) -> tvm.IRModule:
+        database, sources = replay_database(store, tasks) if store is not None else (None, {})
+        missing = [t.task_name for t in tasks if t.task_name not in sources]
+        counts = collections.Counter(sources.values())
+        self.report.update(tasks_with_records=len(sources), missing=missing,
+                           selected=counts["selected"] + counts["default (selected)"],
+                           chose_default=sorted(name for name, how in sources.items() if how == "default (selected)"))
         if self.mode == "strict" and missing:
             raise UserError(f"tuning='strict': {len(missing)} of {len(tasks)} kernels have no tuning record "
                             f"in {self.report['cache_dir']}: {', '.join(missing)}")
-        if database is None or not covered:
+        if database is None:
             return mod
         with target, database:
             return relax.transform.MetaScheduleApplyDatabase()(mod)
+
+
+def replay_database(store: RecordStore, tasks: list[ms.ExtractedTask]) -> tuple[ms.database.Database | None, dict[str, str]]:
+    """An in-memory database holding the record to apply to each kernel, and how each kernel's
+    schedule was decided: "selected" (measured against the others, ``schedules/selection.py``),
+    "default (selected)" (the default won, so no record is applied) or "best record" (not selected:
+    the record that was fastest when tuned). Kernels without records are absent from both."""
+    hashes = {workload_hash(t.dispatched[0]): t for t in tasks}
+    chosen = {key: entry for key, entry in store.selections().items() if key in hashes}
+    fallback = store.best_records(set(hashes) - set(chosen)) if len(chosen) < len(hashes) else {}
+    database = ms.database.MemoryDatabase(module_equality="structural")
+    sources: dict[str, str] = {}
+    for key, task in hashes.items():
+        entry = chosen.get(key)
+        if entry is not None and entry["choice"] == "default":
+            sources[task.task_name] = "default (selected)"
+            continue
+        record = entry["record"] if entry is not None else fallback.get(key)
+        if record is None:
+            continue
+        database.commit_tuning_record(record_of(record, database.commit_workload(task.dispatched[0])))
+        sources[task.task_name] = "selected" if entry is not None else "best record"
+    return (database if any(how != "default (selected)" for how in sources.values()) else None), sources

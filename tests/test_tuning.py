@@ -4,6 +4,7 @@ concurrent tuners, fingerprints, and strict replay of the committed logs (CI nev
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,10 +14,14 @@ import time
 import numpy as np
 import onnx
 import pytest
+import shutil
+import tvm
+import tvm_ffi
+from tvm.s_tir import meta_schedule as ms
 
 import compiler
 from compiler import models, targets
-from schedules import cache
+from schedules import cache, selection
 from schedules.cache import RecordStore
 from tests import reference
 
@@ -60,7 +65,10 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     art = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict")
     report = art.report()["tuning"]
     assert report["mode"] == "strict" and report["tasks"] == report["tasks_with_records"] == 10
-    assert report["missing"] == [] and art.report()["schedules"] == {"tuned": 10}
+    assert report["missing"] == [] and report["selected"] == 10
+    schedules = art.report()["schedules"]  # a kernel whose default won the selection keeps the default schedule
+    assert schedules.get("tuned", 0) == 10 - len(report["chose_default"]) == 10 - sum(
+        n for kind, n in schedules.items() if kind != "tuned")
     inputs = reference.random_inputs(art.inputs)
     outputs = art.run(inputs)
     reference.assert_matches(outputs, reference.ort_run(reference.small_cnn(), inputs))
@@ -75,6 +83,82 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     assert off["tuning"]["tasks_with_records"] == 0 and "tuned" not in off["schedules"]
 
 
+def test_tuning_ends_by_choosing_each_kernel_by_measurement(tuned, tmp_path):
+    log_dir, summary = tuned
+    assert summary["selection"]["selected"] == summary["selection"]["kernels_with_choice"] == 10
+    chosen = RecordStore.of(str(log_dir), targets.resolve("cpu")).selections()
+    assert len(chosen) == 10
+    for entry in chosen.values():
+        assert entry["candidates"] >= 2 and entry["records"] >= 1
+        assert entry["fastest_ms"] <= entry["ms"] <= entry["fastest_ms"] * (1 + selection.TOLERANCE)
+        assert (entry["choice"] == "default") == (entry["record"] is None)
+    defaults = sorted(e["task"] for e in chosen.values() if e["choice"] == "default")
+    assert compiler.compile(reference.small_cnn(), cache_dir=str(log_dir)).report()["tuning"]["chose_default"] == defaults
+    # a rerun with nothing new measures nothing again; --reselect measures every kernel again
+    again = compiler.tune(reference.small_cnn(), trials=0, cache_dir=str(log_dir))
+    assert again["trials"] == 0 and again["selection"]["selected"] == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(log_dir, copy)
+    proc = relaxc("tune", "onnx:squeezenet", "--trials", "0", "--log-dir", copy)  # no records: nothing to select
+    assert proc.returncode == 0 and '"selected": 0' in proc.stdout
+    reselected = compiler.tune(reference.small_cnn(), trials=0, reselect=True, cache_dir=str(copy))
+    assert reselected["selection"]["selected"] == 10
+
+
+def test_an_invalid_selection_file_is_ignored_with_a_warning(tuned, tmp_path, caplog):
+    log_dir, _ = tuned
+    copy = tmp_path / "copy"
+    shutil.copytree(log_dir, copy)
+    store = RecordStore.of(str(copy), targets.resolve("cpu"))
+    with open(store.selection_path, "w") as f:
+        f.write('{"kernels": [')
+    with caplog.at_level("WARNING", logger="relaxc"):
+        report = compiler.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict").report()["tuning"]
+    assert f"{store.selection_path} is not a valid selection file" in caplog.text
+    assert report["selected"] == 0 and report["missing"] == []  # the best records still apply
+    proc = relaxc("cache", "verify", "--log-dir", copy)
+    assert proc.returncode == 1 and "invalid selection file selected.json" in proc.stdout
+
+
+def test_the_selection_prefers_the_cheaper_build_among_equally_fast_kernels():
+    def made(label, ms, build_s):
+        return selection.Candidate(label, schedule=None, build_s=build_s, runs_ms=[ms])
+    slow_build, cheap, slow_run = made("a", 1.00, 1.0), made("b", 1.02, 0.1), made("c", 1.2, 0.05)
+    assert selection.choose([slow_build, cheap, slow_run]) is cheap  # within 3%, 10x cheaper to build
+    fast, about_as_cheap = made("a", 1.00, 0.10), made("b", 1.01, 0.08)
+    assert selection.choose([about_as_cheap, fast]) is fast  # builds within 50 ms count as equal
+
+
+def test_capped_unroll_replays_to_the_capped_kernel():
+    """A committed record unrolled 512 steps, capped to 16: the trace still replays, to loops
+    unrolled at most 16 steps."""
+    parse = tvm_ffi.get_global_func("ffi.json.Parse")
+    store = os.path.join(ROOT, "tuning_logs", "llvm-znver3-2c")
+    with open(os.path.join(store, "database_tuning_record.json")) as f:
+        line = next(line for line in f if re.search(r'\["Annotate",\["\w+",512\],\["pragma_auto_unroll_max_step"\]', line))
+    index, entry = json.loads(line)
+    with open(os.path.join(store, "database_workload.json")) as f:
+        workload_line = next(line for number, line in enumerate(f) if number == index)
+    workload = ms.database.Workload.from_json(parse(workload_line))
+
+    def unroll_steps(record) -> set[int]:
+        sch = tvm.s_tir.Schedule(workload.mod)
+        selection.record_of(record, workload).trace.apply_to_schedule(sch, remove_postproc=False)
+        steps = set()
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+        while blocks:
+            block = blocks.pop()
+            blocks += sch.get_child_blocks(block)
+            steps |= {int(sch.get(loop).annotations[selection.UNROLL_ATTR]) for loop in sch.get_loops(block)
+                      if selection.UNROLL_ATTR in sch.get(loop).annotations}
+        return steps
+
+    assert 512 in unroll_steps(entry)
+    capped = selection.capped_unroll(entry)
+    assert unroll_steps(capped) and max(unroll_steps(capped)) <= selection.UNROLL_CAP
+    assert selection.capped_unroll(capped) is None  # nothing left to cap
+
+
 def test_a_rerun_resumes_instead_of_starting_over(tuned):
     log_dir, first = tuned
     again = compiler.tune(reference.small_cnn(), trials=6, trials_per_task=2, cache_dir=str(log_dir))
@@ -85,15 +169,14 @@ def test_a_rerun_resumes_instead_of_starting_over(tuned):
 def test_corrupted_lines_are_skipped_with_a_warning(tuned, tmp_path, caplog):
     log_dir, _ = tuned
     copy = tmp_path / "copy"
-    store = RecordStore.of(str(log_dir), targets.resolve("cpu"))
-    os.makedirs(copy / os.path.basename(store.dir))
-    for name in os.listdir(store.dir):
-        if name.endswith(".json"):
-            data = open(os.path.join(store.dir, name)).read()
-            open(copy / os.path.basename(store.dir) / name, "w").write(data)
+    shutil.copytree(log_dir, copy)
+    store = RecordStore.of(str(copy), targets.resolve("cpu"))
     records = copy / os.path.basename(store.dir) / "database_tuning_record.json"
     good = records.read_text()
     records.write_text('{"truncated": [1, 2\n' + good + "garbage that is not json\n")
+    selected = compiler.compile(reference.small_cnn(), cache_dir=str(copy)).report()["tuning"]
+    assert selected["selected"] == selected["tasks_with_records"] == 10  # replay of the selection reads no record
+    os.remove(store.selection_path)  # without a selection, replay applies the best records
     copies = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "relaxc-records-*")))  # noqa: E731
     before = copies()
     with caplog.at_level("WARNING", logger="relaxc"):

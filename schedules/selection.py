@@ -1,0 +1,202 @@
+"""Each kernel's final schedule: its default and its best tuning records, measured again side by side.
+
+Why a second measurement:
+- MetaSchedule keeps every trial's time from whenever it ran, under whatever load the machine had
+  then, and the best of a hundred such trials beats one measurement of the default by luck as often
+  as by merit (ResNet-50: the records promised 63 ms of kernels against 144 ms for the defaults; the
+  model ran in 61.6 ms against 64.9). Here the candidates take turns, in one process.
+- MetaSchedule times a kernel again and again on the same buffers, so its weights sit in the cache;
+  in the model every weight is read once per inference, from memory. Here every run starts with the
+  caches flushed of everything but the kernel's first input (the activation its producer just wrote).
+- MetaSchedule's explicit unrolling (up to 512 steps) can make one kernel cost LLVM 5 s to build and
+  load, against 0.1 s for the same tiling unrolled 16 steps, often for no speed at all. Each record
+  unrolled beyond ``UNROLL_CAP`` is also measured with the cap, build time included, and among the
+  candidates within ``TOLERANCE`` of the fastest the cheapest to build wins.
+
+The choices are kept in the store's ``selected.json`` (``schedules/cache.py``): replay applies
+them in preference to the raw records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import Target
+
+from schedules.cache import RecordStore, mean_seconds, workload_hash
+from schedules.cpu import default_schedule
+
+log = logging.getLogger("relaxc")
+TOLERANCE = 0.03  # within 3% of the fastest counts as as fast: about the noise of these medians here
+BUILD_SLACK_S = 0.05  # build times this close count as equal (then the faster kernel wins)
+TOP_K = 16  # best records (by their tuning measurement) measured again per kernel
+UNROLL_CAP = 16  # records unrolled further are measured with this cap too
+ROUNDS = 5  # the candidates take turns this many times
+RUNS_PER_ROUND = 8  # cold runs per candidate and turn; the median of all of them counts
+UNROLL_ATTR = "pragma_auto_unroll_max_step"
+
+_json_parse = tvm_ffi.get_global_func("ffi.json.Parse")
+
+
+@dataclass
+class Candidate:
+    """One schedule of a kernel: the default (``record`` None) or a tuning record (its JSON)."""
+
+    label: str
+    schedule: s_tir.Schedule
+    record: list | None = None
+    build_s: float = 0.0
+    runs_ms: list[float] = field(default_factory=list)
+
+    @property
+    def ms(self) -> float:
+        return statistics.median(self.runs_ms)
+
+
+def record_of(entry: list, workload: ms.database.Workload) -> ms.database.TuningRecord:
+    """A tuning record from its JSON (the second field of a database line) for ``workload``."""
+    return ms.database.TuningRecord.from_json(_json_parse(json.dumps(entry)), workload)
+
+
+def capped_unroll(entry: list, cap: int = UNROLL_CAP) -> list | None:
+    """The record with each explicit unroll limited to ``cap`` steps; None if none goes beyond it.
+
+    The unroll limit is a literal of the trace's post-processing (``Annotate(loop, N,
+    "pragma_auto_unroll_max_step")``), so the capped trace replays to exactly the capped kernel."""
+    (instructions, decisions), *rest = entry
+    changed = False
+    capped = []
+    for inst in instructions:
+        kind, inputs, attrs, outputs = inst
+        if kind == "Annotate" and attrs == [UNROLL_ATTR] and isinstance(inputs[1], int) and inputs[1] > cap:
+            inst = [kind, [inputs[0], cap], attrs, outputs]
+            changed = True
+        capped.append(inst)
+    return [[capped, decisions], *rest] if changed else None
+
+
+def choose(candidates: list[Candidate], tolerance: float = TOLERANCE) -> Candidate:
+    """The cheapest to build of the candidates within ``tolerance`` of the fastest; of those that
+    build about as quickly, the fastest."""
+    fastest = min(c.ms for c in candidates)
+    fast = [c for c in candidates if c.ms <= fastest * (1 + tolerance)]
+    cheapest = min(c.build_s for c in fast)
+    return min((c for c in fast if c.build_s <= cheapest + BUILD_SLACK_S), key=lambda c: c.ms)
+
+
+def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int = TOP_K) -> list[Candidate]:
+    """The default schedule, the ``top_k`` fastest distinct records (database lines) of ``mod``, and
+    each of those records with its unrolling capped."""
+    found = [Candidate("default", default_schedule(mod["main"], target)[0])]
+    workload = ms.database.Workload(mod)
+    seen: set[str] = set()
+    for entry in sorted((json.loads(line)[1] for line in lines), key=mean_seconds):
+        trace = json.dumps(entry[0])
+        if trace in seen or not entry[1]:
+            continue
+        seen.add(trace)
+        for label, variant in ((f"record {len(seen)}", entry),
+                               (f"record {len(seen)}, unroll <= {UNROLL_CAP}", capped_unroll(entry))):
+            if variant is None:
+                continue
+            sch = s_tir.Schedule(mod)
+            try:
+                record_of(variant, workload).trace.apply_to_schedule(sch, remove_postproc=False)
+            except Exception as err:  # noqa: BLE001 - a record that no longer applies is skipped, not fatal
+                log.warning("%s of %s does not apply (%s); skipped", label, mod["main"].attrs.get("global_symbol"),
+                            str(err).splitlines()[0])
+                continue
+            found.append(Candidate(label, sch, variant))
+        if len(seen) == top_k:
+            break
+    return found
+
+
+def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds: int = ROUNDS,
+            runs: int = RUNS_PER_ROUND) -> list[Candidate]:
+    """Build and load every candidate (timed), then time them in turns on the same random inputs,
+    each run after flushing every argument but the first from the caches.
+
+    Returns the candidates that built; the others are logged and dropped."""
+    device = tvm.cpu()
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in info.shape]).astype(str(info.dtype)), device)
+            for info in ms.arg_info.ArgInfo.from_prim_func(func)]
+    built, timers = [], []
+    for candidate in found:
+        start = time.perf_counter()
+        try:
+            lib = tvm.compile(candidate.schedule.mod, target=target)
+            lib.mod.get_function("main")  # LLVM generates the machine code when a function is first looked up
+        except Exception as err:  # noqa: BLE001 - one candidate failing to build drops that candidate only
+            log.warning("%s does not build (%s); dropped", candidate.label, str(err).splitlines()[0])
+            continue
+        candidate.build_s = time.perf_counter() - start
+        timer = lib.mod.time_evaluator("main", device, number=1, repeat=runs,
+                                       f_preproc="cache_flush_cpu_non_first_arg")
+        timer(*args)  # warm-up: first touch of the inputs, the thread pool, the code
+        built.append(candidate)
+        timers.append(timer)
+    for _ in range(rounds):
+        for candidate, timer in zip(built, timers):
+            candidate.runs_ms.extend(seconds * 1e3 for seconds in timer(*args).results)
+    return built
+
+
+@dataclass
+class Selection:
+    """Choose the schedule of each kernel of a model and keep the choices in its record store."""
+
+    store: RecordStore
+    target: Target
+    reselect: bool = False  # measure again even kernels whose records did not change
+    stream: object = sys.stderr
+
+    def run(self, tasks: list[ms.ExtractedTask]) -> dict:
+        """Select every kernel of ``tasks`` that has records and no up-to-date choice; returns a summary."""
+        if self.target.kind.name != "llvm":  # the candidates are timed in this process, on its CPU
+            return {"selected": 0, "skipped": "selection measures on the CPU; GPU kernels keep their best record"}
+        hashes = {workload_hash(t.dispatched[0]): t for t in tasks}
+        lines = self.store.records_of(hashes)
+        chosen = self.store.selections()
+        todo = [h for h in hashes
+                if lines.get(h) and (self.reselect or chosen.get(h, {}).get("records") != len(lines[h]))]
+        started = time.perf_counter()
+        for number, key in enumerate(todo, 1):
+            task = hashes[key]
+            entry = self._select(task, lines[key])
+            chosen[key] = entry
+            self.store.save_selections({key: entry})  # one kernel at a time: an interrupted run keeps the rest
+            default = (f"default {entry['default_ms']:.3f} ms, {entry['default_build_s']:.2f} s"
+                       if entry["default_ms"] is not None else "the default did not build")
+            print(f"[relaxc] select {number}/{len(todo)}: {task.task_name}: {entry['choice']}, {entry['ms']:.3f} ms, "
+                  f"build {entry['build_s']:.2f} s ({default}; {entry['candidates']} candidates, "
+                  f"{time.perf_counter() - started:.0f} s)", file=self.stream, flush=True)
+        decided = [(t, chosen[h]) for h, t in hashes.items() if h in chosen]
+        return {"selected": len(todo), "kernels_with_choice": len(decided),
+                "chose_default": sorted(t.task_name for t, e in decided if e["choice"] == "default"),
+                "estimated_ms": round(sum(float(t.weight) * e["ms"] for t, e in decided), 3),
+                "estimated_default_ms": round(sum(float(t.weight) * e["default_ms"] for t, e in decided
+                                                  if e["default_ms"] is not None), 3)}
+
+    def _select(self, task: ms.ExtractedTask, lines: list[str]) -> dict:
+        mod = task.dispatched[0]
+        measured = measure(candidates(mod, lines, self.target), mod["main"], self.target)
+        winner = choose(measured)
+        default = next((c for c in measured if c.record is None), None)  # None: it did not build
+        record = winner.record and [winner.record[0], [winner.ms / 1e3], *winner.record[2:]]
+        return {"task": task.task_name, "choice": winner.label, "record": record,
+                "ms": round(winner.ms, 4), "build_s": round(winner.build_s, 3),
+                "default_ms": default and round(default.ms, 4), "default_build_s": default and round(default.build_s, 3),
+                "fastest_ms": round(min(c.ms for c in measured), 4), "candidates": len(measured),
+                "records": len(lines), "tolerance": TOLERANCE, "selected_on": time.strftime("%Y-%m-%d %H:%M:%S")}
