@@ -22,6 +22,10 @@ from compiler.targets import physical_cores
 # the user chose; TVM reads this when its thread pool starts, at the first run.
 if not os.environ.get("TVM_NUM_THREADS") and not os.environ.get("OMP_NUM_THREADS"):
     os.environ["TVM_NUM_THREADS"] = str(physical_cores())
+# TVM pins each thread of its pool to a core by default. On this project's 2-vCPU VMs that made
+# tuned ResNet-50 slower and erratic (median 55-64 ms, runs from 49 to 72) against 48-50 ms
+# unpinned (docs/benchmarks.md); the user's own setting wins.
+os.environ.setdefault("TVM_BIND_THREADS", "0")
 
 from compiler.artifact import Deployed, load  # noqa: E402
 from compiler.errors import (ExportError, InputError, ModelError, ShapeError, TargetError,  # noqa: E402
