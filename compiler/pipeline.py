@@ -8,7 +8,7 @@
     tune       schedules/tuning.py     apply tuning records (replay, strict) or tune first (tune)
     schedule   schedules/default.py    default schedules for every kernel without a record
     lower      passes/memory.py + TVM  VM lowering, arena storage planning on the final shapes
-    build      tvm.compile             code generation (GPU: tools from compiler/toolchain.py)
+    build      compiler/codegen.py     code generation, CPU kernels on every core (GPU: tools from compiler/toolchain.py)
 
 Each phase is timed and the module after it is kept, so ``Artifact.ir(phase)`` shows what it did.
 """
@@ -28,7 +28,7 @@ from tvm.relax.backend.cuda import pipeline as cuda_backend
 from tvm.relax.backend.rocm import pipeline as rocm_backend
 from tvm.target import Target
 
-from compiler import frontend, targets, toolchain
+from compiler import codegen, frontend, targets, toolchain
 from compiler.artifact import Artifact
 from compiler.errors import TargetError, UserError
 from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
@@ -185,7 +185,7 @@ def compile_model(model: frontend.ModelLike, *, target: targets.TargetLike = "cp
     snapshots["final"] = mod
 
     start = time.perf_counter()
-    executable = tvm.compile(mod, target=tvm_target, relax_pipeline=None)
+    executable = codegen.build(mod, tvm_target)
     timings.append({"name": "build", "seconds": time.perf_counter() - start})
     log.info("build     %6.2fs", timings[-1]["seconds"])
 
