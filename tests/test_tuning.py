@@ -283,12 +283,14 @@ COMMITTED = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2"]  # tuned o
 @pytest.mark.skipif(not _host_runs_znver3_code(), reason="the committed logs are for znver3 (AVX2 + FMA)")
 @pytest.mark.parametrize("spec", COMMITTED)
 def test_committed_logs_replay_strictly(spec):
-    """CI's tuning-log replay: every kernel has a committed record (strict never tunes), the model
-    matches onnxruntime, and a second build replays to bit-identical outputs."""
+    """CI's tuning-log replay: every kernel has a committed schedule chosen by measurement (strict
+    never tunes), the model matches onnxruntime, and a second build replays to bit-identical outputs."""
     logs = os.path.join(ROOT, "tuning_logs")
     art = compiler.compile(spec, target=ZNVER3, tuning="strict", cache_dir=logs)
     report = art.report()
-    assert report["tuning"]["missing"] == [] and set(report["schedules"]) == {"tuned"}
+    tuning = report["tuning"]
+    assert tuning["missing"] == [] and tuning["selected"] == tuning["tasks"]
+    assert report["schedules"].get("tuned", 0) == tuning["tasks"] - len(tuning["chose_default"])
     inputs = reference.random_inputs(art.inputs)
     outputs = art.run(inputs)
     reference.assert_matches(outputs, reference.ort_session(onnx.load(models.bundled_path(spec))).run(None, inputs))
