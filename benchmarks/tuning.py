@@ -2,6 +2,7 @@
 them costs at compile time.
 
     .venv/bin/python -m benchmarks.tuning [onnx:resnet50 ...] [--repeat 20] [--compiles 3]
+    .venv/bin/python -m benchmarks.tuning onnx:resnet50 --selection 12   # what the selection chose
 
 For each model: compile time with ``tuning="off"`` and ``tuning="strict"`` (records from
 ``tuning_logs/``), alternating, median of ``--compiles`` each in one process; then both builds are
@@ -19,8 +20,11 @@ import time
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+
 import compiler  # noqa: E402
 from compiler import bench, frontend, reference  # noqa: E402
+from schedules.cache import RecordStore, workload_hash  # noqa: E402
 
 TARGET = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # what tuning_logs/llvm-znver3-2c is for
 DEFAULT_MODELS = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2"]
@@ -43,7 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--compiles", type=int, default=3)
     parser.add_argument("--log-dir", default="tuning_logs", help="records root (default: tuning_logs)")
+    parser.add_argument("--selection", type=int, metavar="N",
+                        help="instead: the N kernels of each model that take longest with default schedules, "
+                             "as the selection measured them")
     args = parser.parse_args(argv)
+    if args.selection:
+        for spec in args.models:
+            _print_selection(spec, args.selection, args.log_dir)
+        return 0
     print("| model | compile off (s) | compile strict (s) | ratio | default (ms) | tuned (ms) "
           "| onnxruntime (ms) | tuned / onnxruntime |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -62,6 +73,27 @@ def main(argv: list[str] | None = None) -> int:
               f"| {ms['off']:.1f} | {ms['tuned']:.1f} | {ms['ort']:.1f} | {ms['tuned'] / ms['ort']:.2f}x |",
               flush=True)
     return 0
+
+
+def _print_selection(spec: str, count: int, log_dir: str) -> None:
+    """The kernels of ``spec`` with the most default-schedule time per inference: what won, against
+    the default, as ``selected.json`` records it (cold-cache milliseconds per run, build seconds)."""
+    art = compiler.compile(spec, target=TARGET, tuning="off", cache_dir=log_dir)
+    chosen = RecordStore.of(log_dir, art.target).selections()
+    tasks = [(t, chosen.get(workload_hash(t.dispatched[0])))
+             for t in ms.relax_integration.extract_tasks(art.module("fuse"), art.target)]
+    decided = sorted(((t, e) for t, e in tasks if e), key=lambda te: -float(te[0].weight) * te[1]["default_ms"])
+    print(f"\n{spec}: {len(decided)} of {len(tasks)} kernels selected; the {count} slowest with default schedules\n")
+    print("| kernel | runs | choice | ms | default ms | build s | default build s | candidates |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for task, e in decided[:count]:
+        print(f"| {task.task_name} | {int(task.weight)} | {e['choice']} | {e['ms']:.3f} | {e['default_ms']:.3f} "
+              f"| {e['build_s']:.2f} | {e['default_build_s']:.2f} | {e['candidates']} |")
+    total = {key: sum(float(t.weight) * e[key] for t, e in decided) for key in ("ms", "default_ms")}
+    builds = {key: sum(e[key] for _, e in decided) for key in ("build_s", "default_build_s")}
+    print(f"\nall selected kernels, weighted by runs per inference: {total['ms']:.1f} ms chosen against "
+          f"{total['default_ms']:.1f} ms default; built one by one in {builds['build_s']:.1f} s against "
+          f"{builds['default_build_s']:.1f} s")
 
 
 if __name__ == "__main__":
