@@ -31,6 +31,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.schedule import Trace
 from tvm.target import Target
 
 from schedules.cache import RecordStore, mean_seconds, workload_hash
@@ -63,9 +64,10 @@ class Candidate:
         return statistics.median(self.runs_ms)
 
 
-def record_of(entry: list, workload: ms.database.Workload) -> ms.database.TuningRecord:
-    """A tuning record from its JSON (the second field of a database line) for ``workload``."""
-    return ms.database.TuningRecord.from_json(_json_parse(json.dumps(entry)), workload)
+def apply_trace(entry: list, sch: s_tir.Schedule) -> None:
+    """Replay a record (its JSON: the second field of a database line) onto ``sch``, a schedule of
+    the kernel it was tuned for."""
+    Trace.apply_json_to_schedule(_json_parse(json.dumps(entry[0])), sch)
 
 
 def capped_unroll(entry: list, cap: int = UNROLL_CAP) -> list | None:
@@ -98,7 +100,6 @@ def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int =
     """The default schedule, the ``top_k`` fastest distinct records (database lines) of ``mod``, and
     each of those records with its unrolling capped."""
     found = [Candidate("default", default_schedule(mod["main"], target)[0])]
-    workload = ms.database.Workload(mod)
     seen: set[str] = set()
     for entry in sorted((json.loads(line)[1] for line in lines), key=mean_seconds):
         trace = json.dumps(entry[0])
@@ -111,7 +112,7 @@ def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int =
                 continue
             sch = s_tir.Schedule(mod)
             try:
-                record_of(variant, workload).trace.apply_to_schedule(sch, remove_postproc=False)
+                apply_trace(variant, sch)
             except Exception as err:  # noqa: BLE001 - a record that no longer applies is skipped, not fatal
                 log.warning("%s of %s does not apply (%s); skipped", label, mod["main"].attrs.get("global_symbol"),
                             str(err).splitlines()[0])

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import tvm
-from tvm import relax
+from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
@@ -25,12 +25,13 @@ from compiler.errors import UserError
 from compiler.targets import physical_cores
 from schedules import builder
 from schedules.cache import RecordStore, cache_root, workload_hash
-from schedules.selection import Selection, record_of
+from schedules.selection import Selection, apply_trace
 
 log = logging.getLogger("relaxc")
 MODES = ("off", "replay", "strict", "tune")
 TRIALS_PER_ITER = 64
 RUNS_PER_TRIAL = 5  # cold runs timed per candidate
+IS_SCHEDULED = "tirx.is_scheduled"  # what TVM's default-schedule passes skip
 UNROLL_STEPS = (0, 16, 64)  # explicit unrolling MetaSchedule may choose on CPU (its default adds 512)
 
 
@@ -284,7 +285,7 @@ class ApplyTuningRecords:
         return self._finish(mod, tasks, store, target)
 
     def _finish(self, mod: tvm.IRModule, tasks: list, store: RecordStore | None, target: Target) -> tvm.IRModule:
-        database, sources = replay_database(store, tasks) if store is not None else (None, {})
+        traces, sources = chosen_traces(store, tasks) if store is not None else ({}, {})
         missing = [t.task_name for t in tasks if t.task_name not in sources]
         counts = collections.Counter(sources.values())
         self.report.update(tasks_with_records=len(sources), missing=missing,
@@ -293,30 +294,43 @@ class ApplyTuningRecords:
         if self.mode == "strict" and missing:
             raise UserError(f"tuning='strict': {len(missing)} of {len(tasks)} kernels have no tuning record "
                             f"in {self.report['cache_dir']}: {', '.join(missing)}")
-        if database is None:
-            return mod
-        with target, database:
-            return relax.transform.MetaScheduleApplyDatabase()(mod)
+        return apply_traces(mod, traces)
 
 
-def replay_database(store: RecordStore, tasks: list[ms.ExtractedTask]) -> tuple[ms.database.Database | None, dict[str, str]]:
-    """An in-memory database holding the record to apply to each kernel, and how each kernel's
-    schedule was decided: "selected" (measured against the others, ``schedules/selection.py``),
-    "default (selected)" (the default won, so no record is applied) or "best record" (not selected:
-    the record that was fastest when tuned). Kernels without records are absent from both."""
+def chosen_traces(store: RecordStore, tasks: list[ms.ExtractedTask]) -> tuple[dict[str, list], dict[str, str]]:
+    """The record to replay on each kernel (by workload hash), and how each kernel's schedule was
+    decided: "selected" (measured against the others, ``schedules/selection.py``), "default
+    (selected)" (the default won, so no record is replayed) or "best record" (not selected: the
+    record that was fastest when tuned). Kernels without records are absent from both."""
     hashes = {workload_hash(t.dispatched[0]): t for t in tasks}
     chosen = {key: entry for key, entry in store.selections().items() if key in hashes}
     fallback = store.best_records(set(hashes) - set(chosen)) if len(chosen) < len(hashes) else {}
-    database = ms.database.MemoryDatabase(module_equality="structural")
+    traces: dict[str, list] = {}
     sources: dict[str, str] = {}
     for key, task in hashes.items():
         entry = chosen.get(key)
         if entry is not None and entry["choice"] == "default":
             sources[task.task_name] = "default (selected)"
+        elif entry is not None or key in fallback:
+            traces[key] = entry["record"] if entry is not None else fallback[key]
+            sources[task.task_name] = "selected" if entry is not None else "best record"
+    return traces, sources
+
+
+def apply_traces(mod: tvm.IRModule, traces: dict[str, list]) -> tvm.IRModule:
+    """A copy of ``mod`` with each kernel that has a record in ``traces`` scheduled by replaying it
+    (what MetaSchedule's ``MetaScheduleApplyDatabase`` does, without building a database first:
+    that replayed every trace twice). Kernels are matched as MetaSchedule keys them: the structural
+    hash of the kernel alone as ``main``."""
+    result = mod.clone()
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
             continue
-        record = entry["record"] if entry is not None else fallback.get(key)
+        kernel = ms.tune_context._normalize_mod(func)
+        record = traces.get(workload_hash(kernel))
         if record is None:
             continue
-        database.commit_tuning_record(record_of(record, database.commit_workload(task.dispatched[0])))
-        sources[task.task_name] = "selected" if entry is not None else "best record"
-    return (database if any(how != "default (selected)" for how in sources.values()) else None), sources
+        sch = s_tir.Schedule(kernel)
+        apply_trace(record, sch)
+        result[gv] = sch.mod["main"].with_attrs(func.attrs).with_attr(IS_SCHEDULED, True)
+    return result

@@ -143,7 +143,7 @@ def test_capped_unroll_replays_to_the_capped_kernel():
 
     def unroll_steps(record) -> set[int]:
         sch = tvm.s_tir.Schedule(workload.mod)
-        selection.record_of(record, workload).trace.apply_to_schedule(sch, remove_postproc=False)
+        selection.apply_trace(record, sch)
         steps = set()
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
         while blocks:
