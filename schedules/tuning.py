@@ -116,8 +116,9 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     builder.skip_tensor_intrinsics(target)
     store = RecordStore.of(cache_root(cache_dir), target)
     tasks = ms.relax_integration.extract_tasks(mod, target)
-    chosen = [t for t in tasks if not kernels or any(fnmatch.fnmatchcase(t.task_name, k) for k in kernels)]
-    if not chosen:
+    wanted = {t.task_name for t in tasks
+              if not kernels or any(fnmatch.fnmatchcase(t.task_name, k) for k in kernels)}
+    if not wanted:
         raise UserError(f"no kernel matches {', '.join(kernels)}; the kernels are: "
                         f"{', '.join(t.task_name for t in tasks)}")
     per_task = trials_per_task or max(TRIALS_PER_ITER, trials // max(1, len(tasks)))
@@ -130,7 +131,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
                             f"({store.manifest().get('versions')}); tune into another --log-dir")
         database = store.database(writable=True)
         have = [_records(database, task) for task in tasks]
-        todo = [i for i, task in enumerate(tasks) if have[i] < per_task and task in chosen]
+        todo = [i for i, task in enumerate(tasks) if have[i] < per_task and task.task_name in wanted]
         budget = min(trials, sum(per_task - have[i] for i in todo))
         summary = {"tasks": len(tasks), "tasks_tuned": len(todo), "trials_budget": budget,
                    "records_before": sum(have), "stopped": "done", "cache_dir": store.dir, "trials": 0}
@@ -276,15 +277,14 @@ class ApplyTuningRecords:
         if self.mode == "tune":
             self.report["tuned"] = tune_module(mod, target, trials=self.trials, cache_dir=self.cache_dir)
         if not store.exists():
-            return self._finish(mod, tasks, None, target)
+            return self._finish(mod, tasks, None)
         if not store.compatible():
             log.warning("ignoring %s: its records were tuned with other versions %s", store.dir,
                         store.manifest().get("versions"))
-            return self._finish(mod, tasks, None, target)
-        builder.skip_tensor_intrinsics(target)
-        return self._finish(mod, tasks, store, target)
+            return self._finish(mod, tasks, None)
+        return self._finish(mod, tasks, store)
 
-    def _finish(self, mod: tvm.IRModule, tasks: list, store: RecordStore | None, target: Target) -> tvm.IRModule:
+    def _finish(self, mod: tvm.IRModule, tasks: list, store: RecordStore | None) -> tvm.IRModule:
         traces, sources = chosen_traces(store, tasks) if store is not None else ({}, {})
         missing = [t.task_name for t in tasks if t.task_name not in sources]
         counts = collections.Counter(sources.values())
@@ -322,6 +322,8 @@ def apply_traces(mod: tvm.IRModule, traces: dict[str, list]) -> tvm.IRModule:
     (what MetaSchedule's ``MetaScheduleApplyDatabase`` does, without building a database first:
     that replayed every trace twice). Kernels are matched as MetaSchedule keys them: the structural
     hash of the kernel alone as ``main``."""
+    if not traces:
+        return mod
     result = mod.clone()
     for gv, func in mod.functions.items():
         if not isinstance(func, tvm.tirx.PrimFunc):
