@@ -16,7 +16,9 @@ import sys
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 import compiler  # noqa: E402
-from compiler import bench, frontend, models, reference  # noqa: E402
+from benchmarks import harness, reference  # noqa: E402
+from compiler import frontend, models  # noqa: E402
+from compiler.runtime import random_inputs  # noqa: E402
 
 
 def _mib(nbytes: int) -> str:
@@ -37,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for spec in args.models:
         arts = {planner: compiler.compile(spec, memory_planner=planner) for planner in ("arena", "tvm")}
-        inputs = reference.random_inputs(arts["arena"].inputs)
+        inputs = random_inputs(arts["arena"].inputs)
         expected = reference.ort_session(frontend.load_model(spec)[0]).run(None, inputs)
         for art in arts.values():
             reference.assert_matches(art.run(inputs), expected)
-        ms = bench.alternate({planner: (lambda art=art: art.run(inputs)) for planner, art in arts.items()},
+        ms = harness.alternate({planner: (lambda art=art: art.run(inputs)) for planner, art in arts.items()},
                              args.repeat)
         m = arts["arena"].report()["memory"]
         print(f"| {spec} | {len(m['tensors'])} | {_mib(m['arena_bytes'])} | {_mib(m['lower_bound_bytes'])} | "

@@ -23,7 +23,9 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import compiler  # noqa: E402
-from compiler import bench, frontend, reference  # noqa: E402
+from benchmarks import harness, reference  # noqa: E402
+from compiler import frontend  # noqa: E402
+from compiler.runtime import random_inputs  # noqa: E402
 from schedules.cache import RecordStore, workload_hash  # noqa: E402
 
 TARGET = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # what tuning_logs/llvm-znver3-2c is for
@@ -62,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         compiled = _compile_seconds(spec, args.compiles, args.log_dir)
         (off_s, off), (strict_s, tuned) = compiled["off"], compiled["strict"]
         session = reference.ort_session(frontend.load_model(spec)[0], threads=2)
-        inputs = reference.random_inputs(off.inputs)
+        inputs = random_inputs(off.inputs)
         expected = session.run(None, inputs)
         reference.assert_matches(off.run(inputs), expected)
         reference.assert_matches(tuned.run(inputs), expected)
         runs = {"off": lambda: off.run(inputs), "tuned": lambda: tuned.run(inputs),
                 "ort": lambda: session.run(None, inputs)}
-        ms = bench.alternate(runs, args.repeat)
+        ms = harness.alternate(runs, args.repeat)
         print(f"| {spec.removeprefix('onnx:')} | {off_s:.1f} | {strict_s:.1f} | {strict_s / off_s:.2f}x "
               f"| {ms['off']:.1f} | {ms['tuned']:.1f} | {ms['ort']:.1f} | {ms['tuned'] / ms['ort']:.2f}x |",
               flush=True)

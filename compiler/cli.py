@@ -6,6 +6,7 @@ Exit status: 0 on success, 2 on a user error (printed as one line, no traceback)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -16,7 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
-from compiler.errors import InputError, ShapeError, UserError
+from compiler.options import Options, TuneOptions
+from compiler.runtime import random_inputs
+from support.errors import InputError, ShapeError, UserError
 
 log = logging.getLogger("relaxc")
 
@@ -38,34 +41,56 @@ def _input_arg(text: str) -> tuple[str, str]:
     return name, path
 
 
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_option_args(parser: argparse.ArgumentParser, options: type, exclude: tuple[str, ...] = (),
+                    only: tuple[str, ...] | None = None) -> None:
+    """A flag for each field of ``options`` (``Options``, ``TuneOptions``), but ``exclude`` (or
+    just ``only``): name, help, type and choices all come from the field (``compiler/options.py``)."""
+    for field in dataclasses.fields(options):
+        if field.name in exclude or (only is not None and field.name not in only):
+            continue
+        meta = field.metadata
+        flag = meta["flag"] or "--" + field.name.replace("_", "-")
+        kwargs = {"dest": field.name, "default": field.default, "help": meta["help"]}
+        if isinstance(field.default, bool):
+            kwargs["action"] = "store_true"
+        elif isinstance(field.default, tuple):
+            kwargs.update(nargs="+", metavar=meta["metavar"])
+        else:
+            value_type = meta["type"] or (str if field.default is None else type(field.default))
+            kwargs.update(type=value_type, choices=meta["choices"], metavar=meta["metavar"])
+        parser.add_argument(flag, **kwargs)
+
+
+def option_values(args: argparse.Namespace, *options: type) -> dict:
+    """The values of the flags ``add_option_args`` added for these option classes, by field name."""
+    values = {}
+    for field in (f for cls in options for f in dataclasses.fields(cls)):
+        if hasattr(args, field.name):
+            value = getattr(args, field.name)
+            values[field.name] = tuple(value) if isinstance(value, list) else value
+    return values
+
+
+def _add_model_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     parser.add_argument("model", help="path to .onnx, or onnx:<name> for a bundled model")
     parser.add_argument("-t", "--target", default="cpu",
                         help="cpu (default, this machine), llvm, cuda[:sm_XY], rocm[:gfxNNN], or a JSON dict")
     parser.add_argument("--shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
                         help="bind an input's dynamic dims (repeatable)")
-    parser.add_argument("--tuning", default="replay", choices=("off", "replay", "strict", "tune"),
-                        help="apply tuning records (replay, default), require one for every kernel "
-                             "(strict), tune what is missing (tune), or not (off)")
-    parser.add_argument("--log-dir", default=None, help="root of the tuning records (default: "
-                        "$RELAXC_CACHE_DIR or ./tuning_logs)")
-    parser.add_argument("--block", type=int, default=None, metavar="B",
-                        help="channel block of the NCHW{B}c layout (default: the target's fp32 vector "
-                             "lanes; 0 keeps NCHW)")
-    parser.add_argument("--memory-planner", default=None, choices=("arena", "tvm"),
-                        help="intermediates in one arena at offsets (CPU default) or TVM's "
-                             "StaticPlanBlockMemory (GPU default)")
+    add_option_args(parser, Options, exclude)
 
 
-def _compile(args: argparse.Namespace):
-    import compiler
-
+def _shapes(args: argparse.Namespace) -> dict | None:
     shapes = dict(args.shape)
     if len(shapes) != len(args.shape):
         raise ShapeError("an input is given more than one --shape")
-    return compiler.compile(args.model, target=args.target, shapes=shapes or None, tuning=args.tuning,
-                            cache_dir=args.log_dir, layout_block=args.block, memory_planner=args.memory_planner,
-                            validate_memory=getattr(args, "validate_memory", False))
+    return shapes or None
+
+
+def _compile(args: argparse.Namespace):
+    from compiler.pipeline import compile_model
+
+    return compile_model(args.model, args.target, _shapes(args), Options(**option_values(args, Options)))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -84,18 +109,12 @@ def _inputs_for(runner, given: list[tuple[str, str]], seed: int) -> dict[str, np
     unknown = sorted(set(files) - set(names))
     if unknown:
         raise InputError(f"--input names unknown input(s) {unknown}; the model's inputs are {names}")
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for name, shape, dtype in runner.inputs:
-        if name in files:
-            try:
-                arrays[name] = np.load(files[name])
-            except (OSError, ValueError) as err:
-                raise InputError(f"cannot read --input {name}={files[name]}: {err}") from None
-        elif np.issubdtype(np.dtype(dtype), np.floating):
-            arrays[name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            arrays[name] = rng.integers(0, 2 if dtype == "bool" else 10, shape).astype(dtype)
+    arrays = random_inputs(runner.inputs, seed)
+    for name, path in files.items():
+        try:
+            arrays[name] = np.load(path)
+        except (OSError, ValueError) as err:
+            raise InputError(f"cannot read --input {name}={path}: {err}") from None
     return arrays
 
 
@@ -128,12 +147,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     art = _compile(args)
-    if args.memory or args.chart:
-        from compiler import memory_report
+    if args.memory:
+        from compiler.report import memory_summary
 
-        print(memory_report.summary(art.report()["memory"]))
-        if args.chart:
-            print(f"wrote {memory_report.chart(art.report()['memory'], args.chart, art.report()['model'])}")
+        print(memory_summary(art.report()["memory"]))
     else:
         print(json.dumps(art.report(), indent=2))
     if args.phase:
@@ -144,11 +161,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     import compiler
 
-    shapes = dict(args.shape)
-    summary = compiler.tune(args.model, target=args.target, trials=args.trials,
-                            trials_per_task=args.trials_per_task, minutes=args.minutes,
-                            cache_dir=args.log_dir, shapes=shapes or None, layout_block=args.block,
-                            reselect=args.reselect, kernels=args.kernels)
+    summary = compiler.tune(args.model, target=args.target, shapes=_shapes(args),
+                            **option_values(args, Options, TuneOptions))
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -156,7 +170,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     from schedules import cache
 
-    root = cache.cache_root(args.log_dir)
+    root = cache.cache_root(args.cache_dir)
     if args.action in ("merge", "save", "load") and not args.path:
         raise UserError(f"relaxc cache {args.action} needs a PATH")
     if args.action == "list" or args.action == "verify":
@@ -191,17 +205,6 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from compiler import bench
-
-    if args.repeat < 1 or args.threads < 1:
-        raise UserError("--repeat and --threads must be at least 1")
-    bench.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
-              tuning=args.tuning, layout_block=args.block, memory_planner=args.memory_planner,
-              print_fn=lambda line: print(line, flush=True))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relaxc", description="Compile ONNX models with Apache TVM.")
     common = argparse.ArgumentParser(add_help=False)
@@ -229,39 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", help="print the IR after this phase (import, simplify, layout, ..., final)")
     p.add_argument("--memory", action="store_true",
                    help="print the memory plan (arena, lower bound, TVM's plan, biggest tensors) instead of the report")
-    p.add_argument("--chart", metavar="PNG", help="also write the lifetime chart of the plan (needs matplotlib)")
-    p.add_argument("--validate-memory", action="store_true",
-                   help="check the plan pair by pair and fill the arena with garbage before each run")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the record store")
-    _add_model_args(p)
-    p.add_argument("--trials", type=int, default=2000,
-                   help="total measurements (default 2000; 0: only choose among the records there are)")
-    p.add_argument("--trials-per-task", type=int, default=None, help="per kernel (default: an even share)")
-    p.add_argument("--minutes", type=float, default=None, help="stop tuning after this many minutes")
-    p.add_argument("--kernels", nargs="+", default=(), metavar="GLOB",
-                   help="tune only the kernels whose names match (see relaxc inspect's tuning report)")
-    p.add_argument("--reselect", action="store_true",
-                   help="measure every kernel's default and best records side by side again, even if unchanged")
+    _add_model_args(p, exclude=("tuning",))
+    add_option_args(p, TuneOptions)
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("cache", parents=[common], help="list, verify, merge, prune, save or load tuning records")
     p.add_argument("action", choices=("list", "verify", "merge", "prune", "save", "load"))
     p.add_argument("path", nargs="?", help="merge: another records root; save/load: a .tar.gz archive")
-    p.add_argument("--log-dir", default=None, help="records root (default: $RELAXC_CACHE_DIR or ./tuning_logs)")
+    add_option_args(p, Options, only=("cache_dir",))
     p.set_defaults(func=cmd_cache)
-
-    p = sub.add_parser("bench", parents=[common],
-                       help="latency against onnxruntime in the same run (Markdown table)")
-    p.add_argument("models", nargs="*", help="models (default: the nine bundled ones)")
-    p.add_argument("-t", "--target", default="cpu", help="cpu (default, this machine), llvm, or a JSON dict")
-    p.add_argument("--repeat", type=int, default=20, help="timed runs of each runtime (default 20)")
-    p.add_argument("--threads", type=int, default=2, help="threads for both runtimes (default 2)")
-    p.add_argument("--tuning", default="replay", choices=("off", "replay", "strict"))
-    p.add_argument("--block", type=int, default=None, metavar="B", help="layout block (see compile)")
-    p.add_argument("--memory-planner", default=None, choices=("arena", "tvm"))
-    p.set_defaults(func=cmd_bench)
     return parser
 
 

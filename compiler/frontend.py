@@ -18,10 +18,10 @@ import onnx
 from google.protobuf.message import DecodeError
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
-from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
 from compiler import models
-from compiler.errors import ModelError, ShapeError, UnsupportedOperatorError
+from support import tvm_internals
+from support.errors import ModelError, ShapeError, UnsupportedOperatorError
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 Shapes = Mapping[str, Sequence[int]]
@@ -113,7 +113,7 @@ def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
 
 def check_operators(graph: onnx.GraphProto) -> None:
     """Raise UnsupportedOperatorError listing every unsupported op type with its node names."""
-    supported = set(_get_convert_map()) | _BUILTIN_OPS
+    supported = tvm_internals.onnx_converters() | _BUILTIN_OPS
     missing: dict[str, list[str]] = collections.defaultdict(list)
     for index, node in enumerate(_all_nodes(graph)):
         key = node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}::{node.op_type}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from compiler.errors import ModelError
+from support.errors import ModelError
 
 PREFIX = "onnx:"
 BUNDLED = (

@@ -19,14 +19,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from passes.rewrite import map_relax_functions
-
-
-def _shape(expr: relax.Expr) -> tuple | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return tuple(int(d) for d in ty.shape.values if isinstance(d, tvm.tirx.IntImm))
+from passes.ir import is_op, map_relax_functions, static_shape
 
 
 @relax.expr_functor.mutator
@@ -37,22 +30,21 @@ class _SumOfStack(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.sum") or call.attrs.keepdims \
+        if not is_op(call, "relax.sum") or call.attrs.keepdims \
                 or call.attrs.axis is None or [int(a) for a in call.attrs.axis] != [0]:
             return call
         stacked = self._bound(call.args[0])
-        if not (isinstance(stacked, relax.Call) and isinstance(stacked.op, tvm.ir.Op)
-                and stacked.op.name == "relax.stack" and int(stacked.attrs.axis) == 0):
+        if not (is_op(stacked, "relax.stack") and int(stacked.attrs.axis) == 0):
             return call
         parts = self._bound(stacked.args[0])
         if not isinstance(parts, relax.Tuple) or len(parts.fields) < 2:
             return call
-        target = _shape(call)
+        target = static_shape(call)
         operands = []
         for part in parts.fields:
             bound = self._bound(part)
-            is_noop_broadcast = isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op) \
-                and bound.op.name == "relax.broadcast_to" and _shape(bound.args[0]) == target
+            is_noop_broadcast = target is not None and is_op(bound, "relax.broadcast_to") \
+                and static_shape(bound.args[0]) == target
             operands.append(bound.args[0] if is_noop_broadcast else part)
         total = operands[0]
         for operand in operands[1:]:
@@ -65,8 +57,7 @@ class _DropoutOutput(relax.PyExprMutator):
     def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
         item = self.visit_expr_post_order(item)
         source = self.lookup_binding(item.tuple_value) if isinstance(item.tuple_value, relax.Var) else None
-        if item.index == 0 and isinstance(source, relax.Call) and isinstance(source.op, tvm.ir.Op) \
-                and source.op.name == "relax.nn.dropout":
+        if item.index == 0 and is_op(source, "relax.nn.dropout"):
             return source.args[0]
         return item
 
@@ -118,7 +109,7 @@ class _CallTIRToOp(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir") \
+        if not is_op(call, "relax.call_tir") \
                 or call.args[0] not in self.ops or not isinstance(call.args[1], relax.Tuple):
             return call
         data, bound = call.args[1].fields

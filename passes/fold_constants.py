@@ -16,7 +16,7 @@ from tvm import relax
 from tvm.ir import GenericConst
 from tvm.tirx import FloatImm, IntImm
 
-from passes.rewrite import map_relax_functions
+from passes.ir import map_relax_functions
 
 _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "relax.add": np.add,

@@ -1,9 +1,9 @@
 """Layout selection: NCHW convolutions become blocked NCHW{b}c, channels zero-padded to the block.
 
-Why a pass of its own (seed 002): memory planning must see the real, padded tensor sizes, so
+Why a pass of its own (docs/design.md): memory planning must see the real, padded tensor sizes, so
 layouts are chosen before fusion and planning, and this pass only rewrites the graph; it never
 allocates. Why blocked: with the channel block innermost, a convolution's output channels are one
-vector register and every weight load is contiguous (seed 000's layout registry, CPU flavour).
+vector register and every weight load is contiguous.
 
 How: one walk over the bindings in order. Every value remembers the layout it was produced in and
 the versions already converted for other consumers, so a converter is inserted only where a
@@ -31,7 +31,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
-from passes.rewrite import map_relax_functions
+from passes.ir import map_relax_functions, static_shape
 
 
 @dataclass(frozen=True)
@@ -171,16 +171,6 @@ class _Value:
         return REGISTRY[next(iter(self.versions))]
 
 
-def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    ty = expr.ty if hasattr(expr, "ty") else None
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = ty.shape.values if isinstance(ty.shape, relax.ShapeExpr) else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return tuple(int(d) for d in dims)
-
-
 def _flat(exprs: list[relax.Expr]) -> list[relax.Expr]:
     """Arguments with tuples expanded (call_tir passes its tensors in a tuple)."""
     return [e for expr in exprs for e in (_flat(expr.fields) if isinstance(expr, relax.Tuple) else [expr])]
@@ -229,7 +219,7 @@ class _Rewriter(relax.PyExprMutator):
         if not isinstance(expr, relax.Var):
             return None
         if expr not in self.values:
-            shape = _static_shape(expr)
+            shape = static_shape(expr)
             if shape is None or len(shape) != 4 or expr.ty.dtype != "float32":
                 return None
             self.values[expr] = _Value(shape[1], {STANDARD.name: self.visit_expr(expr)})
@@ -263,7 +253,7 @@ class _Rewriter(relax.PyExprMutator):
         padded = layout.padded(channels)
         if padded == channels:
             return
-        shape = _static_shape(expr)
+        shape = static_shape(expr)
         per_channel = int(np.prod(shape)) // (shape[1] * (shape[4] if len(shape) == 5 else 1))
         self.stats.padded_tensors.append({"name": name, "from": channels, "to": padded})
         self.stats.padding_bytes += (padded - channels) * per_channel * 4
@@ -294,7 +284,7 @@ class _Rewriter(relax.PyExprMutator):
             emitted = self.builder_.emit_output(new, name_hint=var.name)
         else:
             emitted = self.builder_.emit(new, name_hint=var.name)
-        shape = _static_shape(emitted)
+        shape = static_shape(emitted)
         if not layout.standard or (shape is not None and len(shape) == 4):
             self.values[var] = _Value(channels if channels is not None else shape[1], {layout.name: emitted})
             self.origin[var] = STANDARD
@@ -350,7 +340,7 @@ class _Rewriter(relax.PyExprMutator):
         return self._rebuilt(call, args), self.layout, value.channels
 
     def _binary(self, call: relax.Call, _var: relax.Var):
-        shape = _static_shape(call)
+        shape = static_shape(call)
         if shape is None or len(shape) != 4 or not self._blocked_home(call.args):
             return None
         channels = shape[1]
@@ -409,7 +399,7 @@ class _Rewriter(relax.PyExprMutator):
     def _layout_transform(self, call: relax.Call, var: relax.Var):
         """A converter already in the graph: its result is an alias of the value it converts."""
         source = call.args[0]
-        value, shape = self._value(source), _static_shape(call)
+        value, shape = self._value(source), static_shape(call)
         if value is None or shape is None:
             return None
         source_layout = self.origin[source]
@@ -429,7 +419,7 @@ class _Rewriter(relax.PyExprMutator):
         return self._alias(var, value, target)
 
     def _strided_slice(self, call: relax.Call, var: relax.Var):
-        shape = _static_shape(call)
+        shape = static_shape(call)
         source = self.unsliced.get(call.args[0])
         if source is None or shape is None or shape[1] != self.values[source].channels:
             return None
@@ -449,19 +439,26 @@ class _Rewriter(relax.PyExprMutator):
 class LayoutPass:
     """Rewrite NCHW convolutions and the ops around them into NCHW{block}c (see module docstring).
 
-    ``block == 0`` keeps every op in NCHW. ``summary()`` says what the last run did.
+    ``block == 0`` keeps every op in NCHW. ``summary()`` (``report()["layout"]``) says what the last
+    run did; ``why`` says why this block was chosen, and ``names`` maps graph inputs to the names
+    the user knows them by (the importer renames some to C identifiers).
     """
 
     report_key = "layout"
 
-    def __init__(self, block: int) -> None:
+    def __init__(self, block: int, why: str = "given by the caller", names: dict[str, str] | None = None) -> None:
         if block == 1 or block < 0:
             raise ValueError(f"channel block must be 0 (off) or at least 2, not {block}")
         self.layout = blocked(block) if block else STANDARD
+        self.why = why
+        self.names = names or {}
         self.stats = LayoutStats(block)
 
     def summary(self) -> dict:
-        return self.stats.as_dict()
+        summary = self.stats.as_dict()
+        summary["padded_tensors"] = [{**t, "name": self.names.get(t["name"], t["name"])}
+                                     for t in summary["padded_tensors"]]
+        return {**summary, "why": self.why}
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.stats = LayoutStats(self.layout.block)

@@ -1,6 +1,6 @@
 """Storage planning: every intermediate tensor of ``main`` at an offset in one arena.
 
-Why here (seed 002): the planner runs after layout selection and fusion, on the final shapes, so
+Why here (docs/design.md): the planner runs after layout selection and fusion, on the final shapes, so
 it plans the real padded, blocked sizes. Why an arena: TVM's ``StaticPlanBlockMemory`` reuses
 whole storage blocks, so a small tensor can hold a large block hostage; placing tensors at byte
 offsets of one arena lets any tensors whose lifetimes do not overlap share bytes (Pisarchyk and
@@ -12,7 +12,7 @@ it or any alias of it (plain rebinding, reshape, tuples); tensors that reach the
 outputs and stay outside the arena, as do inputs and constants, which are never allocated here.
 The arena is one ``R.memory.alloc_storage`` and each tensor an ``R.memory.alloc_tensor`` at its
 offset, so the built artifact really allocates the planned arena. Tensors made by kernels the
-caller marks unshared (seed 001: a subgraph that plans its own memory) get bytes of their own.
+caller marks unshared (a subgraph that plans its own memory) get bytes of their own.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import Sequence
 import numpy as np
 import tvm
 from tvm import relax, tirx
+
+from passes.ir import is_op
 
 ALIGNMENT = 64  # bytes: every offset and size is a multiple, so vector loads stay aligned
 EXACT_LIMIT = 7  # up to this many tensors, every placement order is tried (optimal)
@@ -143,10 +145,6 @@ def verify_placement(tensors: Sequence[Tensor], offsets: dict[str, int], arena_b
 
 # --- lifetimes of the lowered main function ------------------------------------------------------
 
-def _is_op(expr: relax.Expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
-
-
 def _static_bytes(call: relax.Call) -> int | None:
     shape, dtype = call.args[0], call.args[1]
     if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(d, tirx.IntImm) for d in shape.values):
@@ -183,7 +181,7 @@ def analyse(func: relax.Function, unshared: Sequence[str] = ()) -> Lifetimes:
     result = Lifetimes()
     for index, binding in enumerate(bindings):
         value, var = binding.value, binding.var
-        if _is_op(value, "relax.builtin.alloc_tensor"):
+        if is_op(value, "relax.builtin.alloc_tensor"):
             size = _static_bytes(value)
             if size is None:
                 result.dynamic += 1
@@ -225,7 +223,7 @@ def _storage_bytes(func: relax.Function) -> int:
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if _is_op(value, "relax.memory.alloc_storage") and isinstance(value.args[0], relax.ShapeExpr):
+            if is_op(value, "relax.memory.alloc_storage") and isinstance(value.args[0], relax.ShapeExpr):
                 total += int(value.args[0].values[0])
     return total
 
@@ -306,16 +304,20 @@ class ArenaPlan:
     ``unshared``: glob patterns of kernel names whose outputs get bytes of their own.
     ``validate``: check the placement pair by pair, and fill the arena with garbage before each
     run, so a read of memory nobody wrote, or that another tensor overwrote, shows in the outputs.
+    ``padding_bytes``: channel padding in the planned tensors, reported beside the plan (only the
+    layout pass, before fusion, can count it).
     """
 
     report_key = "memory"
 
-    def __init__(self, planner: str = "arena", unshared: Sequence[str] = (), validate: bool = False) -> None:
+    def __init__(self, planner: str = "arena", unshared: Sequence[str] = (), validate: bool = False,
+                 padding_bytes: int = 0) -> None:
         if planner not in PLANNERS:
             raise ValueError(f"memory planner must be one of {', '.join(PLANNERS)}, not {planner!r}")
         self.planner = planner
         self.unshared = tuple(unshared)
         self.validate = validate
+        self.padding_bytes = padding_bytes
         self.report: dict = {}
 
     def summary(self) -> dict:
@@ -336,6 +338,7 @@ class ArenaPlan:
             "tvm_static_plan_bytes": tvm_bytes,
             "no_reuse_bytes": sum(t.size for t in found.tensors),
             "alignment_bytes": sum(found.alignment[t.name] for t in found.tensors),
+            "padding_bytes": self.padding_bytes,
             "unshared": list(self.unshared),
             "validated": self.validate,
             "outputs": found.outputs,

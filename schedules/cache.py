@@ -1,66 +1,29 @@
-"""The cache of expensive optimisation results (seed 003): fingerprints and tuning records.
+"""The record store: tuning records of every kernel, on disk, shared by every model of a target.
 
-Fingerprint: same inputs, same fingerprint; any change to the compiler, TVM, the target, the
-toolchain that generates code, or the module's structure gives a new one. Records: MetaSchedule
-JSON databases under ``<root>/<target key>/``, shared by every model tuned for that target.
+Records are MetaSchedule JSON databases under ``<root>/<target key>/``, with a manifest of the
+versions they were tuned with and the models (by fingerprint, ``support/versions.py``) they cover,
+and the schedule chosen for each kernel (``selected.json``). docs/design.md, "Record store and
+fingerprint", says why it is kept this way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import tarfile
 import tempfile
-from importlib import metadata
 
 import tvm
 import tvm_ffi
-from tvm.target import Target, codegen
+from tvm.target import Target
 
-from compiler.errors import UserError
-from compiler.targets import describe
-
-
-def versions() -> dict[str, str]:
-    """Versions of everything that changes generated code."""
-    return {
-        "relaxc": metadata.version("relaxc") if _installed("relaxc") else "dev",
-        "tvm": tvm.__version__,
-        "tvm_ffi": metadata.version("apache-tvm-ffi"),
-        "llvm": str(codegen.llvm_version_major()),
-    }
-
-
-def _code_versions() -> dict[str, str]:
-    """The versions that decide whether tuning records still apply (relaxc's own does not)."""
-    return {k: v for k, v in versions().items() if k != "relaxc"}
-
-
-def _installed(dist: str) -> bool:
-    try:
-        metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def fingerprint(module: tvm.IRModule, target: Target, options: dict | None = None,
-                tools: dict | None = None) -> str:
-    """sha256 over relaxc major.minor, TVM/ffi/LLVM versions, the GPU ``tools`` (nvcc; ROCm device
-    libraries and lld), target, options and module structure."""
-    info = {**versions(), **(tools or {})}
-    info["relaxc"] = ".".join(info["relaxc"].split(".")[:2])
-    payload = {
-        "versions": info,
-        "target": describe(target),
-        "options": options or {},
-        "module": tvm_ffi.structural_hash(module),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+from support.errors import UserError
+from support.files import Staging, atomic_write
+from support.targets import describe
+from support.versions import code_versions
 
 
 def workload_hash(mod: tvm.IRModule) -> str:
@@ -133,15 +96,15 @@ class RecordStore:
     def compatible(self) -> bool:
         """Whether the records were tuned with this TVM, tvm-ffi and LLVM (so may be applied)."""
         tuned_with = self.manifest().get("versions")
-        return tuned_with is None or {k: tuned_with.get(k) for k in _code_versions()} == _code_versions()
+        return tuned_with is None or {k: tuned_with.get(k) for k in code_versions()} == code_versions()
 
     def update_manifest(self, target: Target, fingerprint: str, entry: dict) -> None:
         """Record what was tuned for ``fingerprint``; written to a temporary file and renamed."""
         manifest = self.manifest()
         manifest["target"] = describe(target)
-        manifest["versions"] = _code_versions()
+        manifest["versions"] = code_versions()
         manifest.setdefault("fingerprints", {})[fingerprint] = entry
-        _atomic_write(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
+        atomic_write(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
 
     def _read(self, name: str) -> tuple[list[str], list[int]]:
         """The parsable lines of one database file (newline-terminated) and the numbers of the others."""
@@ -186,21 +149,19 @@ class RecordStore:
             if os.path.exists(path):
                 with open(path) as f:
                     if f.read() != "".join(lines):
-                        _atomic_write(path, "".join(lines))
+                        atomic_write(path, "".join(lines))
 
     def database(self, writable: bool):
         """The MetaSchedule database. Writable: the files themselves (hold ``lock()``). Read-only: the
         files too when every line parses, else a clean copy in a temporary directory, so a reader never
         changes the store (JSONDatabase reads its files when constructed, so the copy can go)."""
-        from tvm.s_tir import meta_schedule as ms
-
         if writable:
             os.makedirs(self.dir, exist_ok=True)
             self.repair()
-            return ms.database.JSONDatabase(work_dir=self.dir, module_equality="structural")
+            return json_database(self.dir)
         clean, skipped = self._clean()
         if not skipped:
-            return ms.database.JSONDatabase(work_dir=self.dir, module_equality="structural", allow_missing=False)
+            return json_database(self.dir, allow_missing=False)
         return _database_of(clean)
 
     def records_of(self, hashes) -> dict[str, list[str]]:
@@ -258,7 +219,7 @@ class RecordStore:
         False, a kernel that has a choice keeps it. Written to a temporary file and renamed."""
         chosen = self.selections()
         chosen.update(entries if replace else {k: v for k, v in entries.items() if k not in chosen})
-        _atomic_write(self.selection_path, json.dumps({"kernels": chosen}, indent=1, sort_keys=True))
+        atomic_write(self.selection_path, json.dumps({"kernels": chosen}, indent=1, sort_keys=True))
 
     def describe(self) -> dict:
         """What the store holds: record and workload counts, versions, models, unparsable lines."""
@@ -285,15 +246,21 @@ class RecordStore:
         return None
 
 
-def _database_of(files: dict[str, list[str]]):
-    """A read-only JSONDatabase of these database-file lines (it reads them when constructed)."""
+def json_database(directory: str, allow_missing: bool = True):
+    """MetaSchedule's JSON database in ``directory``, kernels matched by structure (it reads the
+    files when constructed; ``allow_missing`` creates them)."""
     from tvm.s_tir import meta_schedule as ms
 
+    return ms.database.JSONDatabase(work_dir=directory, module_equality="structural", allow_missing=allow_missing)
+
+
+def _database_of(files: dict[str, list[str]]):
+    """A read-only JSONDatabase of these database-file lines."""
     with tempfile.TemporaryDirectory(prefix="relaxc-records-") as copy:
         for name, lines in files.items():
             with open(os.path.join(copy, name), "w") as f:
                 f.writelines(lines)
-        return ms.database.JSONDatabase(work_dir=copy, module_equality="structural", allow_missing=False)
+        return json_database(copy, allow_missing=False)
 
 
 def _parses(line: str) -> bool:
@@ -302,21 +269,6 @@ def _parses(line: str) -> bool:
     except json.JSONDecodeError:
         return False
     return True
-
-
-def _atomic_write(path: str, text: str) -> None:
-    fd, temp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
-    try:
-        os.chmod(temp, 0o644)  # mkstemp makes it private; the store is shared
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
 
 
 # --- maintenance: list, verify, merge, prune, save, load -----------------------------------------
@@ -362,16 +314,13 @@ def merge(source_root: str, root: str) -> dict[str, int]:
 def prune(root: str) -> dict[str, tuple[int, int]]:
     """Keep only the best record of each workload (the selections, which hold their records, stay);
     returns (records before, after) per key."""
-    from tvm.s_tir import meta_schedule as ms
-
     result = {}
     for key in stores(root):
         store = RecordStore(os.path.join(root, key))
         with store.lock():
             before = store.describe()["records"]
             staging = tempfile.mkdtemp(prefix=".prune-", dir=store.dir)
-            store.database(writable=False).dump_pruned(
-                ms.database.JSONDatabase(work_dir=staging, module_equality="structural"))
+            store.database(writable=False).dump_pruned(json_database(staging))
             for name in DATABASE_FILES:
                 os.replace(os.path.join(staging, name), os.path.join(store.dir, name))
             os.rmdir(staging)
@@ -388,7 +337,7 @@ def _merge_manifest(source_path: str, path: str) -> None:
     manifest.setdefault("target", source.get("target"))
     for fingerprint, entry in source.get("fingerprints", {}).items():
         manifest.setdefault("fingerprints", {}).setdefault(fingerprint, entry)
-    _atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True))
+    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True))
 
 
 @contextlib.contextmanager
@@ -414,19 +363,13 @@ def save(path: str, root: str) -> str:
     path = os.path.abspath(path)
     if not os.path.isdir(os.path.dirname(path)):
         raise UserError(f"cannot write {path}: directory {os.path.dirname(path)} does not exist")
-    fd, temp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
-    os.close(fd)
-    try:
-        with tarfile.open(temp, "w:gz") as archive:
+    with Staging() as staging:
+        with tarfile.open(staging.path(path), "w:gz") as archive:
             for key in keys:
                 for name in DATABASE_FILES + ("manifest.json", SELECTION_FILE):
                     member = os.path.join(root, key, name)
                     if os.path.exists(member):
                         archive.add(member, arcname=f"{key}/{name}")
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
     return path
 
 

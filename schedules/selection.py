@@ -35,7 +35,7 @@ from tvm.s_tir.schedule import Trace
 from tvm.target import Target
 
 from schedules.cache import RecordStore, mean_seconds, workload_hash
-from schedules.cpu import default_schedule
+from schedules.default import default_schedule
 
 log = logging.getLogger("relaxc")
 TOLERANCE = 0.03  # within 3% of the fastest counts as as fast: about the noise of these medians here

@@ -21,17 +21,21 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
-from compiler.errors import UserError
-from compiler.targets import physical_cores
+from tvm.ir.utils import derived_object
+
 from schedules import builder
 from schedules.cache import RecordStore, cache_root, workload_hash
+from schedules.default import IS_SCHEDULED, default_schedule
 from schedules.selection import Selection, apply_trace
+from support import tvm_internals
+from support.errors import UserError
+from support.threads import configure_threads, physical_cores
 
 log = logging.getLogger("relaxc")
-MODES = ("off", "replay", "strict", "tune")
+MODES = ("off", "replay", "strict", "tune")  # what compile does with the records (ApplyTuningRecords)
+DEFAULT_TRIALS = 2000  # measurements of one tuning run, by compiler.tune and by tuning="tune"
 TRIALS_PER_ITER = 64
 RUNS_PER_TRIAL = 5  # cold runs timed per candidate
-IS_SCHEDULED = "tirx.is_scheduled"  # what TVM's default-schedule passes skip
 UNROLL_STEPS = (0, 16, 64)  # explicit unrolling MetaSchedule may choose on CPU (its default adds 512)
 
 
@@ -65,18 +69,20 @@ class Progress:
               f"(last: {self.names[task_id]})", file=self.stream, flush=True)
 
 
-def _progress_callback(progress: Progress, task_index: int) -> ms.MeasureCallback:
+@derived_object
+class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
     """A MetaSchedule measure callback feeding ``progress`` (runs after the records are saved)."""
-    from tvm.s_tir.meta_schedule.measure_callback.measure_callback import _PyMeasureCallback
 
-    def apply(_scheduler, _task_id, _candidates, _builder_results, runner_results) -> None:
+    def __init__(self, progress: Progress, task_index: int) -> None:
+        self.progress = progress
+        self.task_index = task_index
+
+    def apply(self, _scheduler, _task_id, _candidates, _builder_results, runner_results) -> None:
         seconds = []
         for result in runner_results:
             times = [float(t) for t in result.run_secs] if result.run_secs else []
             seconds.append(sum(times) / len(times) if times and not result.error_msg else 1e10)
-        progress.update(task_index, seconds)
-
-    return _PyMeasureCallback(apply)
+        self.progress.update(self.task_index, seconds)
 
 
 def _quiet_metaschedule() -> None:
@@ -113,7 +119,8 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     """
     if trials < 0:
         raise UserError(f"trials must be at least 0, not {trials}")
-    builder.skip_tensor_intrinsics(target)
+    configure_threads()  # the measuring workers inherit it
+    tvm_internals.skip_tensor_intrinsics(target)
     store = RecordStore.of(cache_root(cache_dir), target)
     tasks = ms.relax_integration.extract_tasks(mod, target)
     wanted = {t.task_name for t in tasks
@@ -178,8 +185,6 @@ def _commit_defaults(tasks: list, target: Target, database) -> int:
     faster: a short tuning run (SqueezeNet, 16 trials per kernel) had made replay 2.7x slower than
     the default schedules. Returns how many were committed.
     """
-    from schedules.cpu import default_schedule
-
     if target.kind.name != "llvm" or not tasks:
         return 0
     schedules = [default_schedule(task.dispatched[0]["main"], target)[0] for task in tasks]
@@ -212,7 +217,7 @@ def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, da
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
                   builder=ms.builder.LocalBuilder(f_build=builder.build), runner=_runner(target),
-                  cost_model=cost_model, measure_callbacks=callbacks + [_progress_callback(progress, index)],
+                  cost_model=cost_model, measure_callbacks=callbacks + [_ProgressCallback(progress, index)],
                   task_scheduler="round-robin")
     return progress.trials - before
 
@@ -247,26 +252,18 @@ class ApplyTuningRecords:
 
     report_key = "tuning"
 
-    def __init__(self, mode: str, cache_dir: str | None, trials: int = 512) -> None:
+    def __init__(self, mode: str, cache_dir: str | None, trials: int = DEFAULT_TRIALS) -> None:
         if mode not in MODES:
-            raise UserError(f"tuning must be one of {', '.join(MODES)}, not {mode!r}")
+            raise ValueError(f"tuning mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.mode = mode
         self.cache_dir = cache_dir
         self.trials = trials
         self.report: dict = {}
-        self.error: UserError | None = None  # the FFI would turn a raised UserError into a RuntimeError
 
     def summary(self) -> dict:
         return self.report
 
-    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        try:
-            return self._apply(mod)
-        except UserError as err:
-            self.error = err
-            return mod
-
-    def _apply(self, mod: tvm.IRModule) -> tvm.IRModule:
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         target = Target.current()
         store = RecordStore.of(cache_root(self.cache_dir), target)
         tasks = ms.relax_integration.extract_tasks(mod, target)
@@ -328,7 +325,7 @@ def apply_traces(mod: tvm.IRModule, traces: dict[str, list]) -> tvm.IRModule:
     for gv, func in mod.functions.items():
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
-        kernel = ms.tune_context._normalize_mod(func)
+        kernel = tvm_internals.kernel_module(func)
         record = traces.get(workload_hash(kernel))
         if record is None:
             continue

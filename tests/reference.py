@@ -1,7 +1,7 @@
 """Test models, random weights, and the onnxruntime reference with the project's tolerance.
 
-The reference and the tolerance live in ``compiler.reference`` (``relaxc bench`` uses them too)
-and are re-exported here.
+The reference and the tolerance live in ``benchmarks/reference.py`` (the benchmarks use them too),
+the random inputs in ``compiler.runtime``; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.reference import (ORT_MAX_IR_VERSION, assert_matches, ort_run, ort_session,  # noqa: F401
-                                random_inputs)
+from benchmarks.reference import ORT_MAX_IR_VERSION, assert_matches, ort_run, ort_session  # noqa: F401
+from compiler.runtime import random_inputs  # noqa: F401
 
 
 def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:

@@ -1,11 +1,13 @@
 """The relaxc command line: success paths print what they did; user errors exit 2 on one line."""
 
 import json
+import os
 
 import numpy as np
 import onnx
 import pytest
 
+import compiler
 from tests import reference
 from tests.helpers import relaxc
 
@@ -40,14 +42,20 @@ def test_compile_run_and_inspect(model_file, tmp_path):
     assert report["layout"]["padded_tensors"][0] == {"name": "x", "from": 3, "to": 4}
 
 
-def test_inspect_memory_prints_the_plan_and_writes_a_chart(model_file, tmp_path):
-    chart = tmp_path / "plan.png"
-    proc = relaxc("inspect", str(model_file), "--memory", "--chart", str(chart), "-q")
+def test_inspect_memory_prints_the_plan(model_file):
+    proc = relaxc("inspect", str(model_file), "--memory", "-q")
     assert proc.returncode == 0, proc.stderr
     assert "planner arena:" in proc.stdout and "lower bound" in proc.stdout and "TVM StaticPlanBlockMemory" in proc.stdout
-    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
-    proc = relaxc("inspect", str(model_file), "--memory", "--chart", "/no/such/dir/plan.png", "-q")
-    assert proc.returncode == 2 and "directory /no/such/dir does not exist" in proc.stderr
+
+
+def test_memory_chart_is_a_png(tmp_path):
+    from benchmarks.charts import memory_chart
+
+    memory = compiler.compile(reference.small_cnn(), tuning="off").report()["memory"]
+    chart = memory_chart(memory, str(tmp_path / "plan.png"), "small")
+    assert open(chart, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(chart) > 10_000
+    with pytest.raises(compiler.UserError, match="directory /no/such/dir does not exist"):
+        memory_chart(memory, "/no/such/dir/plan.png")
 
 
 def test_run_compiles_onnx_with_shape_binding(model_file, tmp_path):

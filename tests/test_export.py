@@ -55,15 +55,24 @@ def test_loaded_artifact_validates_inputs(tmp_path):
         dep.run(np.zeros((1, 3, 31, 32), np.float32))
 
 
+@pytest.mark.parametrize("start", ["compile", "load"])
 @pytest.mark.parametrize("env, expected", [({}, "physical"), ({"TVM_NUM_THREADS": "1"}, "1")])
-def test_runtime_threads_default_to_physical_cores(env, expected):
-    """TVM alone would use half the logical CPUs: one thread on a 2-core VM without SMT."""
+def test_runtime_threads_default_to_physical_cores(env, expected, start, tmp_path):
+    """TVM alone would use half the logical CPUs: one thread on a 2-core VM without SMT. relaxc sets
+    its default when a compile starts or an artifact is loaded; importing it changes nothing."""
     import psutil
 
-    code = "import compiler, tvm; print(tvm.get_global_func('runtime.NumThreads')())"
-    clean = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    compiler.compile(reference.small_cnn(), tuning="off").export(tmp_path / "m.so")
+    begin = ("compiler.compile(reference.small_cnn(), tuning='off')" if start == "compile"
+             else f"compiler.load({str(tmp_path / 'm.so')!r})")
+    code = ("import os, compiler, tvm; from tests import reference; "
+            "untouched = not {'TVM_NUM_THREADS', 'TVM_BIND_THREADS'} & set(os.environ); "
+            f"{begin}; print(untouched, tvm.get_global_func('runtime.NumThreads')())")
+    clean = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_BIND_THREADS")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**clean, **env, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr
+    untouched, threads = proc.stdout.split()[-2:]
     want = psutil.cpu_count(logical=False) if expected == "physical" else int(expected)
-    assert int(proc.stdout.strip()) == want
+    assert int(threads) == want
+    assert untouched == ("True" if not env else "False")  # import compiler set nothing

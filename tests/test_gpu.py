@@ -9,8 +9,10 @@ import onnx
 import pytest
 
 import compiler
-from compiler import models, targets, toolchain
-from compiler.artifact import open_device
+from compiler import models
+from compiler.backend import toolchain
+from compiler.runtime import open_device
+from support import targets
 from tests import reference
 from tests.helpers import relaxc
 

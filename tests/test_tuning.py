@@ -20,8 +20,9 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 import compiler
-from compiler import models, targets
+from compiler import models
 from schedules import cache, selection
+from support import targets, versions
 from schedules.cache import RecordStore
 from tests import reference
 
@@ -54,7 +55,7 @@ def test_tune_writes_records_and_a_manifest(tuned):
     assert summary["tasks"] == 10 and summary["records_before"] == 0
     assert 1 <= summary["records_after"] == len(_record_lines(store_dir))
     manifest = json.load(open(os.path.join(store_dir, "manifest.json")))
-    assert manifest["versions"]["tvm"] == cache.versions()["tvm"]
+    assert manifest["versions"]["tvm"] == versions.versions()["tvm"]
     (entry,) = manifest["fingerprints"].values()
     assert entry["model"] == "test" and len(entry["tasks"]) == 10 and entry["trials"] >= 1
 
@@ -256,11 +257,11 @@ def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monk
     assert other.stdout.strip().splitlines()[-1] == base.fingerprint
     mod, target = base.module("fuse"), base.target
     options = {"layout_block": 8}
-    assert cache.fingerprint(mod, target, options) == cache.fingerprint(mod, target, options)
+    assert versions.fingerprint(mod, target, options) == versions.fingerprint(mod, target, options)
     skylake = targets.resolve({"kind": "llvm", "mcpu": "skylake", "num-cores": 2})
-    assert cache.fingerprint(mod, skylake, options) != cache.fingerprint(mod, target, options)
-    monkeypatch.setattr(cache.tvm, "__version__", "0.28.0")
-    assert cache.fingerprint(mod, target, options) != base.fingerprint
+    assert versions.fingerprint(mod, skylake, options) != versions.fingerprint(mod, target, options)
+    monkeypatch.setattr(versions.tvm, "__version__", "0.28.0")
+    assert versions.fingerprint(mod, target, options) != base.fingerprint
     monkeypatch.undo()
     changed = compiler.compile(reference.small_cnn(seed=5), tuning="off")  # other weights
     assert changed.fingerprint != base.fingerprint

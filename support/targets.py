@@ -15,26 +15,21 @@ from typing import Any, Union
 
 from tvm.target import Target, codegen
 
-from compiler.errors import TargetError
+from support.errors import TargetError
+from support.threads import physical_cores
 
 TargetLike = Union[str, dict, Target]
 PRESETS = ("cpu", "llvm", "cuda", "cuda:sm_XY", "rocm", "rocm:gfxNNN")
 DEFAULT_CUDA_ARCH = "sm_80"  # A100; an H100 runs it too (sm_90 is faster there)
 DEFAULT_ROCM_ARCH = "gfx90a"  # MI200
 GPU_KINDS = ("cuda", "rocm")
+KINDS = ("llvm",) + GPU_KINDS  # the target kinds relaxc compiles for
 GPU_HOST = {"kind": "llvm"}
 
 
 def host_cpu() -> str:
     """The LLVM name of the host CPU (e.g. ``icelake-server``, ``znver3``)."""
     return str(codegen.llvm_get_system_cpu())
-
-
-def physical_cores() -> int:
-    """Physical cores (hyper-threads share a core's vector units, so kernels do not gain from them)."""
-    import psutil
-
-    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
 def resolve(target: TargetLike) -> Target:

@@ -1,40 +1,14 @@
-"""Human-readable views of ``report()["memory"]``: a text summary and a lifetime chart (PNG)."""
+"""Charts of compile reports (matplotlib, an optional dependency: ``pip install relaxc[chart]``)."""
 
 from __future__ import annotations
 
 import os
 
-from compiler.errors import UserError
-
-TOP = 8  # biggest tensors listed in the summary
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.2f} MiB"
+from compiler.report import mib
+from support.errors import UserError
 
 
-def summary(memory: dict) -> str:
-    """What the planner allocated against the bounds, and the biggest tensors with their lifetimes."""
-    arena, bound = memory["arena_bytes"], memory["lower_bound_bytes"]
-    lines = [
-        f"planner {memory['planner']}: {_mib(arena)} for {len(memory['tensors'])} intermediate tensors",
-        f"  lower bound (most bytes live at once)  {_mib(bound)}"
-        + (f"  (arena is {arena / bound:.3f}x)" if bound else ""),
-        f"  TVM StaticPlanBlockMemory               {_mib(memory['tvm_static_plan_bytes'])}",
-        f"  no reuse (every tensor its own bytes)   {_mib(memory['no_reuse_bytes'])}",
-        f"  outputs outside the arena: {', '.join(memory['outputs']) or 'none'}",
-    ]
-    if memory.get("unshared"):
-        lines.append(f"  unshared kernels: {', '.join(memory['unshared'])}")
-    biggest = sorted(memory["tensors"], key=lambda t: -t["bytes"])[:TOP]
-    if biggest:
-        lines.append("  biggest tensors (bytes, offset, live bindings, kernel):")
-        lines += [f"    {t['name']:>10} {t['bytes']:>10} @ {t['offset']:>10}  [{t['first']}, {t['last']}]  {t['kernel']}"
-                  for t in biggest]
-    return "\n".join(lines)
-
-
-def chart(memory: dict, path: str, title: str = "") -> str:
+def memory_chart(memory: dict, path: str, title: str = "") -> str:
     """Write tensors as rectangles over (binding index, arena offset) to ``path``; returns the path."""
     try:
         import matplotlib
@@ -62,7 +36,7 @@ def chart(memory: dict, path: str, title: str = "") -> str:
     ax.set_ylim(0, max(memory["arena_bytes"], memory["tvm_static_plan_bytes"]) / 2**20 * 1.05 or 1)
     ax.set_xlabel("binding (execution order)")
     ax.set_ylabel("arena offset (MiB)")
-    ax.set_title(f"{title} memory plan: {memory['planner']}, {_mib(memory['arena_bytes'])}")
+    ax.set_title(f"{title} memory plan: {memory['planner']}, {mib(memory['arena_bytes'])}")
     ax.legend(loc="upper right")
     fig.tight_layout()
     try:

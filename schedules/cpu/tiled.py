@@ -1,12 +1,12 @@
-"""Default CPU schedules: register-tiled reductions and parallel, vectorised everything else.
+"""The ``Tiled`` CPU rule: register-tiled reductions, everything else parallel and vectorised.
 
 One rule covers conv (NCHW and blocked NCHWc), dense, pooling and reductions, because after
 legalisation they share a shape: spatial loops then reduction loops. The innermost spatial axis
 (contiguous in the output; the channel block in NCHWc) is vectorised, the next one is
 register-tiled, the reduction runs inside the tile with the accumulators in a local buffer, and
 everything outside the tile is fused into one parallel loop. Elementwise epilogues (bias, ReLU)
-are computed right after their tile while it is hot. A kernel the tiled schedule cannot handle
-gets the basic schedule (every block's outer loop parallel) and is counted in the report.
+are computed right after their tile while it is hot. A kernel of another shape is not this
+rule's: it answers None and the next rule (``Basic``) takes it.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.target import Target
 
-from compiler.targets import vector_lanes
+from support.targets import vector_lanes
 
 log = logging.getLogger("relaxc")
-SCHEDULE_ATTR = "relaxc.schedule"  # "tiled" or "basic": which schedule the kernel got
 MAX_TILE = 8  # register tile along the output row: 8 accumulators + 1 weight vector
 MIN_ACCUMULATORS = 4  # fewer cannot hide the FMA latency
 MAX_ACCUMULATORS = 12  # of 16 vector registers, leaving room for weights and broadcasts
@@ -89,12 +88,17 @@ def _schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes
         sch.parallel(outer)
 
 
-def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, lanes: int) -> s_tir.schedule.LoopRV:
-    """Register-tile one reduction block; returns the parallel loop its epilogue attaches to."""
+def _spatial_then_reduction(info: SBlockInfo) -> bool:
+    """Whether the block's loops are one or more spatial loops, then only reduction loops."""
     kinds = info.dom_kind()
     n_spatial = kinds.index("R") if "R" in kinds else len(kinds)
-    if set(kinds) - {"S", "R"} or "S" in kinds[n_spatial:] or n_spatial == 0:
-        raise ValueError(f"block {info.name} has iterators {kinds}, not spatial-then-reduction")
+    return not (set(kinds) - {"S", "R"}) and "S" not in kinds[n_spatial:] and n_spatial > 0
+
+
+def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, lanes: int) -> s_tir.schedule.LoopRV:
+    """Register-tile one (spatial-then-reduction) block; returns the parallel loop its epilogue
+    attaches to."""
+    n_spatial = info.dom_kind().index("R")
     block = info.block_rv
     loops = sch.get_loops(block)
     spatial, reduction = loops[:n_spatial], loops[n_spatial:]
@@ -159,12 +163,30 @@ def _try_attach(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir
     return True
 
 
+class Tiled(dl.ScheduleRule):
+    """Register-tiled reductions with their epilogues; None for a kernel of another shape."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        try:
+            return _tiled(func, vector_lanes(target))
+        except (s_tir.ScheduleError, ValueError) as err:  # TVM's primitives raise either when a loop refuses
+            log.debug("tiled schedule does not fit: %s", str(err).splitlines()[0])
+            return None
+
+
 def _tiled(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     sch = s_tir.Schedule(func)
     blocks = normalize_prim_func(sch)
     if blocks is None:
         return None
     blocks = _inline_elementwise(sch, blocks)
+    if not all(_spatial_then_reduction(b) for b in blocks if b.is_reduction()):
+        return None
     anchor = None
     for info in blocks:
         block = info.block_rv
@@ -175,51 +197,3 @@ def _tiled(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
         else:
             _schedule_spatial(sch, block, lanes)
     return sch
-
-
-def _basic(func: tirx.PrimFunc) -> s_tir.Schedule:
-    """Parallelise the outermost loop of every block: always legal, never the serial naive loop."""
-    sch = s_tir.Schedule(func)
-    root = sch.get_sblock("root") if _has_root(sch) else None
-    for block in sch.get_child_blocks(root) if root is not None else []:
-        try:
-            loops = sch.get_loops(block)
-            if loops:
-                sch.parallel(loops[0])
-        except s_tir.ScheduleError:
-            continue
-    return sch
-
-
-def _has_root(sch: s_tir.Schedule) -> bool:
-    try:
-        sch.get_sblock("root")
-    except (s_tir.ScheduleError, ValueError):
-        return False
-    return True
-
-
-def _mark(sch: s_tir.Schedule, kind: str) -> s_tir.Schedule:
-    return s_tir.Schedule(sch.mod["main"].with_attr(SCHEDULE_ATTR, kind))
-
-
-def default_schedule(func: tirx.PrimFunc, target: Target) -> tuple[s_tir.Schedule, str]:
-    """The default schedule of ``func`` ("tiled" if possible, else "basic"), with its trace."""
-    lanes = vector_lanes(target)
-    try:
-        sch = _tiled(func, lanes)
-        if sch is not None:
-            return sch, "tiled"
-    except (s_tir.ScheduleError, ValueError) as err:
-        log.debug("tiled schedule failed, using basic: %s", str(err).splitlines()[0])
-    return _basic(func), "basic"
-
-
-class CPUDefault(dl.ScheduleRule):
-    """The default schedule of every CPU kernel: tiled when possible, else basic."""
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        sch, kind = default_schedule(func, target)
-        return _mark(sch, kind)

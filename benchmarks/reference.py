@@ -1,9 +1,9 @@
 """onnxruntime as the independent reference, and the project's tolerance.
 
-Used by the tests and by ``relaxc bench``, which checks outputs before it times anything. The
-tolerance is fixed by the foundation issue and must not be widened to make a result pass:
-``rtol=1e-3`` and ``atol=1e-4 * max(1, max|reference|)``. onnxruntime is an optional dependency
-(``pip install relaxc[test]``).
+Used by the tests and by the benchmarks, which check outputs before they time anything. The
+tolerance is the project's (docs/design.md, "Correctness") and must not be widened to make a
+result pass: ``rtol=1e-3`` and ``atol=1e-4 * max(1, max|reference|)``. onnxruntime is an optional
+dependency (``pip install relaxc[test]``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from compiler.errors import UserError
+from support.errors import UserError
 
 ORT_MAX_IR_VERSION = 8  # onnxruntime rejects IR versions newer than it knows
 
@@ -55,8 +55,3 @@ def assert_matches(actual: list[np.ndarray], expected: list[np.ndarray]) -> None
         assert got.shape == ref.shape, f"output {index}: shape {got.shape}, reference {ref.shape}"
         atol = 1e-4 * max(1.0, float(np.abs(ref).max(initial=0.0)))
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=atol, err_msg=f"output {index}")
-
-
-def random_inputs(inputs: list[tuple[str, tuple[int, ...], str]], seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(shape).astype(dtype) for name, shape, dtype in inputs}

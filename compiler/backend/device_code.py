@@ -16,7 +16,8 @@ import os
 import tvm
 import tvm_ffi
 
-from compiler.errors import ExportError
+from support.errors import ExportError
+from support.files import Staging
 
 CUDA_CALLBACK = "tvm_callback_cuda_compile"
 
@@ -35,21 +36,18 @@ def cuda_sources(module: tvm.runtime.Module) -> list[str]:
     return sources
 
 
-def write_cuda_fatbins(module: tvm.runtime.Module, arch: str, library_path: str,
-                       temps: list[str]) -> list[dict]:
-    """Compile each CUDA module for ``arch`` and write ``<library>.<i>.fatbin`` (temporary names
-    in ``temps`` first); returns the manifest entries, final names included."""
-    from compiler import toolchain
+def write_cuda_fatbins(module: tvm.runtime.Module, arch: str, library_path: str, staging: Staging) -> list[dict]:
+    """Compile each CUDA module for ``arch`` and write ``<library>.<i>.fatbin`` as part of
+    ``staging``; returns the manifest entries."""
+    from compiler.backend import toolchain
 
     entries = []
     for index, source in enumerate(cuda_sources(module)):
         binary = toolchain.compile_cuda(source, arch)
         final = f"{os.path.splitext(library_path)[0]}.{index}.fatbin"
-        temp = f"{final}.tmp{os.getpid()}"
-        temps.append(temp)
-        with open(temp, "wb") as f:
+        with open(staging.path(final), "wb") as f:
             f.write(binary)
-        entries.append({"file": os.path.basename(final), "temp": temp, "arch": arch, "format": "fatbin",
+        entries.append({"file": os.path.basename(final), "arch": arch, "format": "fatbin",
                         "source_sha256": hashlib.sha256(source.encode()).hexdigest()})
     return entries
 

@@ -7,8 +7,8 @@ into an LLVM module of its own in a thread pool (TVM releases the GIL while LLVM
 code generated right there, and the modules linked into one VM executable, as ``tvm.compile`` would
 link its one. The kernels' code does not depend on the grouping: no kernel calls another.
 
-Uses TVM's Relax VM build steps (``_vmcodegen``, ``_filter_tir``, ``VMLink``), which are private
-to ``tvm.relax.vm_build``: TVM is pinned (pyproject.toml), and the tests check the result.
+Uses TVM's Relax VM build steps, which are private to ``tvm.relax.vm_build`` (fenced in
+``support/tvm_internals.py``); the tests check the result is the same as ``tvm.compile``'s.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tvm
 from tvm import relax
-from tvm.relax import vm_build
 from tvm.target import Target
 
-from compiler.targets import physical_cores
+from support import tvm_internals
+from support.threads import physical_cores
 
 GROUPS_PER_JOB = 4  # small groups, taken by whichever thread is free, balance uneven kernels
 
@@ -34,19 +34,21 @@ def build(mod: tvm.IRModule, target: Target, jobs: int | None = None) -> relax.V
         return tvm.compile(mod, target=target, relax_pipeline=None)
     attrs = dict(mod.attrs) if mod.attrs else {}
     builder = relax.ExecBuilder()
-    lowered = vm_build._vmcodegen(builder, mod, "bytecode")
-    tir = vm_build._filter_tir(lowered)
-    names = sorted(gv.name_hint for gv in tir.get_global_vars())
-    count = min(len(names), jobs * GROUPS_PER_JOB)
-    groups = [tvm.IRModule({tir.get_global_var(n): tir[n] for n in names[i::count]}, attrs=tir.attrs)
-              for i in range(count)]
+    tir = tvm_internals.kernels_only(tvm_internals.vm_codegen(builder, mod))
     with ThreadPoolExecutor(jobs) as pool:
-        libs = list(pool.map(lambda group: _build_group(group, target), groups))
+        libs = list(pool.map(lambda group: _build_group(group, target), kernel_groups(tir, jobs)))
     for lib in libs[1:]:
         libs[0].import_module(lib)
-    return relax.VMExecutable(vm_build._ffi_api.VMLink(builder, target, libs[0],
-                                                        list(attrs.get("external_mods", [])),
-                                                        dict(attrs.get("const_name_to_constant", {}))))
+    return tvm_internals.vm_link(builder, target, libs[0], attrs)
+
+
+def kernel_groups(tir: tvm.IRModule, jobs: int) -> list[tvm.IRModule]:
+    """The kernels of ``tir`` dealt round-robin, by name, into at most ``jobs * GROUPS_PER_JOB``
+    modules: deterministic, and each group a mix of big and small kernels."""
+    names = sorted(gv.name_hint for gv in tir.get_global_vars())
+    count = min(len(names), jobs * GROUPS_PER_JOB)
+    return [tvm.IRModule({tir.get_global_var(n): tir[n] for n in names[i::count]}, attrs=tir.attrs)
+            for i in range(count)]
 
 
 def _build_group(group: tvm.IRModule, target: Target) -> tvm.runtime.Module:

@@ -23,11 +23,14 @@ import subprocess
 import sys
 import tempfile
 
-from compiler.errors import TargetError
+import tvm_ffi
+
+from support.errors import TargetError
 
 ROCM_BITCODE_DIRS = ("/opt/rocm/amdgcn/bitcode", "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")
 
 
+@tvm_ffi.register_error
 class ToolchainError(TargetError):
     """A tool that code generation for the target needs is missing or too old."""
 
@@ -147,8 +150,6 @@ def prepare(kind: str) -> dict[str, str]:
         cuda_home()
         return {"nvcc": nvcc_version()}
     if kind == "rocm":
-        import tvm_ffi
-
         os.environ.setdefault("ROCM_PATH", os.path.dirname(os.path.dirname(rocm_bitcode_dir())))
         _, version = lld()
         tvm_ffi.register_global_func("tvm_callback_rocm_link", lambda obj: bytearray(rocm_link(bytes(obj))), override=True)

@@ -1,4 +1,4 @@
-"""``relaxc bench``: latency of relaxc against onnxruntime, measured in the same run.
+"""Latency of relaxc against onnxruntime, measured in the same run (``python -m benchmarks.bench``).
 
 Both get the same thread count (2 by default) and the same random inputs; outputs are checked
 against onnxruntime with the project tolerance before anything is timed. Latency is the median of
@@ -20,7 +20,10 @@ from typing import Callable, Sequence
 import numpy as np
 import onnx
 
-from compiler import models, reference, targets
+from benchmarks import reference
+from compiler import models
+from compiler.runtime import random_inputs
+from support import targets
 
 
 @dataclass
@@ -73,7 +76,7 @@ def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_op
     start = time.perf_counter()
     art = compiler.compile(spec, target=target, **compile_options)
     compile_s = time.perf_counter() - start
-    inputs = reference.random_inputs(art.inputs)
+    inputs = random_inputs(art.inputs)
     session = reference.ort_session(_load(spec), threads=threads)
     reference.assert_matches(art.run(inputs), session.run(None, inputs))
     ms = alternate({"relaxc": lambda: art.run(inputs), "onnxruntime": lambda: session.run(None, inputs)},

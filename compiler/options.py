@@ -1,0 +1,119 @@
+"""The options of a compile and of a tuning run, each defined once: here.
+
+Every option is a dataclass field with its default and its help. Its choices come from the layer
+that owns them (tuning modes from ``schedules/tuning.py``, memory planners from
+``passes/memory.py``). The Python API takes the fields as keywords, the CLI builds its flags from
+the same fields (``compiler/cli.py``), and ``Options.resolve`` fills in the target's defaults and
+checks every value, once, before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tvm.target import Target
+
+from compiler.backend import toolchain
+from passes.memory import PLANNERS
+from schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
+from support import targets
+from support.errors import TargetError, UserError
+
+
+def _option(default: Any, help: str, *, type: type | None = None, choices: tuple | None = None,  # noqa: A002
+            flag: str | None = None, metavar: str | None = None) -> Any:
+    """A field with what the CLI needs to offer it: help, value type (when the default is None),
+    choices, a flag other than ``--<name>``, a metavar."""
+    return dataclasses.field(default=default, metadata={"help": help, "type": type, "choices": choices,
+                                                        "flag": flag, "metavar": metavar})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The options resolved for one target, every default filled in: what the pipeline reads."""
+
+    target: Target
+    layout_block: int  # channel block of NCHW{b}c; 0 keeps NCHW
+    layout_why: str  # why this block: report()["layout"]["why"]
+    memory_planner: str
+    unshared: tuple[str, ...]
+    validate_memory: bool
+    tuning: str
+    cache_dir: str | None
+    tools: dict[str, str]  # versions of the external tools code generation uses (fingerprinted)
+
+    def fingerprint_options(self) -> dict:
+        """The options that change what the pipeline produces for a given module."""
+        return {"layout_block": self.layout_block, "memory_planner": self.memory_planner,
+                "unshared": list(self.unshared), "validate_memory": self.validate_memory}
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a compile may choose besides model, target and shapes; None means the target's default."""
+
+    tuning: str = _option("replay", "apply the tuning records there are (replay), require one for every "
+                          "kernel (strict), tune what is missing first (tune), or use the default "
+                          "schedules only (off)", choices=TUNING_MODES)
+    cache_dir: str | None = _option(None, "root of the tuning records (default: $RELAXC_CACHE_DIR, else "
+                                    "./tuning_logs)", flag="--log-dir", metavar="DIR")
+    layout_block: int | None = _option(None, "channel block b of the blocked NCHW{b}c layout (default: the "
+                                       "target's fp32 vector lanes on CPU, 0 on GPU); 0 keeps NCHW",
+                                       type=int, flag="--block", metavar="B")
+    memory_planner: str | None = _option(None, "every intermediate at an offset of one arena (arena, the CPU "
+                                         "default; report()['memory'] compares both) or TVM's "
+                                         "StaticPlanBlockMemory (tvm, the GPU default and only choice "
+                                         "there so far)", choices=PLANNERS)
+    unshared: tuple[str, ...] = _option((), "kernels (glob patterns of the kernel names in "
+                                        "report()['memory']['tensors']) whose outputs get bytes of their "
+                                        "own, never reused", metavar="GLOB")
+    validate_memory: bool = _option(False, "check the memory plan pair by pair and fill the arena with "
+                                    "garbage before each run")
+
+    def resolve(self, target: targets.TargetLike) -> Config:
+        """These options for ``target`` with its defaults filled in; a UserError for any bad value.
+        Checks the external tools the target's code generation needs, too, so they fail first."""
+        self._check_choices()
+        tvm_target = targets.resolve(target)
+        kind = tvm_target.kind.name
+        if kind not in targets.KINDS:
+            raise TargetError(f"target kind {kind!r} is not supported; relaxc compiles for {', '.join(targets.KINDS)}")
+        gpu = targets.is_gpu(tvm_target)
+        tools = toolchain.prepare(kind)
+        block, why = self.layout_block, "given by the caller"
+        if block is None:
+            block, why = ((0, "GPU: NCHW until NCHW, NHWC and blocked are measured on one (docs/gpu.md)")
+                          if gpu else (targets.vector_lanes(tvm_target), "the target's fp32 vector lanes"))
+        if block != 0 and block < 2:
+            raise UserError(f"layout_block must be 0 (keep NCHW) or at least 2, not {block}")
+        planner = self.memory_planner or ("tvm" if gpu else "arena")
+        if gpu and (planner == "arena" or self.unshared or self.validate_memory):
+            raise UserError("the arena planner (and unshared, validate_memory) is CPU-only so far: its kernels "
+                            "take element offsets, never run on a GPU yet; use memory_planner='tvm'")
+        return Config(tvm_target, block, why, planner, tuple(self.unshared), self.validate_memory, self.tuning,
+                      self.cache_dir, tools)
+
+    def _check_choices(self) -> None:
+        """A UserError naming the option and its choices, for the first value not among them."""
+        for field in dataclasses.fields(self):
+            choices, value = field.metadata["choices"], getattr(self, field.name)
+            if choices is not None and value is not None and value not in choices:
+                raise UserError(f"{field.name} must be one of {', '.join(choices)}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What a tuning run may choose (``compiler.tune``, ``relaxc tune``)."""
+
+    trials: int = _option(DEFAULT_TRIALS, "total measurements (0: tune nothing, only choose among the "
+                          "records there are)")
+    trials_per_task: int | None = _option(None, "measurements per kernel (default: an even share, at least 64)",
+                                          type=int)
+    minutes: float | None = _option(None, "stop tuning after this many minutes", type=float)
+    kernels: tuple[str, ...] = _option((), "tune only the kernels whose names match (names as in "
+                                       "report()['tuning'])", metavar="GLOB")
+    reselect: bool = _option(False, "measure every kernel's default and best records side by side again, "
+                             "even if its records did not change")
+

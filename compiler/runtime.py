@@ -1,0 +1,148 @@
+"""What runs a compiled model, here or deployed: input checks, the VM, exported artifacts.
+
+``Deployed`` is what ``compiler.load`` returns from an exported shared library and its JSON
+manifest; ``Artifact`` (``compiler/artifact.py``) builds on the same runner. This module must not
+import onnx or the compiler pipeline: deployment needs only TVM's runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from compiler.backend import device_code
+from support.errors import ExportError, InputError, TargetError, UserError
+from support.threads import configure_threads
+
+TensorSpec = tuple[str, tuple[int, ...], str]
+DEVICES = {"cpu": "llvm", "cuda": "cuda", "rocm": "rocm"}  # device -> the target kind it runs
+
+
+class Runner:
+    """Validates inputs against the compiled signature and runs the VM's ``main``."""
+
+    def __init__(self, vm: relax.VirtualMachine, device: tvm.runtime.Device,
+                 inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+        self._vm = vm
+        self._device = device
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def run(self, *arrays: Any) -> list[np.ndarray]:
+        """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
+        if self._vm is None:
+            raise UserError("a GPU artifact runs where its GPU is: export() it, then "
+                            "compiler.load(path, device=...) on that machine")
+        ordered = self._order(arrays)
+        args = [tvm.runtime.tensor(self._check(spec, value), self._device)
+                for spec, value in zip(self.inputs, ordered)]
+        return _to_numpy(self._vm["main"](*args))
+
+    def _order(self, arrays: Sequence[Any]) -> list[Any]:
+        names = [name for name, _, _ in self.inputs]
+        if len(arrays) == 1 and isinstance(arrays[0], Mapping):
+            given = arrays[0]
+            unknown = [k for k in given if k not in names]
+            missing = [n for n in names if n not in given]
+            if unknown or missing:
+                raise InputError(f"inputs do not match the model: unknown {unknown}, missing {missing}; "
+                                 f"expected {names}")
+            return [given[n] for n in names]
+        if len(arrays) != len(names):
+            raise InputError(f"model takes {len(names)} input(s) {names}, got {len(arrays)}")
+        return list(arrays)
+
+    @staticmethod
+    def _check(spec: TensorSpec, value: Any) -> np.ndarray:
+        name, shape, dtype = spec
+        array = np.asarray(value)
+        if array.dtype != np.dtype(dtype):
+            raise InputError(f"input {name!r}: expected dtype {dtype}, got {array.dtype}")
+        if tuple(array.shape) != tuple(shape):
+            raise InputError(f"input {name!r}: expected shape {tuple(shape)}, got {tuple(array.shape)}")
+        return np.require(array, requirements="C")  # ascontiguousarray would make 0-d arrays 1-d
+
+
+def _to_numpy(result: Any) -> list[np.ndarray]:
+    if isinstance(result, tvm.runtime.Tensor):
+        return [result.numpy()]
+    return [item for part in result for item in _to_numpy(part)]
+
+
+def open_device(name: str) -> tvm.runtime.Device:
+    """The first device of kind ``name``; a clear error when this machine has none."""
+    if name not in DEVICES:
+        raise UserError(f"unknown device {name!r}; available: {', '.join(DEVICES)}")
+    if name == "cpu":
+        return tvm.cpu()
+    if not tvm.runtime.enabled(name):
+        driver = "libcuda.so.1 (the NVIDIA driver)" if name == "cuda" else "the ROCm runtime (libamdhip64)"
+        raise TargetError(f"no {name} device: TVM's {name} runtime is not loaded on this machine, "
+                          f"{driver} was not found")
+    device = tvm.device(name, 0)
+    if not device.exist:
+        raise TargetError(f"no {name} device is visible on this machine")
+    return device
+
+
+def manifest_path_for(library: str) -> str:
+    return os.path.splitext(library)[0] + ".json"
+
+
+class Deployed(Runner):
+    """An exported artifact loaded back for inference."""
+
+    def __init__(self, library: str, manifest: dict, device: str) -> None:
+        kind = manifest["target"]["kind"]
+        if device in DEVICES and DEVICES[device] != kind:
+            runs_on = next(d for d, k in DEVICES.items() if k == kind)
+            raise TargetError(f"{library} was compiled for {kind!r}: load it with device={runs_on!r}, "
+                              f"not {device!r}")
+        device_code.register_cuda_binaries(os.path.dirname(library), manifest.get("device_code", []))
+        dev = open_device(device)
+        vm = relax.VirtualMachine(tvm.runtime.load_module(library), dev)
+        spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
+        super().__init__(vm, dev, [spec(t) for t in manifest["inputs"]], [spec(t) for t in manifest["outputs"]])
+        self.manifest = manifest
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["fingerprint"]
+
+
+def load(path: str | os.PathLike, device: str | None = None) -> Deployed:
+    """Load an exported artifact (``.so`` plus its ``.json`` manifest) on ``device`` ("cpu", "cuda"
+    or "rocm"; default: the kind of device it was compiled for)."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise ExportError(f"no artifact at {path}")
+    manifest_path = manifest_path_for(path)
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ExportError(f"manifest {manifest_path} is missing; export writes it beside the library") from None
+    except json.JSONDecodeError as err:
+        raise ExportError(f"manifest {manifest_path} is not valid JSON: {err}") from None
+    if device is None:
+        device = next((d for d, kind in DEVICES.items() if kind == manifest["target"]["kind"]), "cpu")
+    configure_threads()
+    return Deployed(path, manifest, device)
+
+
+def random_inputs(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs for a model's signature: standard normals for floats, 0-9 for
+    integers, 0-1 for booleans."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, shape, dtype in inputs:
+        if np.issubdtype(np.dtype(dtype), np.floating):
+            arrays[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            arrays[name] = rng.integers(0, 2 if dtype == "bool" else 10, shape).astype(dtype)
+    return arrays

@@ -1,0 +1,38 @@
+"""What every relaxc pass needs from Relax IR: rewrites on a copy, operator tests, static shapes.
+
+Why a copy: ``mod[gvar] = func`` updates an IRModule in place, and the pipeline keeps the module
+after each phase for ``Artifact.ir(phase)``; a pass that assigned into its input would rewrite the
+snapshots of earlier phases too (the layout pass's blocked convs showed up in the "simplify" IR).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tvm
+from tvm import relax
+
+
+def map_relax_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], relax.Function]) -> tvm.IRModule:
+    """A copy of ``mod`` with every Relax function replaced by ``rewrite(function)``."""
+    new = mod.clone()
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            new[gvar] = rewrite(func)
+    return new
+
+
+def is_op(expr: object, name: str) -> bool:
+    """Whether ``expr`` is a call of the Relax operator ``name`` (e.g. ``"relax.add"``)."""
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    """The shape of a tensor-typed ``expr`` if every dimension is a constant, else None."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = ty.shape.values
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return tuple(int(d) for d in dims)

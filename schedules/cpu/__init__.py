@@ -1,0 +1,7 @@
+"""relaxc's default schedule rules for CPUs (dlight ``ScheduleRule``s, one per file), in the order
+``schedules/default.py`` tries them."""
+
+from schedules.cpu.basic import Basic
+from schedules.cpu.tiled import Tiled
+
+__all__ = ["Tiled", "Basic"]

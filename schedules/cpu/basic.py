@@ -1,0 +1,40 @@
+"""The ``Basic`` CPU rule: every block's outermost loop parallel, for kernels no other rule takes.
+
+Always legal, never the naive serial loop TVM would emit without a schedule. Kernels that end up
+here are counted as "basic" in ``report()["schedules"]``: each is a candidate for a rule of its own.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+
+class Basic(dl.ScheduleRule):
+    """Parallelise the outermost loop of every block."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func: tirx.PrimFunc, _target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        root = sch.get_sblock("root") if _has_root(sch) else None
+        for block in sch.get_child_blocks(root) if root is not None else []:
+            try:
+                loops = sch.get_loops(block)
+                if loops:
+                    sch.parallel(loops[0])
+            except s_tir.ScheduleError:
+                continue
+        return sch
+
+
+def _has_root(sch: s_tir.Schedule) -> bool:
+    try:
+        sch.get_sblock("root")
+    except (s_tir.ScheduleError, ValueError):
+        return False
+    return True
