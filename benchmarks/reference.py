@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from support.errors import UserError
 
@@ -55,3 +56,41 @@ def assert_matches(actual: list[np.ndarray], expected: list[np.ndarray]) -> None
         assert got.shape == ref.shape, f"output {index}: shape {got.shape}, reference {ref.shape}"
         atol = 1e-4 * max(1.0, float(np.abs(ref).max(initial=0.0)))
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=atol, err_msg=f"output {index}")
+
+
+def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
+    """Replace the constant-filled weights of a bundled light model by random initializers.
+
+    The light models build every weight with ConstantOfShape (a constant fill), which hides layout
+    and indexing bugs. Weights get fan-in scaled normals so deep nets keep activations in range;
+    batch-norm scales and variances are kept positive.
+    """
+    rng = np.random.default_rng(seed)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.ir_version = max(copy.ir_version, 4)  # IR 3 requires every initializer to be an input too
+    graph = copy.graph
+    initializers = {init.name: init for init in graph.initializer}
+    role = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            role.setdefault(name, (node.op_type, index, node))
+    nodes = []
+    for node in graph.node:
+        if node.op_type != "ConstantOfShape" or node.input[0] not in initializers:
+            nodes.append(node)
+            continue
+        shape = tuple(int(v) for v in numpy_helper.to_array(initializers[node.input[0]]).reshape(-1))
+        op, index, consumer = role.get(node.output[0], ("", 0, None))
+        if op == "BatchNormalization" and index in (1, 4):
+            value = rng.uniform(0.5, 1.5, shape)
+        elif len(shape) >= 2:
+            transposed = op == "Gemm" and not any(a.name == "transB" and a.i for a in consumer.attribute)
+            fan_in = shape[0] if transposed else int(np.prod(shape[1:]))
+            value = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        else:
+            value = rng.standard_normal(shape) * 0.1
+        graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return copy

@@ -20,9 +20,6 @@ KNOWN = {
     **{f"test_reshape_{case}": "unsupported" for case in (  # new shape given as a runtime input
         "extended_dims", "negative_dim", "negative_extended_dims", "one_dim", "reduced_dims",
         "reordered_all_dims", "reordered_last_dims", "zero_and_negative_dim", "zero_dim")},
-    # Importer crashes (IndexError inside TVM's converter):
-    "test_maxpool_2d_ceil_output_size_reduce_by_one": "error",
-    "test_sum_one_input": "error",
 }
 
 

@@ -89,10 +89,15 @@ def _schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes
 
 
 def _spatial_then_reduction(info: SBlockInfo) -> bool:
-    """Whether the block's loops are one or more spatial loops, then only reduction loops."""
+    """Whether the block's loops are one or more spatial loops, then one or more reduction loops.
+
+    A reduction whose reduction loops all have extent 1 has none left (ONNX ``Sum`` of one input, a
+    pool window of one): there is no reduction to tile, and the next rule takes the kernel."""
     kinds = info.dom_kind()
-    n_spatial = kinds.index("R") if "R" in kinds else len(kinds)
-    return not (set(kinds) - {"S", "R"}) and "S" not in kinds[n_spatial:] and n_spatial > 0
+    if "R" not in kinds or set(kinds) - {"S", "R"}:
+        return False
+    n_spatial = kinds.index("R")
+    return n_spatial > 0 and "S" not in kinds[n_spatial:]
 
 
 def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, lanes: int) -> s_tir.schedule.LoopRV:

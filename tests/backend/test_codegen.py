@@ -1,0 +1,36 @@
+"""compiler/backend/codegen.py: kernels built in groups on every core give what tvm.compile gives."""
+
+import numpy as np
+import tvm
+
+import compiler
+import compiler.runtime
+from compiler.backend import codegen
+from support import tvm_internals
+from tests import reference
+
+
+def test_groups_hold_every_kernel_once_in_a_fixed_order():
+    art = compiler.compile(reference.branchy_cnn(), tuning="off")
+    tir = tvm_internals.kernels_only(art.module("final"))
+    names = sorted(gv.name_hint for gv in tir.get_global_vars())
+    for jobs in (1, 2, 8):
+        groups = codegen.kernel_groups(tir, jobs)
+        assert len(groups) == min(len(names), jobs * codegen.GROUPS_PER_JOB)
+        grouped = [gv.name_hint for g in groups for gv in g.get_global_vars()]
+        assert sorted(grouped) == names
+        assert [[gv.name_hint for gv in g.get_global_vars()] for g in codegen.kernel_groups(tir, jobs)] == \
+            [[gv.name_hint for gv in g.get_global_vars()] for g in groups]
+
+
+def test_parallel_build_runs_like_a_single_build():
+    art = compiler.compile(reference.branchy_cnn(), tuning="off")
+    mod, target = art.module("final"), art.target
+    inputs = reference.random_inputs(art.inputs)
+    outputs = []
+    for jobs in (1, 2):
+        runner = compiler.runtime.Runner(tvm.relax.VirtualMachine(codegen.build(mod, target, jobs), tvm.cpu()),
+                                         tvm.cpu(), art.inputs, art.outputs)
+        outputs.append(runner.run(inputs))
+    for single, parallel in zip(*outputs):
+        np.testing.assert_array_equal(single, parallel)

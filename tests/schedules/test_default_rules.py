@@ -1,0 +1,39 @@
+"""schedules/default.py: the rules in order, labelled in one place, counted in the report."""
+
+import pytest
+import tvm
+from tvm.target import Target
+
+from schedules.default import SCHEDULE_ATTR, DefaultSchedules, default_schedule, rules
+from schedules.cpu import tiled
+from tests.schedules.test_tiling import AVX512, matmul
+
+
+def test_each_target_gets_its_own_rules_in_order():
+    assert [label for label, _ in rules(AVX512)] == ["tiled", "basic"]
+    gpu = [label for label, _ in rules(Target({"kind": "cuda", "arch": "sm_80"}))]
+    assert gpu[0] == "gpu-matmul" and gpu[-1] == "gpu-fallback" and all(label.startswith("gpu-") for label in gpu)
+
+
+def _declined(monkeypatch) -> None:
+    monkeypatch.setattr(tiled, "_spatial_then_reduction", lambda _block: False)
+
+
+def test_the_first_fitting_rule_wins_and_keeps_its_trace(monkeypatch):
+    sch, label = default_schedule(matmul, AVX512)
+    assert label == "tiled" and len(sch.trace.insts) > 0  # tuning records replay this trace
+    _declined(monkeypatch)
+    assert default_schedule(matmul, AVX512)[1] == "basic"
+
+
+@pytest.mark.parametrize("declined, label", [(False, "tiled"), (True, "basic")])
+def test_the_pass_labels_every_kernel_and_counts_them(monkeypatch, declined, label):
+    if declined:
+        _declined(monkeypatch)
+    mod = tvm.IRModule({"mm": matmul.with_attr("global_symbol", "mm")})
+    schedules = DefaultSchedules(AVX512)
+    with AVX512:
+        scheduled = schedules(mod)
+    assert str(scheduled["mm"].attrs[SCHEDULE_ATTR]) == label and scheduled["mm"].attrs["tirx.is_scheduled"]
+    assert schedules.summary() == {label: 1}
+    assert SCHEDULE_ATTR not in (mod["mm"].attrs or {})  # its input is untouched

@@ -1,0 +1,75 @@
+"""schedules/cpu/tiled.py: the tiling heuristics, and when the Tiled rule declines a kernel."""
+
+import pytest
+from tvm import s_tir, te, tirx
+from tvm.target import Target
+
+from schedules.cpu import Basic, Tiled, tiled
+from schedules.cpu.tiled import MAX_TILE, _tile, _vector_width
+
+AVX512 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+
+
+@pytest.mark.parametrize("extent, lanes, width", [
+    (64, 16, 16),  # a whole number of vectors
+    (12, 16, 12),  # shorter than a vector: all of it
+    (18, 16, 9),  # the largest divisor down to a quarter of the lanes: no tail loop
+    (17, 16, 1),  # prime: not worth a vector
+    (1, 16, 1),
+    (None, 16, 1),  # symbolic
+    (24, 8, 8),
+])
+def test_vector_width_divides_the_extent(extent, lanes, width):
+    assert _vector_width(extent, lanes) == width
+
+
+@pytest.mark.parametrize("extent, tile", [(56, 8), (14, 7), (13, 1), (6, 6), (None, 1)])
+def test_register_tile_is_the_largest_factor_up_to_the_limit(extent, tile):
+    assert _tile(extent) == tile and tile <= MAX_TILE
+
+
+def _matmul() -> tirx.PrimFunc:
+    a = te.placeholder((32, 64), name="a")
+    b = te.placeholder((64, 48), name="b")
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((32, 48), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    return te.create_prim_func([a, b, c])
+
+
+matmul = _matmul()
+
+
+class _Block:
+    """Stands in for dlight's SBlockInfo: only its loop kinds matter here."""
+
+    def __init__(self, kinds: str) -> None:
+        self.kinds = list(kinds)
+
+    def dom_kind(self) -> list[str]:
+        return self.kinds
+
+
+@pytest.mark.parametrize("kinds, fits", [("SSR", True), ("SSSSRRRR", True), ("RS", False), ("SRS", False),
+                                         ("R", False), ("SO", False),
+                                         ("SS", False)])  # a reduction left without reduction loops
+def test_tiled_takes_spatial_loops_then_reduction_loops_only(kinds, fits):
+    assert tiled._spatial_then_reduction(_Block(kinds)) == fits
+
+
+def test_tiled_schedules_a_spatial_then_reduction_kernel():
+    sch = Tiled().apply(matmul, AVX512, False)
+    assert isinstance(sch, s_tir.Schedule)
+    text = sch.mod.script()
+    assert "T.parallel" in text and "T.vectorized" in text and '"local"' in text  # accumulators in registers
+
+
+def test_tiled_declines_a_kernel_of_another_shape_and_basic_takes_it(monkeypatch):
+    monkeypatch.setattr(tiled, "_spatial_then_reduction", lambda _block: False)
+    assert Tiled().apply(matmul, AVX512, False) is None
+    assert "T.parallel" in Basic().apply(matmul, AVX512, False).mod.script()
+
+
+def test_cpu_rules_are_for_cpus_only():
+    cuda = Target({"kind": "cuda", "arch": "sm_80"})
+    assert Tiled().is_target_available(AVX512) and not Tiled().is_target_available(cuda)
+    assert Basic().is_target_available(AVX512) and not Basic().is_target_available(cuda)

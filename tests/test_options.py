@@ -1,0 +1,76 @@
+"""Each option is defined once (compiler/options.py): the CLI offers exactly the API's options, with
+the same defaults and choices, and both refuse the same values."""
+
+import dataclasses
+
+import pytest
+
+import compiler
+from benchmarks.bench import build_parser as bench_parser
+from compiler.cli import build_parser, option_values
+from compiler.options import Options, TuneOptions
+from passes.memory import PLANNERS
+from schedules.tuning import DEFAULT_TRIALS, MODES, ApplyTuningRecords
+
+
+def _names(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _dests(parser, *argv) -> set[str]:
+    args = parser.parse_args([*argv])
+    return set(vars(args))
+
+
+def test_each_command_offers_the_api_options():
+    parser = build_parser()
+    own = {"command", "quiet", "model", "target", "shape", "func"}
+    assert _dests(parser, "compile", "m.onnx") - own - {"output"} == _names(Options)
+    assert _dests(parser, "inspect", "m.onnx") - own - {"phase", "memory"} == _names(Options)
+    assert _dests(parser, "run", "m.onnx") - own - {"input", "repeat", "seed", "report", "device"} == _names(Options)
+    assert _dests(parser, "tune", "m.onnx") - own == (_names(Options) - {"tuning"}) | _names(TuneOptions)
+    assert _dests(bench_parser()) - {"models", "target", "repeat", "threads", "quiet"} == _names(Options)
+
+
+def test_cli_defaults_are_the_api_defaults():
+    args = build_parser().parse_args(["tune", "m.onnx"])
+    assert TuneOptions(**option_values(args, TuneOptions)) == TuneOptions()
+    assert Options(**option_values(build_parser().parse_args(["compile", "m.onnx"]), Options)) == Options()
+
+
+def test_tuning_runs_the_same_budget_from_compile_and_from_tune():
+    assert TuneOptions().trials == DEFAULT_TRIALS == ApplyTuningRecords("tune", None).trials
+
+
+@pytest.mark.parametrize("field, choices", [("tuning", MODES), ("memory_planner", PLANNERS)])
+def test_cli_and_api_accept_the_same_choices(field, choices):
+    flag = "--" + field.replace("_", "-")
+    for choice in choices:
+        args = build_parser().parse_args(["compile", "m.onnx", flag, choice])
+        options = Options(**option_values(args, Options))
+        assert getattr(options, field) == choice
+        assert getattr(options.resolve("cpu"), field) == choice
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["compile", "m.onnx", flag, "bogus"])
+    assert exit_info.value.code == 2
+    with pytest.raises(compiler.UserError, match=f"{field} must be one of {', '.join(choices)}, not 'bogus'"):
+        Options(**{field: "bogus"}).resolve("cpu")
+
+
+def test_list_options_arrive_as_tuples():
+    args = build_parser().parse_args(["compile", "m.onnx", "--unshared", "conv*", "dense*"])
+    assert Options(**option_values(args, Options)).resolve("cpu").unshared == ("conv*", "dense*")
+
+
+def test_resolve_fills_in_the_target_defaults():
+    cpu = Options().resolve("cpu")
+    assert cpu.layout_block in (4, 8, 16) and cpu.memory_planner == "arena"
+    assert cpu.layout_why == "the target's fp32 vector lanes"
+    assert Options(layout_block=0).resolve("cpu").layout_why == "given by the caller"
+    with pytest.raises(compiler.UserError, match="layout_block must be 0"):
+        Options(layout_block=1).resolve("cpu")
+
+
+def test_an_unknown_option_is_refused_by_the_api():
+    with pytest.raises(TypeError, match="bogus"):
+        compiler.compile("onnx:squeezenet", bogus=1)

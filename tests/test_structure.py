@@ -1,0 +1,112 @@
+"""The shape of the code base (docs/design.md, "Layers"): packages import only downwards, without
+cycles, and TVM's private names are used in one module only. Read from the source, nothing imported."""
+
+import ast
+import itertools
+import os
+
+import pytest
+
+from tests.helpers import ROOT
+
+PACKAGES = ("support", "passes", "schedules", "compiler", "benchmarks", "tests")
+# what each package may import of relaxc's own
+ALLOWED = {
+    "support": set(),
+    "passes": {"support"},
+    "schedules": {"support", "passes"},
+    "compiler": {"support", "passes", "schedules"},
+    "benchmarks": {"support", "passes", "schedules", "compiler"},
+    "tests": set(PACKAGES),
+}
+PRIVATE_OK = os.path.join("support", "tvm_internals.py")
+
+
+def _sources(package: str):
+    for folder, _, files in os.walk(os.path.join(ROOT, package)):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                yield os.path.relpath(path, ROOT), ast.parse(open(path).read(), path)
+
+
+def _imported_modules(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):  # imports inside functions count too
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module)
+    return found
+
+
+def _package_imports() -> dict[str, set[str]]:
+    edges = {package: set() for package in PACKAGES}
+    for package in PACKAGES:
+        for _, tree in _sources(package):
+            edges[package] |= {m.split(".")[0] for m in _imported_modules(tree)} & set(PACKAGES) - {package}
+    return edges
+
+
+def test_packages_import_only_the_layers_below():
+    edges = _package_imports()
+    for package, imported in edges.items():
+        assert imported <= ALLOWED[package], f"{package} imports {sorted(imported - ALLOWED[package])}"
+
+
+def test_no_import_cycle_between_packages():
+    edges = _package_imports()
+    for a, b in itertools.permutations(PACKAGES, 2):
+        assert not (b in edges[a] and a in edges[b]), f"{a} and {b} import each other"
+
+
+def test_layer_rules_catch_an_upward_import():
+    """The check above can fail: a passes module importing compiler is reported."""
+    tree = ast.parse("def f():\n    from compiler.pipeline import PHASES\n")
+    assert {m.split(".")[0] for m in _imported_modules(tree)} - ALLOWED["passes"] == {"compiler"}
+
+
+def _private_tvm_uses(tree: ast.AST) -> list[str]:
+    """``from tvm... import _x``, ``tvm.x._y`` imports, and ``name._x`` attribute chains whose root is
+    a name bound by an import from tvm or tvm_ffi."""
+    private = lambda part: part.startswith("_") and not part.startswith("__")  # noqa: E731
+    tvm_names, uses = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in ("tvm", "tvm_ffi"):
+                    tvm_names.add((alias.asname or alias.name).split(".")[0])
+                    uses += [alias.name for part in alias.name.split(".") if private(part)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("tvm", "tvm_ffi"):
+            uses += [node.module for part in node.module.split(".") if private(part)]
+            for alias in node.names:
+                tvm_names.add(alias.asname or alias.name)
+                if private(alias.name):
+                    uses.append(f"{node.module}.{alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in tvm_names:
+                uses.append(f"{root.id}...{node.attr}")
+    return uses
+
+
+def test_private_tvm_names_only_in_tvm_internals():
+    offenders = {path: uses for package in PACKAGES for path, tree in _sources(package)
+                 if path != PRIVATE_OK and (uses := _private_tvm_uses(tree))}
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("code, found", [
+    ("from tvm.relax import vm_build\nvm_build._vmcodegen(1, 2, 3)", True),
+    ("from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map", True),
+    ("import tvm\ntvm.s_tir.meta_schedule.tune_context._normalize_mod(f)", True),
+    ("import tvm\nx = tvm.IRModule()\nx.__class__", False),
+    ("class A:\n    def f(self):\n        return self._private", False),
+])
+def test_private_name_check_sees_each_form(code, found):
+    assert bool(_private_tvm_uses(ast.parse(code))) == found
+    if found:  # and the fence does hold the real ones
+        assert _private_tvm_uses(ast.parse(open(os.path.join(ROOT, PRIVATE_OK)).read()))
