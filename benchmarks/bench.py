@@ -9,12 +9,11 @@ Prints a Markdown table (benchmarks/harness.py says how it measures).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Sequence
 
 from benchmarks import harness
-from compiler.cli import add_option_args, option_values
+from compiler.cli import add_option_args, option_values, run_command
 from compiler.options import Options
 from support.errors import UserError
 
@@ -30,19 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bench(args: argparse.Namespace) -> int:
+    if args.repeat < 1 or args.threads < 1:
+        raise UserError("--repeat and --threads must be at least 1")
+    harness.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
+                print_fn=lambda line: print(line, flush=True), **option_values(args, Options))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="[relaxc] %(message)s", stream=sys.stderr)
-    try:
-        if args.repeat < 1 or args.threads < 1:
-            raise UserError("--repeat and --threads must be at least 1")
-        harness.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
-                    print_fn=lambda line: print(line, flush=True), **option_values(args, Options))
-    except UserError as err:
-        print(f"relaxc-bench: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command("relaxc-bench", lambda: _bench(args), args.quiet)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import hashlib
 import json
 import sys
 
-import numpy as np
 import onnx
 
 import compiler

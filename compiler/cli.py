@@ -13,7 +13,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -247,15 +247,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+def run_command(prog: str, action: Callable[[], int], quiet: bool) -> int:
+    """Run a command line's ``action`` with relaxc's progress logging (none if ``quiet``): a
+    UserError ends it with one line on stderr and status 2, Ctrl-C with status 130."""
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="[relaxc] %(message)s", stream=sys.stderr)
     try:
-        return args.func(args)
+        return action()
     except UserError as err:
-        print(f"relaxc: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("relaxc: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command("relaxc", lambda: args.func(args), args.quiet)

@@ -78,6 +78,20 @@ def test_all_unsupported_operators_listed_before_import(monkeypatch):
     assert "Relu" not in message
 
 
+def test_an_op_the_importer_gets_wrong_is_refused_with_the_reason(monkeypatch):
+    """NonMaxSuppression converts, but to a static (and wrong) output shape: refused, never run."""
+    monkeypatch.setattr(frontend, "from_onnx", lambda *a, **k: pytest.fail("import ran"))
+    boxes = helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 6, 4])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, 6])
+    picked = helper.make_tensor_value_info("picked", TensorProto.INT64, [None, 3])
+    nms = helper.make_node("NonMaxSuppression", ["boxes", "scores"], ["picked"], name="nms")
+    model = helper.make_model(helper.make_graph([nms], "g", [boxes, scores], [picked]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(compiler.UnsupportedOperatorError,
+                       match=r"NonMaxSuppression \[data-dependent output shape.*\] \(nodes: nms\)"):
+        compiler.compile(model)
+
+
 def _dynamic_model():
     model = reference.small_cnn()
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
