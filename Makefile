@@ -24,7 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-# The full ONNX backend node conformance run (about half an hour on 2 cores).
+# The full ONNX backend node conformance run (about a minute on 2 cores; docs/conformance.md).
 conformance: $(STAMP)
 	$(PY) -m tests.conformance --all
 

@@ -39,6 +39,7 @@ from passes.memory import ArenaPlan
 from schedules.default import DefaultSchedules
 from schedules.tuning import ApplyTuningRecords
 from support.reporting import summaries
+from support.targets import TargetLike
 from support.threads import configure_threads
 
 
@@ -125,7 +126,7 @@ PHASES: tuple[Phase, ...] = (
 PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)  # Artifact.ir(phase)
 
 
-def compile_model(model: frontend.ModelLike, target="cpu", shapes: frontend.Shapes | None = None,
+def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes: frontend.Shapes | None = None,
                   options: Options = Options()) -> Artifact:
     """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
     configure_threads()  # constant folding runs kernels: TVM's thread pool may start right here
