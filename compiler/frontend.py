@@ -20,12 +20,12 @@ from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
 from compiler import models
+from compiler.runtime import TensorSpec
 from support import tvm_internals
 from support.errors import ModelError, ShapeError, UnsupportedOperatorError
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 Shapes = Mapping[str, Sequence[int]]
-TensorSpec = tuple[str, tuple[int, ...], str]
 
 # Ops the importer handles itself rather than through its converter table.
 _BUILTIN_OPS = {"If", "Constant"}

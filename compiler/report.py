@@ -12,7 +12,7 @@ from support import targets
 from support.versions import fingerprint, versions
 
 if TYPE_CHECKING:
-    from compiler.frontend import TensorSpec
+    from compiler.runtime import TensorSpec
     from compiler.instrument import PhaseRecorder
     from compiler.pipeline import Compilation
 
