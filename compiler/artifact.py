@@ -26,8 +26,7 @@ class Artifact(Runner):
     def __init__(self, executable: relax.VMExecutable, target: Target, inputs: list[TensorSpec],
                  outputs: list[TensorSpec], report: dict, snapshots: dict[str, tvm.IRModule]) -> None:
         device = open_device("cpu") if target.kind.name == "llvm" else None
-        vm = relax.VirtualMachine(executable, device) if device is not None else None
-        super().__init__(vm, device, inputs, outputs)
+        super().__init__(executable, device, inputs, outputs)
         self.executable = executable
         self.target = target
         self._report = report

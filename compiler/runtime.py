@@ -7,9 +7,13 @@ import onnx or the compiler pipeline: deployment needs only TVM's runtime.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from typing import Any, Mapping, Sequence
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import tvm
@@ -23,25 +27,113 @@ TensorSpec = tuple[str, tuple[int, ...], str]
 DEVICES = {"cpu": "llvm", "cuda": "cuda", "rocm": "rocm"}  # device -> the target kind it runs
 
 
-class Runner:
-    """Validates inputs against the compiled signature and runs the VM's ``main``."""
+def default_concurrency() -> int:
+    """Runs in flight at once per model before further callers wait: two per logical CPU, at least 4.
 
-    def __init__(self, vm: relax.VirtualMachine, device: tvm.runtime.Device,
-                 inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
-        self._vm = vm
+    More than one per core buys no throughput (docs/concurrency.md measures it); the cap bounds the
+    memory concurrent runs take, one arena each.
+    """
+    return max(4, 2 * (os.cpu_count() or 1))
+
+
+class VMPool:
+    """Idle virtual machines for concurrent runs of one compiled program.
+
+    A Relax VM keeps its registers and call frames in itself, so two threads must never run the same
+    one; the program (kernels, constants) is shared. A call takes an idle VM, or makes one while
+    fewer than ``limit`` exist, or waits for one to come back. Each run allocates its own arena (the
+    planned ``alloc_storage`` is per call), so concurrent runs never share intermediate bytes.
+    """
+
+    def __init__(self, program: Any, device: tvm.runtime.Device, limit: int) -> None:
+        if limit < 1:
+            raise UserError(f"concurrency must be at least 1, got {limit}")
+        self._program = program
+        self._device = device
+        self.limit = limit
+        self._idle = [relax.VirtualMachine(program, device)]  # made now: a broken program fails at load
+        self._reset()
+        _POOLS.add(self)
+
+    def _reset(self) -> None:
+        """Fresh locks (after fork, a lock another thread held would stay held); idle VMs are kept."""
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.limit)
+        self.created = len(self._idle)
+
+    @contextlib.contextmanager
+    def vm(self) -> Iterator[relax.VirtualMachine]:
+        with self._slots:
+            with self._lock:
+                vm = self._idle.pop() if self._idle else None
+                if vm is None:
+                    self.created += 1
+            if vm is None:
+                vm = relax.VirtualMachine(self._program, self._device)
+            try:
+                yield vm
+            finally:
+                with self._lock:
+                    self._idle.append(vm)
+
+
+_POOLS: "weakref.WeakSet[VMPool]" = weakref.WeakSet()
+_forked_thread: int | None = None  # in a forked child: the thread that called fork
+_after_fork: ThreadPoolExecutor | None = None
+
+
+def _reset_after_fork() -> None:
+    global _forked_thread, _after_fork
+    _forked_thread, _after_fork = threading.get_ident(), None
+    for pool in _POOLS:
+        pool._reset()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _in_usable_thread(call: Callable[[], Any]) -> Any:
+    """Run ``call`` on a thread whose TVM thread pool works.
+
+    TVM gives each calling thread a pool of its own workers. ``fork`` copies the forking thread's
+    pool but none of its workers, so in the child that thread's parallel kernels would wait forever;
+    its calls go through a helper thread of the child instead, whose pool starts fresh. Every other
+    thread is unaffected.
+    """
+    global _after_fork
+    if threading.get_ident() != _forked_thread:
+        return call()
+    if _after_fork is None:
+        _after_fork = ThreadPoolExecutor(1, thread_name_prefix="relaxc-after-fork")
+    return _after_fork.submit(call).result()
+
+
+class Runner:
+    """Validates inputs against the compiled signature and runs ``main``, from any number of threads.
+
+    Thread safety: ``run`` may be called from many threads at once; each concurrent call runs on its
+    own VM with its own arena (``VMPool``), at most ``concurrency`` at a time, the others wait. A
+    forked child may go on running what its parent compiled or loaded (docs/concurrency.md).
+    """
+
+    def __init__(self, program: Any, device: tvm.runtime.Device | None, inputs: list[TensorSpec],
+                 outputs: list[TensorSpec], concurrency: int | None = None) -> None:
+        self._pool = VMPool(program, device, default_concurrency() if concurrency is None else concurrency) \
+            if device else None
         self._device = device
         self.inputs = inputs
         self.outputs = outputs
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
-        if self._vm is None:
+        if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
         ordered = self._order(arrays)
         args = [tvm.runtime.tensor(self._check(spec, value), self._device)
                 for spec, value in zip(self.inputs, ordered)]
-        return _to_numpy(self._vm["main"](*args))
+        with self._pool.vm() as vm:
+            return _to_numpy(_in_usable_thread(lambda: vm["main"](*args)))
 
     def _order(self, arrays: Sequence[Any]) -> list[Any]:
         names = [name for name, _, _ in self.inputs]
@@ -97,7 +189,7 @@ def manifest_path_for(library: str) -> str:
 class Deployed(Runner):
     """An exported artifact loaded back for inference."""
 
-    def __init__(self, library: str, manifest: dict, device: str) -> None:
+    def __init__(self, library: str, manifest: dict, device: str, concurrency: int | None = None) -> None:
         kind = manifest["target"]["kind"]
         if device in DEVICES and DEVICES[device] != kind:
             runs_on = next(d for d, k in DEVICES.items() if k == kind)
@@ -105,9 +197,9 @@ class Deployed(Runner):
                               f"not {device!r}")
         device_code.register_cuda_binaries(os.path.dirname(library), manifest.get("device_code", []))
         dev = open_device(device)
-        vm = relax.VirtualMachine(tvm.runtime.load_module(library), dev)
         spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
-        super().__init__(vm, dev, [spec(t) for t in manifest["inputs"]], [spec(t) for t in manifest["outputs"]])
+        super().__init__(tvm.runtime.load_module(library), dev, [spec(t) for t in manifest["inputs"]],
+                         [spec(t) for t in manifest["outputs"]], concurrency)
         self.manifest = manifest
 
     @property
@@ -115,9 +207,10 @@ class Deployed(Runner):
         return self.manifest["fingerprint"]
 
 
-def load(path: str | os.PathLike, device: str | None = None) -> Deployed:
+def load(path: str | os.PathLike, device: str | None = None, concurrency: int | None = None) -> Deployed:
     """Load an exported artifact (``.so`` plus its ``.json`` manifest) on ``device`` ("cpu", "cuda"
-    or "rocm"; default: the kind of device it was compiled for)."""
+    or "rocm"; default: the kind of device it was compiled for). At most ``concurrency`` runs go at
+    once (default ``default_concurrency()``); more callers wait."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise ExportError(f"no artifact at {path}")
@@ -132,7 +225,7 @@ def load(path: str | os.PathLike, device: str | None = None) -> Deployed:
     if device is None:
         device = next((d for d, kind in DEVICES.items() if kind == manifest["target"]["kind"]), "cpu")
     configure_threads()
-    return Deployed(path, manifest, device)
+    return Deployed(path, manifest, device, concurrency)
 
 
 def random_inputs(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:

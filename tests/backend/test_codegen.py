@@ -29,8 +29,7 @@ def test_parallel_build_runs_like_a_single_build():
     inputs = reference.random_inputs(art.inputs)
     outputs = []
     for jobs in (1, 2):
-        runner = compiler.runtime.Runner(tvm.relax.VirtualMachine(codegen.build(mod, target, jobs), tvm.cpu()),
-                                         tvm.cpu(), art.inputs, art.outputs)
+        runner = compiler.runtime.Runner(codegen.build(mod, target, jobs), tvm.cpu(), art.inputs, art.outputs)
         outputs.append(runner.run(inputs))
     for single, parallel in zip(*outputs):
         np.testing.assert_array_equal(single, parallel)
