@@ -14,9 +14,11 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
+from compiler import diagnostics
 from compiler.backend import device_code
 from compiler.runtime import TensorSpec, Runner, manifest_path_for, open_device
 from support.errors import ExportError, UserError
+from support import tvm_log
 from support.files import Staging
 
 
@@ -67,7 +69,7 @@ class Artifact(Runner):
                                                          "inputs", "outputs")}
         manifest["library"] = os.path.basename(path)
         try:
-            with Staging() as staging:  # renamed into place in this order: device code, library, manifest
+            with tvm_log.captured() as said, Staging() as staging:  # renamed into place in this order: device code, library, manifest
                 if self.target.kind.name == "cuda":
                     manifest["device_code"] = device_code.write_cuda_fatbins(
                         self.executable.mod, str(self.target.attrs["arch"]), path, staging)
@@ -78,6 +80,7 @@ class Artifact(Runner):
                     json.dump(manifest, f, indent=2)
         except OSError as err:
             raise ExportError(f"cannot export to {path}: {err}") from None
+        diagnostics.translate(said)
         return manifest_path
 
 

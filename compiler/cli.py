@@ -18,7 +18,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from compiler.options import Options, TuneOptions
+from compiler.report import memory_summary, summary, tune_command
 from compiler.runtime import random_inputs
+from support import tvm_log
 from support.errors import InputError, ShapeError, UserError
 
 log = logging.getLogger("relaxc")
@@ -134,25 +136,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         runner.run(inputs)
         times.append((time.perf_counter() - start) * 1e3)
-    if report is not None and args.report:
+    latency = (f"median {statistics.median(times):.2f} ms, min {min(times):.2f} ms over {len(times)} runs"
+               if times else None)
+    if report is not None and args.json:
         print(json.dumps(report, indent=2))
+        return 0
+    if report is not None and args.report:
+        print(summary(report, _tune_command(args, report), latency))
     for (name, _, _), value in zip(runner.outputs, outputs):
         print(f"output {name}: shape {tuple(value.shape)} {value.dtype} "
               f"sum {float(value.sum(dtype=np.float64)):.6g} mean|x| {float(np.abs(value).mean()):.6g}")
-    if times:
-        print(f"latency: median {statistics.median(times):.2f} ms, min {min(times):.2f} ms "
-              f"over {len(times)} runs")
+    if latency and not args.report:
+        print(f"latency: {latency}")
     return 0
+
+
+def _tune_command(args: argparse.Namespace, report: dict) -> str:
+    return tune_command(args.model, report["target"], args.shape, args.cache_dir)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     art = _compile(args)
     if args.memory:
-        from compiler.report import memory_summary
-
         print(memory_summary(art.report()["memory"]))
-    else:
+    elif args.json:
         print(json.dumps(art.report(), indent=2))
+    else:
+        print(summary(art.report(), _tune_command(args, art.report())))
     if args.phase:
         print(art.ir(args.phase))
     return 0
@@ -222,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input from a .npy file (repeatable); others are random")
     p.add_argument("--repeat", type=int, default=10, help="timed runs after one warm-up (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--report", action="store_true", help="print the compile report as JSON")
+    p.add_argument("--report", action="store_true", help="print a summary of the compile report")
+    p.add_argument("--json", action="store_true", help="print the whole compile report as JSON (and no more)")
     p.add_argument("--device", choices=("cpu", "cuda", "rocm"),
                    help="device to run an exported .so on (default: the one it was compiled for)")
     p.set_defaults(func=cmd_run)
@@ -232,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", help="print the IR after this phase (import, simplify, layout, ..., final)")
     p.add_argument("--memory", action="store_true",
                    help="print the memory plan (arena, lower bound, TVM's plan, biggest tensors) instead of the report")
+    p.add_argument("--json", action="store_true", help="print the whole compile report as JSON")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the record store")
@@ -251,7 +263,7 @@ def run_command(prog: str, action: Callable[[], int], quiet: bool) -> int:
     """Run a command line's ``action`` with relaxc's progress logging (none if ``quiet``): a
     UserError ends it with one line on stderr and status 2, Ctrl-C with status 130."""
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        format="[relaxc] %(message)s", stream=sys.stderr)
+                        format="[relaxc] %(message)s", stream=tvm_log.console())
     try:
         return action()
     except UserError as err:

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
-from compiler import models
+from compiler import exactness, models
 from compiler.runtime import TensorSpec
 from support import tvm_internals
 from support.errors import ModelError, ShapeError, UnsupportedOperatorError
@@ -219,6 +219,7 @@ def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedMode
     check_model(proto, path)
     check_operators(proto.graph)
     inputs = bind_shapes(proto.graph, shapes)
+    exactness.refuse_inexact(proto, inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
         try:

@@ -26,7 +26,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.relax.backend.cuda import pipeline as cuda_backend
 from tvm.relax.backend.rocm import pipeline as rocm_backend
 
-from compiler import frontend, report
+from compiler import diagnostics, frontend, report
 from compiler.artifact import Artifact
 from compiler.backend import codegen
 from compiler.instrument import PhaseRecorder
@@ -38,6 +38,7 @@ from passes.legalize import legalize_ops
 from passes.memory import ArenaPlan
 from schedules.default import DefaultSchedules
 from schedules.tuning import ApplyTuningRecords
+from support import tvm_log
 from support.reporting import summaries
 from support.targets import TargetLike
 from support.threads import configure_threads
@@ -132,14 +133,16 @@ def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes:
     configure_threads()  # constant folding runs kernels: TVM's thread pool may start right here
     config = options.resolve(target)
     recorder = PhaseRecorder()
-    imported = recorder.run("import", frontend.import_model, model, shapes)
-    recorder.snapshots["import"] = imported.module
-    compilation = Compilation(config, imported)
-    mod = imported.module
-    with config.target:
-        for phase in PHASES:
-            mod = recorder.run(phase.name, phase.run, mod, compilation)
-    recorder.snapshots["final"] = mod
-    executable = recorder.run("build", codegen.build, mod, config.target)
+    with tvm_log.captured() as said:
+        imported = recorder.run("import", frontend.import_model, model, shapes)
+        recorder.snapshots["import"] = imported.module
+        compilation = Compilation(config, imported)
+        mod = imported.module
+        with config.target:
+            for phase in PHASES:
+                mod = recorder.run(phase.name, phase.run, mod, compilation)
+        recorder.snapshots["final"] = mod
+        executable = recorder.run("build", codegen.build, mod, config.target)
+    compilation.report["warnings"], compilation.report["tvm_log"] = diagnostics.translate(said, imported.ops)
     return Artifact(executable, config.target, imported.inputs, imported.outputs,
                     report.assemble(compilation, recorder), recorder.snapshots)

@@ -6,7 +6,9 @@ pipeline knows: model, target, fingerprint, versions, signature and phase timing
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import shlex
+from typing import TYPE_CHECKING, Sequence
 
 from support import targets
 from support.versions import fingerprint, versions
@@ -42,6 +44,61 @@ def memory_summary(memory: dict) -> str:
         lines += [f"    {t['name']:>10} {t['bytes']:>10} @ {t['offset']:>10}  [{t['first']}, {t['last']}]  {t['kernel']}"
                   for t in biggest]
     return "\n".join(lines)
+
+
+def tune_command(model: str, target: dict, shapes: Sequence[tuple[str, Sequence[int]]] = (),
+                 cache_dir: str | None = None) -> str:
+    """The ``relaxc tune`` command that fills the record store this compile read, for this target."""
+    words = ["relaxc", "tune", model, "-t", json.dumps(_target_flags(target), separators=(",", ":"))]
+    words += [f"--shape={name}={','.join(str(d) for d in dims)}" for name, dims in shapes]
+    if cache_dir:
+        words += ["--log-dir", cache_dir]
+    return shlex.join(words)
+
+
+def _target_flags(target: dict) -> dict:
+    return {k: v for k, v in target.items() if v not in ("", None) and k not in ("tag", "keys")}
+
+
+def summary(report: dict, tune_with: str | None = None, latency: str | None = None) -> str:
+    """The report on one screen: phases, layout, memory, schedules and tuning, warnings, latency.
+    ``tune_with`` is the command that would tune the kernels without records."""
+    phases = " · ".join(f"{p['name']} {p['seconds']:.1f}" for p in report["phases"])
+    layout, memory = report.get("layout", {}), report.get("memory", {})
+    lines = [
+        f"{report['model']} for {report['target'].get('kind')} "
+        f"({', '.join(f'{k}={v}' for k, v in _target_flags(report['target']).items() if k != 'kind')})",
+        f"  compiled in {report['compile_seconds']:.1f} s: {phases} (s)",
+        f"  fingerprint {report['fingerprint'][:16]}",
+    ]
+    if layout:
+        padded = layout.get("padded_tensors", [])
+        lines.append(f"  layout: NCHW{layout['block']}c ({layout['why']}): {layout['blocked_ops']} ops blocked, "
+                     f"{layout['standard_ops']} standard ({_kinds(layout.get('standard_op_kinds', {}))}), "
+                     f"{layout['converters']} converters, {len(padded)} tensors padded "
+                     f"({mib(layout['padding_bytes'])})")
+    if memory:
+        bound = memory["lower_bound_bytes"]
+        lines.append(f"  memory: arena {mib(memory['arena_bytes'])} for {len(memory['tensors'])} tensors, "
+                     + (f"{memory['arena_bytes'] / bound:.3f}x the lower bound, " if bound else "")
+                     + f"TVM's own plan {mib(memory['tvm_static_plan_bytes'])}")
+    schedules, tuning = report.get("schedules", {}), report.get("tuning", {})
+    lines.append(f"  kernels: {_kinds(schedules)}")
+    if tuning:
+        tasks, covered = tuning.get("tasks", 0), tuning.get("tasks_with_records", 0)
+        lines.append(f"  tuning {tuning['mode']}: {covered} of {tasks} kernels have records "
+                     f"in {tuning.get('cache_dir')}")
+        if covered < tasks and tune_with:
+            lines.append(f"    to tune the {tasks - covered} others on this CPU: {tune_with}")
+    for warning in report.get("warnings", []):
+        lines.append(f"  warning: {warning}")
+    if latency:
+        lines.append(f"  latency: {latency}")
+    return "\n".join(lines)
+
+
+def _kinds(counts: dict) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 
 
 def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:

@@ -19,7 +19,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from compiler import diagnostics
 from compiler.backend import device_code
+from support import tvm_log
 from support.errors import ExportError, InputError, TargetError, UserError
 from support.threads import configure_threads
 
@@ -225,7 +227,10 @@ def load(path: str | os.PathLike, device: str | None = None, concurrency: int | 
     if device is None:
         device = next((d for d, kind in DEVICES.items() if kind == manifest["target"]["kind"]), "cpu")
     configure_threads()
-    return Deployed(path, manifest, device, concurrency)
+    with tvm_log.captured() as said:
+        deployed = Deployed(path, manifest, device, concurrency)
+    diagnostics.translate(said)
+    return deployed
 
 
 def random_inputs(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -33,9 +32,11 @@ from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 from tvm.target import Target
+from tqdm import tqdm
 
 from schedules.cache import RecordStore, mean_seconds, workload_hash
 from schedules.default import default_schedule
+from support import tvm_log
 
 log = logging.getLogger("relaxc")
 TOLERANCE = 0.03  # within 3% of the fastest counts as as fast: about the noise of these medians here
@@ -161,7 +162,6 @@ class Selection:
     store: RecordStore
     target: Target
     reselect: bool = False  # measure again even kernels whose records did not change
-    stream: object = sys.stderr
 
     def run(self, tasks: list[ms.ExtractedTask]) -> dict:
         """Select every kernel of ``tasks`` that has records and no up-to-date choice; returns a summary."""
@@ -172,17 +172,15 @@ class Selection:
         chosen = self.store.selections()
         todo = [h for h in hashes
                 if lines.get(h) and (self.reselect or chosen.get(h, {}).get("records") != len(lines[h]))]
-        started = time.perf_counter()
-        for number, key in enumerate(todo, 1):
+        for key in tqdm(todo, desc="[relaxc] select", unit="kernel", file=tvm_log.console(), dynamic_ncols=True):
             task = hashes[key]
             entry = self._select(task, lines[key])
             chosen[key] = entry
             self.store.save_selections({key: entry})  # one kernel at a time: an interrupted run keeps the rest
-            default = (f"default {entry['default_ms']:.3f} ms, {entry['default_build_s']:.2f} s"
-                       if entry["default_ms"] is not None else "the default did not build")
-            print(f"[relaxc] select {number}/{len(todo)}: {task.task_name}: {entry['choice']}, {entry['ms']:.3f} ms, "
-                  f"build {entry['build_s']:.2f} s ({default}; {entry['candidates']} candidates, "
-                  f"{time.perf_counter() - started:.0f} s)", file=self.stream, flush=True)
+            default = (f"default {entry['default_ms']:.3f} ms" if entry["default_ms"] is not None
+                       else "the default did not build")
+            log.debug("select %s: %s, %.3f ms (%s; %d candidates)", task.task_name, entry["choice"], entry["ms"],
+                     default, entry["candidates"])
         decided = [(t, chosen[h]) for h, t in hashes.items() if h in chosen]
         return {"selected": len(todo), "kernels_with_choice": len(decided),
                 "chose_default": sorted(t.task_name for t, e in decided if e["choice"] == "default"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import fnmatch
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -22,12 +21,13 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from tvm.ir.utils import derived_object
+from tqdm import tqdm
 
 from schedules import builder
 from schedules.cache import RecordStore, cache_root, workload_hash
 from schedules.default import IS_SCHEDULED, default_schedule
 from schedules.selection import Selection, apply_trace
-from support import tvm_internals
+from support import tvm_internals, tvm_log
 from support.errors import UserError
 from support.threads import configure_threads, physical_cores
 
@@ -41,32 +41,33 @@ UNROLL_STEPS = (0, 16, 64)  # explicit unrolling MetaSchedule may choose on CPU 
 
 @dataclass
 class Progress:
-    """Trials done, best latency per task and the rate, printed as one status line."""
+    """Trials done, best latency per task and the time left, as a progress bar (on relaxc's console)."""
 
     names: list[str]
     weights: list[float]
     total_trials: int
     deadline: float | None
-    stream: object = sys.stderr
     trials: int = 0
     best_us: dict[int, float] = field(default_factory=dict)
-    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.bar = tqdm(total=self.total_trials, desc="[relaxc] tune", unit="trial", file=tvm_log.console(),
+                        dynamic_ncols=True)
 
     def update(self, task_id: int, seconds: list[float]) -> None:
         self.trials += len(seconds)
         finite = [s for s in seconds if s < 1e9]
         if finite:
             self.best_us[task_id] = min(self.best_us.get(task_id, float("inf")), min(finite) * 1e6)
-        elapsed = time.perf_counter() - self.started
-        rate = self.trials / elapsed if elapsed else 0.0
-        remaining = (self.total_trials - self.trials) / rate if rate else float("inf")
-        if self.deadline is not None:
-            remaining = min(remaining, max(0.0, self.deadline - time.time()))
         estimate = sum(self.weights[i] * us for i, us in self.best_us.items()) / 1e3
-        print(f"[relaxc] tune: {len(self.best_us)}/{len(self.names)} kernels measured, "
-              f"{self.trials}/{self.total_trials} trials, kernels sum {estimate:.2f} ms, "
-              f"{rate:.1f} trials/s, about {remaining / 60:.1f} min left "
-              f"(last: {self.names[task_id]})", file=self.stream, flush=True)
+        stop = (f", stops in {max(0.0, self.deadline - time.time()) / 60:.1f} min"
+                if self.deadline is not None else "")
+        self.bar.set_postfix_str(f"{len(self.best_us)}/{len(self.names)} kernels, sum {estimate:.2f} ms{stop}, "
+                                 f"last {self.names[task_id]}", refresh=False)
+        self.bar.update(len(seconds))
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 @derived_object
@@ -149,18 +150,21 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
             callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
             cost_model = ms.cost_model.XGBModel(num_tuning_cores=physical_cores())
             left = {i: per_task - have[i] for i in todo}
-            while left and progress.trials < budget and summary["stopped"] == "done":
-                for i in list(left):
-                    if deadline is not None and time.time() >= deadline:
-                        summary["stopped"] = "time budget"
-                        break
-                    size = min(batch, left[i], budget - progress.trials)
-                    if size <= 0:
-                        break
-                    done = _tune_batch(tasks[i], i, size, store.dir, database, cost_model, callbacks, progress)
-                    left[i] -= max(done, 1)  # a task whose space is exhausted measures nothing
-                    if left[i] <= 0:
-                        del left[i]
+            try:
+                while left and progress.trials < budget and summary["stopped"] == "done":
+                    for i in list(left):
+                        if deadline is not None and time.time() >= deadline:
+                            summary["stopped"] = "time budget"
+                            break
+                        size = min(batch, left[i], budget - progress.trials)
+                        if size <= 0:
+                            break
+                        done = _tune_batch(tasks[i], i, size, store.dir, database, cost_model, callbacks, progress)
+                        left[i] -= max(done, 1)  # a task whose space is exhausted measures nothing
+                        if left[i] <= 0:
+                            del left[i]
+            finally:
+                progress.close()
             summary["trials"] = progress.trials
         after = [_records(database, task) for task in tasks]
         summary["records_after"] = sum(after)

@@ -29,6 +29,8 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 
+from tqdm import tqdm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Operator types of CNN inference that relaxc must keep passing; CI runs all their node cases.
 SUBSET_OPS = ("Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Conv", "Flatten",
@@ -156,6 +158,7 @@ def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool
                 pickle.dump(case, f)
             todo.put((case, path))
         lock = threading.Lock()
+        bar = tqdm(total=len(cases), desc="conformance", unit="case", disable=not progress, dynamic_ncols=True)
 
         def serve() -> None:
             worker = _Worker()
@@ -172,9 +175,7 @@ def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool
                                      why or reply.get("detail", ""), time.perf_counter() - start))
                     with lock:
                         results[case.name] = result
-                        if progress:
-                            print(f"\r[{len(results)}/{len(cases)}] {case.name:60.60s}", end="",
-                                  file=sys.stderr, flush=True)
+                        bar.update()
             finally:
                 worker.close()
 
@@ -183,8 +184,7 @@ def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool
             thread.start()
         for thread in threads:
             thread.join()
-    if progress:
-        print(file=sys.stderr)
+        bar.close()
     return [results[c.name] for c in cases]
 
 

@@ -29,17 +29,34 @@ def test_compile_run_and_inspect(model_file, tmp_path):
     assert float(line.split(" sum ")[1].split()[0]) == pytest.approx(float(expected.sum()), rel=1e-4)
     assert "latency: median" in proc.stdout and "over 3 runs" in proc.stdout
 
-    proc = relaxc("inspect", str(model_file), "--phase", "simplify", "-q")
+    proc = relaxc("inspect", str(model_file), "--phase", "simplify", "--json", "-q")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout[: proc.stdout.index("\n}\n") + 2])
     assert report["ops"]["Conv"] == 3
     assert "R.nn.conv2d" in proc.stdout and proc.stderr == ""
 
-    proc = relaxc("inspect", str(model_file), "--phase", "layout", "--block", "8", "-q")
+    proc = relaxc("inspect", str(model_file), "--phase", "layout", "--block", "8", "--json", "-q")
     assert proc.returncode == 0, proc.stderr
     assert 'data_layout="NCHW8c"' in proc.stdout and "pad_value=T.float32(0.0)" in proc.stdout
     report = json.loads(proc.stdout[: proc.stdout.index("\n}\n") + 2])
     assert report["layout"]["padded_tensors"][0] == {"name": "x", "from": 3, "to": 4}
+
+
+def test_report_summary_fits_on_a_screen_and_json_has_it_all(model_file):
+    proc = relaxc("run", str(model_file), "--report", "--repeat", "2")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 24 and max(map(len, lines)) <= 200, proc.stdout
+    text = proc.stdout
+    for part in ("compiled in", "layout: NCHW", "memory: arena", "the lower bound", "kernels:", "latency: median"):
+        assert part in text, part
+    tune = next(line for line in lines if "to tune the" in line).split(": ", 1)[1]
+    assert tune.startswith(f"relaxc tune {model_file} -t ") and '"mcpu"' in tune  # the exact target, quoted
+
+    proc = relaxc("run", str(model_file), "--json", "--repeat", "1", "-q")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ops"]["Conv"] == 3 and report["memory"]["tensors"] and report["warnings"] == []
 
 
 def test_inspect_memory_prints_the_plan(model_file):

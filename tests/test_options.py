@@ -26,8 +26,8 @@ def test_each_command_offers_the_api_options():
     parser = build_parser()
     own = {"command", "quiet", "model", "target", "shape", "func"}
     assert _dests(parser, "compile", "m.onnx") - own - {"output"} == _names(Options)
-    assert _dests(parser, "inspect", "m.onnx") - own - {"phase", "memory"} == _names(Options)
-    assert _dests(parser, "run", "m.onnx") - own - {"input", "repeat", "seed", "report", "device"} == _names(Options)
+    assert _dests(parser, "inspect", "m.onnx") - own - {"phase", "memory", "json"} == _names(Options)
+    assert _dests(parser, "run", "m.onnx") - own - {"input", "repeat", "seed", "report", "json", "device"} == _names(Options)
     assert _dests(parser, "tune", "m.onnx") - own == (_names(Options) - {"tuning"}) | _names(TuneOptions)
     assert _dests(bench_parser()) - {"models", "target", "repeat", "threads", "quiet"} == _names(Options)
 

@@ -71,10 +71,31 @@ def _second_tile(sch: s_tir.Schedule, axes: list[s_tir.schedule.LoopRV], tile: i
 def _inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
     """Inline spatial blocks into their neighbours; padding stays a stage of its own."""
     keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)]
-    candidates = [b for b in blocks if b not in keep]
-    remaining = dl.try_inline(sch, candidates)
+    remaining = [b for b in blocks if b not in keep]
+    while True:  # as dl.try_inline: into consumers while any block can, then into a producer
+        inlined = next((b for b in remaining if _try(sch.compute_inline, b)), None) or \
+            next((b for b in remaining if _sole_consumer(sch, b) and _try(sch.reverse_compute_inline, b)), None)
+        if inlined is None:
+            break
+        remaining.remove(inlined)
     order = {b.name: i for i, b in enumerate(blocks)}
     return sorted(keep + remaining, key=lambda b: order[b.name])
+
+
+def _try(primitive, block: SBlockInfo) -> bool:
+    try:
+        primitive(block.block_rv)
+        return True
+    except s_tir.schedule.ScheduleError:
+        return False
+
+
+def _sole_consumer(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
+    """Whether ``block`` is the only reader of its one producer. TVM 0.27's reverse_compute_inline
+    does not check this and leaves other readers reading a buffer nobody writes (ill-formed TIR;
+    the fuzzer found it with a Split after a LeakyRelu, whose Select passes for padding)."""
+    producers = sch.get_producers(block.block_rv)
+    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1
 
 
 def _schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:

@@ -1,0 +1,86 @@
+"""Differential fuzzing of relaxc against onnxruntime (docs/fuzzing.md).
+
+    .venv/bin/python -m tests.fuzz --graphs 1000 --seed 0 [--save DIR]
+
+Graph ``i`` comes from seed ``S + i`` (``tests/fuzz/generate.py``), so any finding is reproduced by
+its seed alone. Each failure (wrong answer, internal error, crash) is shrunk to a minimal graph and
+saved under ``--save`` for a regression test in ``tests/fuzz_cases/``. Exit status 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+import time
+
+import onnx
+from tqdm import tqdm
+
+from tests.fuzz.check import FAILURES, KINDS, Worker
+from tests.fuzz.generate import random_graph
+from tests.fuzz.shrink import shrink
+
+
+def _reason(detail: str) -> str:
+    """A refusal's message without its names and numbers, to count refusals by cause."""
+    return re.sub(r"'[^']*'|\[[^\]]*\]|\d+(\.\d+)?", "_", detail)[:160]
+
+
+def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: bool = True) -> dict:
+    """Run the fuzzer; returns counts by outcome and the failures (seed, outcome, saved path)."""
+    counts: collections.Counter[str] = collections.Counter({kind: 0 for kind in KINDS})
+    failures, refusals = [], collections.Counter()
+    worker = Worker()
+    start = time.perf_counter()
+    try:
+        for graph_seed in tqdm(range(seed, seed + graphs), desc="fuzz", unit="graph", disable=not progress):
+            model = random_graph(graph_seed, max_ops)
+            outcome = worker.check(model)
+            counts[outcome.kind] += 1
+            if outcome.kind == "refused":
+                refusals[_reason(outcome.detail)] += 1
+            if outcome.kind in FAILURES:
+                small = shrink(model, outcome, worker.check)
+                path = None
+                if save:
+                    os.makedirs(save, exist_ok=True)
+                    small.doc_string = json.dumps({"seed": graph_seed, "found": outcome.kind,
+                                                   "detail": outcome.detail, "expect": "match"})
+                    path = os.path.join(save, f"{outcome.kind}-seed{graph_seed}.onnx")
+                    onnx.save(small, path)
+                failures.append({"seed": graph_seed, "kind": outcome.kind, "detail": outcome.detail,
+                                 "nodes": [n.op_type for n in small.graph.node], "saved": path})
+                tqdm.write(f"seed {graph_seed}: {outcome.kind}: {outcome.detail[:200]}\n"
+                           f"  shrunk to {len(small.graph.node)} node(s): {failures[-1]['nodes']}"
+                           + (f", saved {path}" if path else ""))
+    finally:
+        worker.close()
+    return {"graphs": graphs, "seed": seed, "seconds": round(time.perf_counter() - start, 1),
+            "counts": dict(counts), "refusals": dict(refusals), "failures": failures}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.splitlines()[0])
+    parser.add_argument("--graphs", type=int, default=100, help="graphs to generate (default 100)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first graph (default 0)")
+    parser.add_argument("--max-ops", type=int, default=10, help="generator steps per graph (default 10)")
+    parser.add_argument("--save", default="fuzz-findings", help="where shrunk failures go (default ./fuzz-findings)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    summary = fuzz(args.graphs, args.seed, args.save, args.max_ops)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{summary['graphs']} graphs from seed {summary['seed']} in {summary['seconds']} s: " +
+              ", ".join(f"{n} {kind}" for kind, n in summary["counts"].items()))
+        for reason, n in sorted(summary["refusals"].items(), key=lambda kv: -kv[1]):
+            print(f"  refused x{n}: {reason}")
+    return 1 if summary["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

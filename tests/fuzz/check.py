@@ -1,0 +1,112 @@
+"""One fuzz case: compile with relaxc, run, compare with onnxruntime; in a worker process, so a
+crash or a hang is recorded as an outcome instead of ending the run."""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+KINDS = ("pass", "refused", "mismatch", "error", "crash", "reference")
+FAILURES = ("mismatch", "error", "crash")  # what the fuzzer shrinks and must end at zero
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``pass``; ``refused``: a UserError before anything ran (a clear refusal, allowed);
+    ``mismatch``: a wrong answer; ``error``: any other exception; ``crash``: the process died or
+    hung; ``reference``: onnxruntime could not run the graph (a generator problem, not relaxc's)."""
+
+    kind: str
+    detail: str = ""
+
+    def same_failure(self, other: "Outcome") -> bool:
+        """Whether ``other`` still shows this failure (for shrinking): same kind, same exception type."""
+        return self.kind == other.kind and (self.kind != "error" or
+                                            self.detail.split(":")[0] == other.detail.split(":")[0])
+
+
+def inputs_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    from compiler.runtime import random_inputs
+
+    specs = [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim), "float32") for i in model.graph.input]
+    return random_inputs(specs, seed)
+
+
+def check(model: onnx.ModelProto) -> Outcome:
+    """Compile ``model`` (no tuning), run it and onnxruntime on the same random inputs, compare."""
+    import compiler
+    from benchmarks import reference
+
+    inputs = inputs_for(model)
+    try:
+        expected = reference.ort_run(model, inputs)
+    except Exception as err:  # noqa: BLE001 - any failure of the reference is classified
+        return Outcome("reference", _line(err))
+    try:
+        art = compiler.compile(model, target="cpu", tuning="off")
+    except compiler.UserError as err:
+        return Outcome("refused", _line(err))
+    except Exception as err:  # noqa: BLE001
+        return Outcome("error", f"{type(err).__name__}: {_line(err)} at {_where(err)}")
+    try:
+        actual = art.run(inputs)
+        reference.assert_matches(actual, expected)
+    except AssertionError as err:
+        return Outcome("mismatch", " ".join(str(err).split())[:300])
+    except Exception as err:  # noqa: BLE001
+        return Outcome("error", f"{type(err).__name__} in run: {_line(err)}")
+    return Outcome("pass")
+
+
+def _line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:300]
+
+
+def _where(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    return f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+
+
+def _serve(connection) -> None:
+    while True:
+        data = connection.recv_bytes()
+        connection.send(check(onnx.load_from_string(data)))
+
+
+class Worker:
+    """A process that checks models sent to it; replaced when it crashes or exceeds ``timeout``."""
+
+    def __init__(self, timeout: float = 300.0) -> None:
+        self.timeout = timeout
+        self._process = None
+
+    def _start(self) -> None:
+        ours, theirs = multiprocessing.Pipe()
+        self._process = multiprocessing.get_context("spawn").Process(target=_serve, args=(theirs,), daemon=True)
+        self._process.start()
+        self._connection = ours
+
+    def check(self, model: onnx.ModelProto) -> Outcome:
+        if self._process is None or not self._process.is_alive():
+            self._start()
+        self._connection.send_bytes(model.SerializeToString())
+        try:
+            if self._connection.poll(self.timeout):
+                return self._connection.recv()
+            detail = f"no answer within {self.timeout:.0f} s"
+        except (EOFError, OSError):
+            detail = "worker died"
+        self._process.join(1)
+        code = self._process.exitcode
+        self.close()
+        return Outcome("crash", f"{detail} (exit code {code})" if code is not None else detail)
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.join()
+            self._process = None

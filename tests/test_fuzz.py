@@ -1,0 +1,50 @@
+"""Differential fuzzing: the CI slice, every kept reproducer, and the fuzzer's own parts."""
+
+import glob
+import json
+import os
+
+import onnx
+import pytest
+
+from tests.fuzz.__main__ import fuzz
+from tests.fuzz.check import Outcome, check
+from tests.fuzz.generate import random_graph
+from tests.fuzz.shrink import shrink
+
+CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "fuzz_cases", "*.onnx")))
+CI_SEED, CI_GRAPHS = 20261123, 36
+
+
+def test_ci_slice_has_no_failure(tmp_path):
+    summary = fuzz(CI_GRAPHS, CI_SEED, str(tmp_path), progress=False)
+    assert summary["failures"] == [], summary["failures"]
+    assert summary["counts"]["reference"] == 0  # every generated graph is one onnxruntime runs
+    assert summary["counts"]["pass"] >= CI_GRAPHS * 0.8, summary["counts"]
+
+
+@pytest.mark.parametrize("path", CASES, ids=[os.path.basename(p) for p in CASES])
+def test_kept_reproducer(path):
+    model = onnx.load(path)
+    meta = json.loads(model.doc_string)
+    outcome = check(model)
+    if meta["expect"] == "refused":
+        assert outcome.kind == "refused", outcome
+    else:
+        assert outcome.kind == "pass", outcome
+
+
+def test_generated_graphs_are_valid_onnx():
+    for seed in range(200):
+        model = random_graph(seed)
+        onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True)
+        assert 2 <= len(model.graph.node) and len(model.graph.output) in (1, 2)
+
+
+def test_shrink_finds_the_one_guilty_node():
+    model = next(m for m in map(random_graph, range(100))
+                 if len(m.graph.node) >= 6 and any(n.op_type == "Conv" for n in m.graph.node))
+    guilty = lambda m: Outcome("mismatch" if any(n.op_type == "Conv" for n in m.graph.node) else "pass")  # noqa: E731
+    small = shrink(model, Outcome("mismatch"), guilty)
+    assert [n.op_type for n in small.graph.node] == ["Conv"]
+    onnx.checker.check_model(small, full_check=True)
