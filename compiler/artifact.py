@@ -16,7 +16,7 @@ from tvm.target import Target
 
 from compiler import diagnostics
 from compiler.backend import device_code
-from compiler.runtime import TensorSpec, Runner, manifest_path_for, open_device
+from compiler.runtime import TensorSpec, Runner, file_sha256, manifest_path_for, open_device
 from support.errors import ExportError, UserError
 from support import tvm_log
 from support.files import Staging
@@ -76,8 +76,11 @@ class Artifact(Runner):
                 library = staging.path(path)
                 self.executable.export_library(library)
                 os.chmod(library, 0o755)
+                manifest["library_sha256"] = file_sha256(library)
                 with open(staging.path(manifest_path), "w") as f:
                     json.dump(manifest, f, indent=2)
+                    f.flush()
+                    os.fsync(f.fileno())
         except OSError as err:
             raise ExportError(f"cannot export to {path}: {err}") from None
         diagnostics.translate(said)

@@ -8,6 +8,7 @@ import onnx or the compiler pipeline: deployment needs only TVM's runtime.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import threading
@@ -192,7 +193,7 @@ class Deployed(Runner):
     """An exported artifact loaded back for inference."""
 
     def __init__(self, library: str, manifest: dict, device: str, concurrency: int | None = None) -> None:
-        kind = manifest["target"]["kind"]
+        kind = manifest["target"].get("kind")
         if device in DEVICES and DEVICES[device] != kind:
             runs_on = next(d for d, k in DEVICES.items() if k == kind)
             raise TargetError(f"{library} was compiled for {kind!r}: load it with device={runs_on!r}, "
@@ -209,26 +210,70 @@ class Deployed(Runner):
         return self.manifest["fingerprint"]
 
 
-def load(path: str | os.PathLike, device: str | None = None, concurrency: int | None = None) -> Deployed:
-    """Load an exported artifact (``.so`` plus its ``.json`` manifest) on ``device`` ("cpu", "cuda"
-    or "rocm"; default: the kind of device it was compiled for). At most ``concurrency`` runs go at
-    once (default ``default_concurrency()``); more callers wait."""
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(path):
-        raise ExportError(f"no artifact at {path}")
+MANIFEST_KEYS = {"target": dict, "inputs": list, "outputs": list, "fingerprint": str, "library": str}
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_manifest(path: str) -> dict:
+    """The manifest beside ``path``, checked: a broken one is an ExportError, never a crash."""
     manifest_path = manifest_path_for(path)
     try:
         with open(manifest_path) as f:
             manifest = json.load(f)
     except FileNotFoundError:
         raise ExportError(f"manifest {manifest_path} is missing; export writes it beside the library") from None
-    except json.JSONDecodeError as err:
-        raise ExportError(f"manifest {manifest_path} is not valid JSON: {err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ExportError(f"manifest {manifest_path} is not valid JSON (truncated or corrupted?): {err}") from None
+    wrong = [key for key, kind in MANIFEST_KEYS.items() if not isinstance(manifest, dict)
+             or not isinstance(manifest.get(key), kind)]
+    if wrong:
+        raise ExportError(f"manifest {manifest_path} is not a relaxc manifest: {', '.join(wrong)} missing or "
+                          f"malformed; re-export the model")
+    return manifest
+
+
+def _verify_files(path: str, manifest: dict) -> None:
+    """The library and device code are the bytes export wrote: a truncated or corrupted file would
+    crash the process when loaded or run, so it is refused here, before it is opened."""
+    folder = os.path.dirname(path)
+    files = [(path, manifest.get("library_sha256"))]
+    files += [(os.path.join(folder, entry.get("file", "")), entry.get("sha256"))
+              for entry in manifest.get("device_code", [])]
+    for file, expected in files:
+        if expected is None:
+            continue  # exported before relaxc recorded digests
+        if not os.path.isfile(file):
+            raise ExportError(f"{file} is missing; it is part of the artifact (see its manifest)")
+        if file_sha256(file) != expected:
+            raise ExportError(f"{file} does not match its manifest (sha256 differs): the file is truncated, "
+                              f"corrupted or from another export; export the model again")
+
+
+def load(path: str | os.PathLike, device: str | None = None, concurrency: int | None = None) -> Deployed:
+    """Load an exported artifact (``.so`` plus its ``.json`` manifest) on ``device`` ("cpu", "cuda"
+    or "rocm"; default: the kind of device it was compiled for). At most ``concurrency`` runs go at
+    once (default ``default_concurrency()``); more callers wait. Files that do not match their
+    manifest are refused with an ExportError."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise ExportError(f"no artifact at {path}")
+    manifest = _read_manifest(path)
+    _verify_files(path, manifest)
     if device is None:
-        device = next((d for d, kind in DEVICES.items() if kind == manifest["target"]["kind"]), "cpu")
+        device = next((d for d, kind in DEVICES.items() if kind == manifest["target"].get("kind")), "cpu")
     configure_threads()
     with tvm_log.captured() as said:
-        deployed = Deployed(path, manifest, device, concurrency)
+        try:
+            deployed = Deployed(path, manifest, device, concurrency)
+        except (RuntimeError, OSError) as err:  # tvm-ffi errors are RuntimeErrors
+            raise ExportError(f"cannot load {path}: {str(err).strip().splitlines()[-1]}") from None
     diagnostics.translate(said)
     return deployed
 

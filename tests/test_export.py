@@ -76,3 +76,72 @@ def test_runtime_threads_default_to_physical_cores(env, expected, start, tmp_pat
     want = psutil.cpu_count(logical=False) if expected == "physical" else int(expected)
     assert int(threads) == want
     assert untouched == ("True" if not env else "False")  # import compiler set nothing
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    art = compiler.compile(reference.small_cnn(), tuning="off")
+    folder = tmp_path_factory.mktemp("exported")
+    art.export(folder / "m.so")
+    return art, folder
+
+
+def _copy(folder, tmp_path):
+    for name in ("m.so", "m.json"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    return tmp_path / "m.so", tmp_path / "m.json"
+
+
+def _flip_middle(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 64]) + data[middle + 64:]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda lib, man: lib.write_bytes(lib.read_bytes()[: lib.stat().st_size // 2]), "does not match its manifest"),
+    (lambda lib, man: lib.write_bytes(_flip_middle(lib.read_bytes())), "does not match its manifest"),
+    (lambda lib, man: lib.write_bytes(b""), "does not match its manifest"),
+    (lambda lib, man: man.write_text(man.read_text()[:40]), "is not valid JSON"),
+    (lambda lib, man: man.write_bytes(b"\xff\xfe\x00garbage"), "is not valid JSON"),
+    (lambda lib, man: man.write_text(json.dumps({**json.loads(man.read_text()), "inputs": None})),
+     "inputs missing or malformed"),
+    (lambda lib, man: man.write_text("[1, 2]"), "is not a relaxc manifest"),
+    (lambda lib, man: man.unlink(), "is missing"),
+])
+def test_damaged_artifacts_are_refused_not_run(exported, tmp_path, damage, message):
+    """A truncated library loaded as it is kills the process (SIGBUS): load checks the bytes first."""
+    lib, man = _copy(exported[1], tmp_path)
+    damage(lib, man)
+    with pytest.raises(compiler.ExportError, match=message):
+        compiler.load(lib)
+
+
+def test_damaged_device_code_is_refused(exported, tmp_path):
+    lib, man = _copy(exported[1], tmp_path)
+    (tmp_path / "m.0.fatbin").write_bytes(b"not the fatbin export wrote")
+    manifest = json.loads(man.read_text())
+    manifest["device_code"] = [{"file": "m.0.fatbin", "sha256": "0" * 64, "source_sha256": "0" * 64}]
+    man.write_text(json.dumps(manifest))
+    with pytest.raises(compiler.ExportError, match=r"m.0.fatbin does not match its manifest"):
+        compiler.load(lib)
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_failed_or_interrupted_export_leaves_the_old_artifact_alone(exported, tmp_path, monkeypatch, failure):
+    art, folder = exported
+    lib, man = _copy(folder, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def half_written(self, path, *args, **kwargs):
+        with open(path, "wb") as f:  # the disk fills (or Ctrl-C comes) in the middle of the library
+            f.write(b"\x7fELF" + b"\0" * 1000)
+        raise failure
+
+    monkeypatch.setattr(type(art.executable), "export_library", half_written)
+    with pytest.raises(compiler.ExportError if isinstance(failure, OSError) else KeyboardInterrupt) as err:
+        art.export(lib)
+    if isinstance(failure, OSError):
+        assert "No space left on device" in str(err.value)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporaries, old files intact
+    np.testing.assert_array_equal(compiler.load(lib).run(reference.random_inputs(art.inputs))[0],
+                                  art.run(reference.random_inputs(art.inputs))[0])

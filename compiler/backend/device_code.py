@@ -48,7 +48,8 @@ def write_cuda_fatbins(module: tvm.runtime.Module, arch: str, library_path: str,
         with open(staging.path(final), "wb") as f:
             f.write(binary)
         entries.append({"file": os.path.basename(final), "arch": arch, "format": "fatbin",
-                        "source_sha256": hashlib.sha256(source.encode()).hexdigest()})
+                        "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+                        "sha256": hashlib.sha256(binary).hexdigest()})
     return entries
 
 
