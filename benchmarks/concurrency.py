@@ -5,7 +5,8 @@
 For each thread count N, N Python threads share one compiled model and each calls ``run`` ``--runs``
 times; the table gives the median latency of one call, the throughput of all threads together and
 the resident memory growth, for the VM pool (one VM and arena per concurrent call) and for the
-same pool limited to one VM (every call serialised, as a global lock would do).
+same pool limited to one VM (every call serialised, as a global lock would do). A call's latency
+includes its wait for a VM.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from support.threads import configure_threads
 
 def measure(runner: Runner, threads: int, runs: int) -> tuple[float, float]:
     """Median milliseconds per call and calls per second with ``threads`` threads calling at once."""
+    time.sleep(1.0)  # the previous measurement's TVM workers stop spinning
     inputs = random_inputs(runner.inputs)
     latencies: list[float] = []
     barrier = threading.Barrier(threads + 1)

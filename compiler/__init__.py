@@ -60,9 +60,11 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     winning, or the quickest to build within 3% of it. Later ``compile`` calls replay the choices.
     Returns a summary (tasks, trials, records, selection, minutes, stop reason).
     """
+    from compiler import diagnostics
     from compiler.pipeline import compile_model
     from compiler.runtime import open_device
     from schedules.tuning import tune_module
+    from support import tvm_log
 
     tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
     settings = TuneOptions(**{k: v for k, v in options.items() if k in tune_fields})
@@ -70,10 +72,14 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     art = compile_model(model, target, shapes, compile_options)
     if art.target.kind.name != "llvm":
         open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
-    return tune_module(art.module("fuse"), art.target, trials=settings.trials,
-                       trials_per_task=settings.trials_per_task, minutes=settings.minutes,
-                       cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
-                       model=art.report()["model"], reselect=settings.reselect, kernels=tuple(settings.kernels))
+    with tvm_log.captured() as said:  # MetaSchedule's workers inherit the captured stderr too
+        summary = tune_module(art.module("fuse"), art.target, trials=settings.trials,
+                              trials_per_task=settings.trials_per_task, minutes=settings.minutes,
+                              cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
+                              model=art.report()["model"], reselect=settings.reselect,
+                              kernels=tuple(settings.kernels))
+    diagnostics.translate(said, art.report()["ops"])
+    return summary
 
 
 def save_cache(path: str, cache_dir: str | None = None) -> str:
