@@ -6,7 +6,8 @@ kernel). ``captured()`` points fd 2 at a temporary file while relaxc compiles, l
 TVM's lines are collected for the caller to translate (``compiler/diagnostics.py``) and any other
 line written meanwhile is passed on to the real stderr when the step ends, so nothing is lost,
 only delayed (after an internal error, not a UserError, TVM's lines are shown too). relaxc's own messages (its logging, progress bars) go to ``console()``, a copy of
-the real stderr, so they show as they happen. ``RELAXC_LOG=debug`` turns capturing off.
+the real stderr, so they show as they happen. ``RELAXC_LOG=debug`` shows TVM's lines too, when the
+step ends (the report still gets their translation).
 
 fd 2 belongs to the whole process: while one thread compiles, another thread's stderr is held too
 (and passed on when the compile ends); a capture started while one is active leaves it to the first.
@@ -35,7 +36,7 @@ _console: TextIO | None = None
 
 
 def verbose() -> bool:
-    """``RELAXC_LOG=debug``: show TVM's own output as it comes."""
+    """``RELAXC_LOG=debug``: show TVM's own output too."""
     return os.environ.get("RELAXC_LOG", "").lower() == "debug"
 
 
@@ -63,7 +64,7 @@ def captured() -> Iterator[Capture]:
     console()
     with _lock:
         nested, _active = _active, True
-    if nested or verbose():
+    if nested:
         yield capture
         if not nested:
             with _lock:
@@ -86,9 +87,11 @@ def captured() -> Iterator[Capture]:
                 os.dup2(saved, 2)
                 sink.seek(0)
                 text = sink.read().decode("utf-8", "replace")
-                if internal_error:  # a bug: everything TVM said may help, so all of it is shown
+                shown = internal_error or verbose()  # a bug: everything TVM said may help
+                if shown:
                     sys.stderr.write(text)
-                _sort(text, capture)
+                    sys.stderr.flush()
+                _sort(text, capture, pass_on=not shown)
                 capture.messages += [("Python", f"{w.category.__name__}: {w.message}") for w in caught]
     finally:
         os.close(saved)
@@ -96,7 +99,7 @@ def captured() -> Iterator[Capture]:
             _active = False
 
 
-def _sort(text: str, capture: Capture) -> None:
+def _sort(text: str, capture: Capture, pass_on: bool = True) -> None:
     """TVM's lines into ``capture`` (a line that does not start a log line continues the previous
     one when it is indented); every other line back to stderr."""
     passed_on, continues = [], False
@@ -111,6 +114,6 @@ def _sort(text: str, capture: Capture) -> None:
         else:
             passed_on.append(line)
         continues = bool(match)
-    if passed_on:
+    if passed_on and pass_on:
         sys.stderr.write("\n".join(passed_on) + "\n")
         sys.stderr.flush()
