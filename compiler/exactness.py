@@ -1,8 +1,8 @@
-"""Refusals that depend on shapes: nodes TVM's importer would convert into a kernel that computes a
-different answer from ONNX's, on the shapes this compile binds. A wrong answer is worse than none,
-so these are UnsupportedOperatorErrors before any compile work, naming node, op and attribute.
-
-(Shape-independent refusals, by op type or attribute value, are in ``compiler/frontend.py``.)
+"""Refusals of nodes that TVM's importer would convert into something computing a different answer
+from ONNX's: an attribute or optional output it ignores, or a form that is wrong on the shapes this
+compile binds. A wrong answer is worse than none, so these are UnsupportedOperatorErrors before
+any compile work, naming node, op and attribute, every one at once. Each rule says what it guards
+against; the ONNX node suite (docs/conformance.md) and the fuzzer (docs/fuzzing.md) found them.
 """
 
 from __future__ import annotations
@@ -13,8 +13,20 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from dataclasses import dataclass
+from typing import Callable
+
 from compiler.runtime import TensorSpec
 from support.errors import UnsupportedOperatorError
+
+
+@dataclass
+class Facts:
+    """What the rules may ask about the graph: constant values, static shapes and element types."""
+
+    constants: dict[str, np.ndarray]
+    shapes: dict[str, tuple[int, ...]]
+    types: dict[str, int]
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -25,8 +37,9 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     return values
 
 
-def _input_shapes(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> dict[str, tuple[int, ...]]:
-    """Static shapes of every tensor ONNX shape inference can tell, with the bound input shapes."""
+def _facts(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> Facts:
+    """Constants, and the static shapes and element types ONNX shape inference can tell with the
+    bound input shapes."""
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     bound = {name: shape for name, shape, _ in inputs}
@@ -36,29 +49,29 @@ def _input_shapes(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> dict[str,
                 dim.Clear()
                 dim.dim_value = size
     inferred = onnx.shape_inference.infer_shapes(copy)
-    shapes = {}
+    shapes, types = {}, {t.name: t.data_type for t in proto.graph.initializer}
     for value in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            shapes[value.name] = tuple(d.dim_value for d in dims)
-    return shapes
+        tensor = value.type.tensor_type
+        types[value.name] = tensor.elem_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
+    return Facts(_constants(proto.graph), shapes, types)
 
 
-def _resize_with_fractional_scales(node: onnx.NodeProto, constants: dict[str, np.ndarray],
-                                   shapes: dict[str, tuple[int, ...]]) -> str | None:
+def _resize_with_fractional_scales(node: onnx.NodeProto, facts: Facts) -> str | None:
     """ONNX maps output coordinates back with the given ``scales``; TVM's resize with the rounded
     output size (``floor(in * scale)``): the two differ unless every ``in * scale`` is an integer."""
-    if len(node.input) < 3 or not node.input[2] or node.input[2] not in constants:
+    if len(node.input) < 3 or not node.input[2] or node.input[2] not in facts.constants:
         return None
     if len(node.input) > 3 and node.input[3]:
         return None  # sizes given: both sides use the sizes
-    scales, shape = constants[node.input[2]], shapes.get(node.input[0])
+    scales, shape = facts.constants[node.input[2]], facts.shapes.get(node.input[0])
     if shape is None or scales.size != len(shape):
         return None
     exact = np.asarray(shape, dtype=np.float64) * scales.astype(np.float64)
     if np.allclose(exact, np.round(exact), rtol=0, atol=1e-6):
         return None
-    return (f"Resize node {node.name or node.output[0]!r}: scales {scales.tolist()} on input shape "
+    return (f"scales {scales.tolist()} on input shape "
             f"{list(shape)} give fractional sizes {exact.tolist()}; TVM's resize maps coordinates with the "
             f"rounded sizes and would differ from ONNX. Give the node `sizes` instead of `scales` "
             f"(PyTorch: F.interpolate(size=...)), or an input shape the scales divide")
@@ -93,19 +106,19 @@ def _resize_sizes(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> l
     return [(axis, i, o) for axis, (i, o) in enumerate(zip(shape_in, shape_out)) if i != o]
 
 
-def _resize_align_corners_to_one(node: onnx.NodeProto, _constants: dict, shapes: dict) -> str | None:
+def _resize_align_corners_to_one(node: onnx.NodeProto, facts: Facts) -> str | None:
     """align_corners divides by ``out - 1``: TVM's constant folding fails on an output size of 1."""
     if _attr(node, "coordinate_transformation_mode", "half_pixel") != "align_corners":
         return None
-    ones = [axis for axis, _, size_out in _resize_sizes(node, shapes) if size_out == 1]
+    ones = [axis for axis, _, size_out in _resize_sizes(node, facts.shapes) if size_out == 1]
     if not ones:
         return None
-    return (f"Resize node {node.name or node.output[0]!r}: coordinate_transformation_mode=align_corners "
+    return (f"coordinate_transformation_mode=align_corners "
             f"with output size 1 on axis {ones[0]} (ONNX divides by size - 1 there); use half_pixel, or "
             f"ReduceMean/a slice for a 1-pixel output")
 
 
-def _resize_nearest_ties(node: onnx.NodeProto, _constants: dict, shapes: dict) -> str | None:
+def _resize_nearest_ties(node: onnx.NodeProto, facts: Facts) -> str | None:
     """Nearest rounds the source coordinate; where it is exactly on a rounding boundary and the size
     ratio is not a binary fraction, the float coordinate lands on either side of it depending on
     the order of operations, and TVM's pick differs from ONNX's (the fuzzer found 8 -> 15)."""
@@ -113,29 +126,109 @@ def _resize_nearest_ties(node: onnx.NodeProto, _constants: dict, shapes: dict) -
         return None
     transform = _attr(node, "coordinate_transformation_mode", "half_pixel")
     boundary = Fraction(1, 2) if _attr(node, "nearest_mode", "round_prefer_floor").startswith("round") else 0
-    for axis, size_in, size_out in _resize_sizes(node, shapes):
+    for axis, size_in, size_out in _resize_sizes(node, facts.shapes):
         ratio = Fraction(size_in, size_out)
         if ratio.denominator & (ratio.denominator - 1) == 0:
             continue  # a binary fraction: float arithmetic is exact
         for x in range(size_out):
             source = _source_coordinate(transform, x, size_in, size_out)
             if source is not None and source > 0 and source - (source.numerator // source.denominator) == boundary:
-                return (f"Resize node {node.name or node.output[0]!r}: mode=nearest, {transform}, resizing axis "
+                return (f"mode=nearest, {transform}, resizing axis "
                         f"{axis} from {size_in} to {size_out} puts output {x} exactly on a rounding boundary "
                         f"(source coordinate {source}), where float arithmetic decides which pixel is taken "
                         f"and TVM's choice differs from ONNX's; use sizes with a ratio of 2^k, or mode=linear")
     return None
 
 
-CHECKS = {"Resize": (_resize_with_fractional_scales, _resize_align_corners_to_one, _resize_nearest_ties)}
+def _optional_outputs(*indices: int, why: str) -> Callable[[onnx.NodeProto, Facts], str | None]:
+    def rule(node: onnx.NodeProto, _facts: Facts) -> str | None:
+        used = [i for i in indices if len(node.output) > i and node.output[i]]
+        return f"optional output(s) {used} {why}" if used else None
+    return rule
 
 
-def refuse_inexact(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> None:
-    """Raise UnsupportedOperatorError listing every node of ``CHECKS`` that would compute wrongly."""
-    nodes = [node for node in proto.graph.node if node.op_type in CHECKS]
-    if not nodes:
-        return
-    constants, shapes = _constants(proto.graph), _input_shapes(proto, inputs)
-    problems = [p for n in nodes for check in CHECKS[n.op_type] for p in [check(n, constants, shapes)] if p]
+def _attribute(name: str, wrong: Callable[[object], bool], why: str) -> Callable[[onnx.NodeProto, Facts], str | None]:
+    def rule(node: onnx.NodeProto, _facts: Facts) -> str | None:
+        value = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+        if value is None or not wrong(value.decode() if isinstance(value, bytes) else value):
+            return None
+        return f"{name}={value.decode() if isinstance(value, bytes) else value} {why}"
+    return rule
+
+
+def _dropout_training(node: onnx.NodeProto, facts: Facts) -> str | None:
+    """Opset 12+ takes training_mode as an input; the importer always applies inference Dropout,
+    which is right only when training is off or the ratio is 0."""
+    if len(node.input) < 3 or not node.input[2]:
+        return None
+    training, ratio = facts.constants.get(node.input[2]), facts.constants.get(node.input[1])
+    if (training is not None and not bool(np.asarray(training).item())) or \
+            (ratio is not None and float(np.asarray(ratio).item()) == 0.0):
+        return None
+    return "training_mode input (true or computed): the importer always applies inference Dropout"
+
+
+def _conv_transpose_output_shape(node: onnx.NodeProto, facts: Facts) -> str | None:
+    """The importer ignores ``output_shape``: right only when it is the shape the attributes give."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    wanted, shape = attrs.get("output_shape"), facts.shapes.get(node.input[0])
+    if wanted is None:
+        return None
+    if shape is not None and facts.shapes.get(node.input[1]) is not None:
+        spatial = len(shape) - 2
+        kernel = attrs.get("kernel_shape") or facts.shapes[node.input[1]][2:]
+        strides, dilations = attrs.get("strides", [1] * spatial), attrs.get("dilations", [1] * spatial)
+        pads, extra = attrs.get("pads", [0] * 2 * spatial), attrs.get("output_padding", [0] * spatial)
+        given = [strides[i] * (shape[2 + i] - 1) + extra[i] + (kernel[i] - 1) * dilations[i] + 1
+                 - pads[i] - pads[spatial + i] for i in range(spatial)]
+        if list(wanted)[-spatial:] == given:
+            return None
+    return f"output_shape={list(wanted)} is ignored by the importer (it computes the shape from pads)"
+
+
+def _float_mod(node: onnx.NodeProto, facts: Facts) -> str | None:
+    """ONNX requires fmod=1 for floats; with fmod=0 the importer's floor-mod answers 0 where ONNX's
+    reference gives NaN (a zero or infinite operand)."""
+    fmod = next((a.i for a in node.attribute if a.name == "fmod"), 0)
+    is_float = facts.types.get(node.input[0]) in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                                 onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    return "fmod=0 on floating-point inputs (ONNX requires fmod=1 for floats)" if is_float and not fmod else None
+
+
+# op type -> rules; each returns why the node would compute wrongly, or None.
+RULES: dict[str, tuple[Callable[[onnx.NodeProto, Facts], str | None], ...]] = {
+    "BatchNormalization": (_attribute("training_mode", lambda v: v == 1, "(training statistics) is ignored "
+                                      "by the importer"),),
+    "NonMaxSuppression": (lambda node, facts: "its data-dependent output shape is made static (and wrong) by "
+                          "the importer",),
+    "LayerNormalization": (_optional_outputs(1, 2, why="(Mean, InvStdDev) come back as scalars from the "
+                                                      "importer"),),
+    "Dropout": (_optional_outputs(1, why="(mask) comes back as float32, not bool, from the importer"),
+                _dropout_training),
+    "IsInf": (_attribute("detect_negative", lambda v: v == 0, "is ignored by the importer"),
+              _attribute("detect_positive", lambda v: v == 0, "is ignored by the importer")),
+    "ConvTranspose": (_conv_transpose_output_shape,),
+    "SpaceToDepth": (_attribute("mode", lambda v: v != "DCR", "is ignored by the importer (DCR order "
+                                "is produced)"),),
+    "RoiAlign": (_attribute("mode", lambda v: v == "max", "gives other values from the importer"),),
+    "Mod": (_float_mod,),
+    "Resize": (_resize_with_fractional_scales, _resize_align_corners_to_one, _resize_nearest_ties),
+}
+
+
+def _sequence_outputs(proto: onnx.ModelProto) -> list[str]:
+    return [f"graph output {value.name!r} is a sequence: relaxc returns tensors only"
+            for value in proto.graph.output if value.type.WhichOneof("value") != "tensor_type"]
+
+
+def refuse_inexact(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list[onnx.NodeProto]) -> None:
+    """Raise UnsupportedOperatorError listing every node of ``nodes`` (the graph's and its
+    subgraphs') that would compute wrongly (``RULES``), and every graph output relaxc cannot return."""
+    problems = _sequence_outputs(proto)
+    nodes = [node for node in nodes if node.op_type in RULES and node.domain in ("", "ai.onnx")]
+    if nodes:
+        facts = _facts(proto, inputs)
+        problems += [f"{node.op_type} node {node.name or node.output[0]!r}: {why}" for node in nodes
+                     for rule in RULES[node.op_type] for why in [rule(node, facts)] if why]
     if problems:
         raise UnsupportedOperatorError("; ".join(problems))

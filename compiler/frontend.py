@@ -27,14 +27,9 @@ from support.errors import ModelError, ShapeError, UnsupportedOperatorError
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 Shapes = Mapping[str, Sequence[int]]
 
-# Ops the importer handles itself rather than through its converter table.
+# Ops the importer handles itself rather than through its converter table. Ops it converts
+# wrongly in some form are refused by compiler/exactness.py.
 _BUILTIN_OPS = {"If", "Constant"}
-# Attribute values the importer ignores, which would give wrong results instead of an error.
-_UNSUPPORTED_ATTRS = {("BatchNormalization", "training_mode"): 1}
-# Ops the importer converts, but wrongly: refused, since a wrong answer is worse than none.
-_WRONG_IN_IMPORTER = {
-    "NonMaxSuppression": "data-dependent output shape, which the importer makes static and wrong",
-}
 _ONNX_DOMAINS = {"", "ai.onnx"}
 
 
@@ -117,18 +112,12 @@ def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
 
 def check_operators(graph: onnx.GraphProto) -> None:
     """Raise UnsupportedOperatorError listing every unsupported op type with its node names."""
-    supported = (tvm_internals.onnx_converters() | _BUILTIN_OPS) - set(_WRONG_IN_IMPORTER)
+    supported = tvm_internals.onnx_converters() | _BUILTIN_OPS
     missing: dict[str, list[str]] = collections.defaultdict(list)
     for index, node in enumerate(_all_nodes(graph)):
         key = node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}::{node.op_type}"
-        if node.domain in _ONNX_DOMAINS and node.op_type in _WRONG_IN_IMPORTER:
-            key = f"{key} [{_WRONG_IN_IMPORTER[node.op_type]}]"
         if node.domain not in _ONNX_DOMAINS or node.op_type not in supported:
             missing[key].append(node.name or f"#{index}")
-        for attr in node.attribute:
-            bad = _UNSUPPORTED_ATTRS.get((node.op_type, attr.name))
-            if bad is not None and onnx.helper.get_attribute_value(attr) == bad:
-                missing[f"{key}({attr.name}={bad})"].append(node.name or f"#{index}")
     if missing:
         parts = [f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
                  for op, names in sorted(missing.items())]
@@ -219,7 +208,7 @@ def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedMode
     check_model(proto, path)
     check_operators(proto.graph)
     inputs = bind_shapes(proto.graph, shapes)
-    exactness.refuse_inexact(proto, inputs)
+    exactness.refuse_inexact(proto, inputs, list(_all_nodes(proto.graph)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
         try:
