@@ -27,6 +27,7 @@ class Facts:
     constants: dict[str, np.ndarray]
     shapes: dict[str, tuple[int, ...]]
     types: dict[str, int]
+    used: set[str]  # names some node or the graph's outputs read
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -37,7 +38,7 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     return values
 
 
-def _facts(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> Facts:
+def _facts(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list[onnx.NodeProto]) -> Facts:
     """Constants, and the static shapes and element types ONNX shape inference can tell with the
     bound input shapes."""
     copy = onnx.ModelProto()
@@ -55,7 +56,8 @@ def _facts(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> Facts:
         types[value.name] = tensor.elem_type
         if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
             shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
-    return Facts(_constants(proto.graph), shapes, types)
+    used = {name for node in nodes for name in node.input} | {value.name for value in proto.graph.output}
+    return Facts(_constants(proto.graph), shapes, types, used)
 
 
 def _resize_with_fractional_scales(node: onnx.NodeProto, facts: Facts) -> str | None:
@@ -141,8 +143,9 @@ def _resize_nearest_ties(node: onnx.NodeProto, facts: Facts) -> str | None:
 
 
 def _optional_outputs(*indices: int, why: str) -> Callable[[onnx.NodeProto, Facts], str | None]:
-    def rule(node: onnx.NodeProto, _facts: Facts) -> str | None:
-        used = [i for i in indices if len(node.output) > i and node.output[i]]
+    """Outputs the importer gets wrong, which matter only when something reads them."""
+    def rule(node: onnx.NodeProto, facts: Facts) -> str | None:
+        used = [i for i in indices if len(node.output) > i and node.output[i] in facts.used]
         return f"optional output(s) {used} {why}" if used else None
     return rule
 
@@ -225,10 +228,10 @@ def refuse_inexact(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list
     """Raise UnsupportedOperatorError listing every node of ``nodes`` (the graph's and its
     subgraphs') that would compute wrongly (``RULES``), and every graph output relaxc cannot return."""
     problems = _sequence_outputs(proto)
-    nodes = [node for node in nodes if node.op_type in RULES and node.domain in ("", "ai.onnx")]
-    if nodes:
-        facts = _facts(proto, inputs)
-        problems += [f"{node.op_type} node {node.name or node.output[0]!r}: {why}" for node in nodes
+    checked = [node for node in nodes if node.op_type in RULES and node.domain in ("", "ai.onnx")]
+    if checked:
+        facts = _facts(proto, inputs, nodes)
+        problems += [f"{node.op_type} node {node.name or node.output[0]!r}: {why}" for node in checked
                      for rule in RULES[node.op_type] for why in [rule(node, facts)] if why]
     if problems:
         raise UnsupportedOperatorError("; ".join(problems))
