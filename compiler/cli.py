@@ -157,12 +157,13 @@ def _tune_command(args: argparse.Namespace, report: dict) -> str:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     art = _compile(args)
+    report = art.report()
     if args.memory:
-        print(memory_summary(art.report()["memory"]))
+        print(memory_summary(report["memory"]))
     elif args.json:
-        print(json.dumps(art.report(), indent=2))
+        print(json.dumps(report, indent=2))
     else:
-        print(summary(art.report(), _tune_command(args, art.report())))
+        print(summary(report, _tune_command(args, report)))
     if args.phase:
         print(art.ir(args.phase))
     return 0

@@ -7,67 +7,74 @@ against; the ONNX node suite (docs/conformance.md) and the fuzzer (docs/fuzzing.
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
+from typing import Callable
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from dataclasses import dataclass
-from typing import Callable
 
 from compiler.runtime import TensorSpec
 from support.errors import UnsupportedOperatorError
 
 
-@dataclass
 class Facts:
-    """What the rules may ask about the graph: constant values, static shapes and element types."""
+    """What the rules may ask about the graph. Constant values are converted when asked for, and
+    shapes and element types come from ONNX shape inference (with the bound input shapes) only
+    when a rule first asks: most models have no node that needs them, and inference copies the
+    whole model, weights included."""
 
-    constants: dict[str, np.ndarray]
-    shapes: dict[str, tuple[int, ...]]
-    types: dict[str, int]
-    used: set[str]  # names some node or the graph's outputs read
+    def __init__(self, proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list[onnx.NodeProto]) -> None:
+        self._proto, self._inputs = proto, inputs
+        self._tensors = {t.name: t for t in proto.graph.initializer}
+        self._tensors.update({node.output[0]: node.attribute[0].t for node in proto.graph.node
+                              if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"})
+        self.used = {name for node in nodes for name in node.input} | {value.name for value in proto.graph.output}
 
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` if it is an initializer or a Constant's output."""
+        tensor = self._tensors.get(name)
+        return None if tensor is None else numpy_helper.to_array(tensor)
 
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return self._inferred[0]
 
+    @property
+    def types(self) -> dict[str, int]:
+        return self._inferred[1]
 
-def _facts(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list[onnx.NodeProto]) -> Facts:
-    """Constants, and the static shapes and element types ONNX shape inference can tell with the
-    bound input shapes."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    bound = {name: shape for name, shape, _ in inputs}
-    for value in copy.graph.input:
-        if value.name in bound:
-            for dim, size in zip(value.type.tensor_type.shape.dim, bound[value.name]):
-                dim.Clear()
-                dim.dim_value = size
-    inferred = onnx.shape_inference.infer_shapes(copy)
-    shapes, types = {}, {t.name: t.data_type for t in proto.graph.initializer}
-    for value in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
-        tensor = value.type.tensor_type
-        types[value.name] = tensor.elem_type
-        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
-            shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
-    used = {name for node in nodes for name in node.input} | {value.name for value in proto.graph.output}
-    return Facts(_constants(proto.graph), shapes, types, used)
+    @functools.cached_property
+    def _inferred(self) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(self._proto)
+        bound = {name: shape for name, shape, _ in self._inputs}
+        for value in copy.graph.input:
+            if value.name in bound:
+                for dim, size in zip(value.type.tensor_type.shape.dim, bound[value.name]):
+                    dim.Clear()
+                    dim.dim_value = size
+        inferred = onnx.shape_inference.infer_shapes(copy)
+        shapes, types = {}, {t.name: t.data_type for t in self._proto.graph.initializer}
+        for value in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+            tensor = value.type.tensor_type
+            types[value.name] = tensor.elem_type
+            if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+                shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
+        return shapes, types
 
 
 def _resize_with_fractional_scales(node: onnx.NodeProto, facts: Facts) -> str | None:
     """ONNX maps output coordinates back with the given ``scales``; TVM's resize with the rounded
     output size (``floor(in * scale)``): the two differ unless every ``in * scale`` is an integer."""
-    if len(node.input) < 3 or not node.input[2] or node.input[2] not in facts.constants:
+    scales = facts.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if scales is None:
         return None
     if len(node.input) > 3 and node.input[3]:
         return None  # sizes given: both sides use the sizes
-    scales, shape = facts.constants[node.input[2]], facts.shapes.get(node.input[0])
+    shape = facts.shapes.get(node.input[0])
     if shape is None or scales.size != len(shape):
         return None
     exact = np.asarray(shape, dtype=np.float64) * scales.astype(np.float64)
@@ -164,7 +171,7 @@ def _dropout_training(node: onnx.NodeProto, facts: Facts) -> str | None:
     which is right only when training is off or the ratio is 0."""
     if len(node.input) < 3 or not node.input[2]:
         return None
-    training, ratio = facts.constants.get(node.input[2]), facts.constants.get(node.input[1])
+    training, ratio = facts.constant(node.input[2]), facts.constant(node.input[1])
     if (training is not None and not bool(np.asarray(training).item())) or \
             (ratio is not None and float(np.asarray(ratio).item()) == 0.0):
         return None
@@ -174,9 +181,10 @@ def _dropout_training(node: onnx.NodeProto, facts: Facts) -> str | None:
 def _conv_transpose_output_shape(node: onnx.NodeProto, facts: Facts) -> str | None:
     """The importer ignores ``output_shape``: right only when it is the shape the attributes give."""
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    wanted, shape = attrs.get("output_shape"), facts.shapes.get(node.input[0])
+    wanted = attrs.get("output_shape")
     if wanted is None:
         return None
+    shape = facts.shapes.get(node.input[0])
     if shape is not None and facts.shapes.get(node.input[1]) is not None:
         spatial = len(shape) - 2
         kernel = attrs.get("kernel_shape") or facts.shapes[node.input[1]][2:]
@@ -192,10 +200,12 @@ def _conv_transpose_output_shape(node: onnx.NodeProto, facts: Facts) -> str | No
 def _float_mod(node: onnx.NodeProto, facts: Facts) -> str | None:
     """ONNX requires fmod=1 for floats; with fmod=0 the importer's floor-mod answers 0 where ONNX's
     reference gives NaN (a zero or infinite operand)."""
-    fmod = next((a.i for a in node.attribute if a.name == "fmod"), 0)
-    is_float = facts.types.get(node.input[0]) in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
-                                                 onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-    return "fmod=0 on floating-point inputs (ONNX requires fmod=1 for floats)" if is_float and not fmod else None
+    if next((a.i for a in node.attribute if a.name == "fmod"), 0):
+        return None
+    if facts.types.get(node.input[0]) not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                              onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+        return None
+    return "fmod=0 on floating-point inputs (ONNX requires fmod=1 for floats)"
 
 
 # op type -> rules; each returns why the node would compute wrongly, or None.
@@ -230,7 +240,7 @@ def refuse_inexact(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list
     problems = _sequence_outputs(proto)
     checked = [node for node in nodes if node.op_type in RULES and node.domain in ("", "ai.onnx")]
     if checked:
-        facts = _facts(proto, inputs, nodes)
+        facts = Facts(proto, inputs, nodes)
         problems += [f"{node.op_type} node {node.name or node.output[0]!r}: {why}" for node in checked
                      for rule in RULES[node.op_type] for why in [rule(node, facts)] if why]
     if problems:

@@ -64,11 +64,8 @@ def captured() -> Iterator[Capture]:
     console()
     with _lock:
         nested, _active = _active, True
-    if nested:
+    if nested:  # the outer capture collects this step's lines
         yield capture
-        if not nested:
-            with _lock:
-                _active = False
         return
     sys.stderr.flush()
     saved = os.dup(2)

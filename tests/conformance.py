@@ -4,7 +4,7 @@
     python -m tests.conformance --ops Conv Relu  # the cases built only from these operator types
     python -m tests.conformance --subset         # the fixed CI subset (tests/test_conformance.py)
 
-Each case runs in a worker process; a case that crashes the worker or outlives ``--timeout`` is
+Each case runs in a worker process (`tests/isolated.py`); a case that crashes the worker or outlives ``--timeout`` is
 recorded as ``crash`` and the worker is replaced, so no case can stop the run. Outcomes:
 ``pass``, ``wrong`` (ran, output differs beyond the case's own rtol/atol), ``unsupported``
 (relaxc refused it with a UserError, e.g. an operator the importer lacks), ``error`` (compile or
@@ -19,9 +19,7 @@ import json
 import os
 import pickle
 import queue
-import select
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +29,8 @@ from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.isolated import Isolated
+
 # Operator types of CNN inference that relaxc must keep passing; CI runs all their node cases.
 SUBSET_OPS = ("Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Conv", "Flatten",
               "Gemm", "GlobalAveragePool", "MaxPool", "Mul", "Relu", "Reshape", "Sigmoid",
@@ -108,43 +107,11 @@ def run_case(path: str) -> dict:
     return result("pass")
 
 
-def worker_main() -> None:
-    """Read case paths from stdin, answer one JSON line per case on stdout."""
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # keep TVM's prints out of the protocol
-    for line in sys.stdin:
-        try:
-            reply = run_case(line.strip())
-        except Exception:  # a bug in the runner itself: report it, keep serving
-            reply = {"outcome": "error", "detail": traceback.format_exc(limit=1)}
-        out.write(json.dumps(reply) + "\n")
-
-
-class _Worker:
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-
-    def ask(self, path: str, timeout: float) -> tuple[dict | None, str]:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.conformance", "--worker"], cwd=ROOT, text=True,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": ROOT, "TVM_NUM_THREADS": "1"})
-        self.proc.stdin.write(path + "\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if line:
-            return json.loads(line), ""
-        why = f"no answer in {timeout:.0f}s" if not ready else f"worker died (exit {self.proc.wait()})"
-        self.close()
-        return None, why
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+def _run_case_safely(path: str) -> dict:
+    try:
+        return run_case(path)
+    except Exception:  # a bug in the runner itself: report it, keep serving
+        return {"outcome": "error", "detail": traceback.format_exc(limit=1)}
 
 
 def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool = True) -> list[Result]:
@@ -161,7 +128,7 @@ def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool
         bar = tqdm(total=len(cases), desc="conformance", unit="case", disable=not progress, dynamic_ncols=True)
 
         def serve() -> None:
-            worker = _Worker()
+            worker = Isolated(_run_case_safely, env={"TVM_NUM_THREADS": "1"})
             try:
                 while True:
                     try:
@@ -169,7 +136,7 @@ def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool
                     except queue.Empty:
                         return
                     start = time.perf_counter()
-                    reply, why = worker.ask(path, timeout)
+                    reply, why = worker.call(path, timeout)
                     result = (Result(**reply) if reply and "name" in reply else
                               Result(case.name, _case_ops(case), "crash" if reply is None else "error",
                                      why or reply.get("detail", ""), time.perf_counter() - start))
@@ -204,14 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--all", action="store_true", help="every node case")
     which.add_argument("--subset", action="store_true", help=f"cases of {', '.join(SUBSET_OPS)}")
     which.add_argument("--ops", nargs="+", help="cases built only from these operator types")
-    which.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case (default 120)")
     parser.add_argument("--json", help="write every case's result to this file")
     args = parser.parse_args(argv)
-    if args.worker:
-        worker_main()
-        return 0
     ops = None if args.all else set(SUBSET_OPS if args.subset else args.ops)
     start = time.perf_counter()
     results = run_cases(collect(ops), jobs=args.jobs, timeout=args.timeout)

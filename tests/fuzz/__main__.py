@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import re
@@ -20,9 +21,10 @@ import time
 import onnx
 from tqdm import tqdm
 
-from tests.fuzz.check import FAILURES, KINDS, Worker
+from tests.fuzz.check import FAILURES, KINDS, check, check_in
 from tests.fuzz.generate import random_graph
 from tests.fuzz.shrink import shrink
+from tests.isolated import Isolated
 
 
 def _reason(detail: str) -> str:
@@ -34,17 +36,18 @@ def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: 
     """Run the fuzzer; returns counts by outcome and the failures (seed, outcome, saved path)."""
     counts: collections.Counter[str] = collections.Counter({kind: 0 for kind in KINDS})
     failures, refusals = [], collections.Counter()
-    worker = Worker()
+    worker = Isolated(check)
+    isolated_check = functools.partial(check_in, worker)
     start = time.perf_counter()
     try:
         for graph_seed in tqdm(range(seed, seed + graphs), desc="fuzz", unit="graph", disable=not progress):
             model = random_graph(graph_seed, max_ops)
-            outcome = worker.check(model)
+            outcome = isolated_check(model)
             counts[outcome.kind] += 1
             if outcome.kind == "refused":
                 refusals[_reason(outcome.detail)] += 1
             if outcome.kind in FAILURES:
-                small = shrink(model, outcome, worker.check)
+                small = shrink(model, outcome, isolated_check)
                 path = None
                 if save:
                     os.makedirs(save, exist_ok=True)

@@ -1,14 +1,15 @@
-"""One fuzz case: compile with relaxc, run, compare with onnxruntime; in a worker process, so a
-crash or a hang is recorded as an outcome instead of ending the run."""
+"""One fuzz case: compile with relaxc, run, compare with onnxruntime (in a worker process by
+``check_in``, so a crash or a hang is recorded as an outcome instead of ending the run)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import traceback
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
+
+from tests.isolated import Isolated
 
 KINDS = ("pass", "refused", "mismatch", "error", "crash", "reference")
 FAILURES = ("mismatch", "error", "crash")  # what the fuzzer shrinks and must end at zero
@@ -71,42 +72,10 @@ def _where(err: BaseException) -> str:
     return f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
 
 
-def _serve(connection) -> None:
-    while True:
-        data = connection.recv_bytes()
-        connection.send(check(onnx.load_from_string(data)))
+TIMEOUT_S = 300.0
 
 
-class Worker:
-    """A process that checks models sent to it; replaced when it crashes or exceeds ``timeout``."""
-
-    def __init__(self, timeout: float = 300.0) -> None:
-        self.timeout = timeout
-        self._process = None
-
-    def _start(self) -> None:
-        ours, theirs = multiprocessing.Pipe()
-        self._process = multiprocessing.get_context("spawn").Process(target=_serve, args=(theirs,), daemon=True)
-        self._process.start()
-        self._connection = ours
-
-    def check(self, model: onnx.ModelProto) -> Outcome:
-        if self._process is None or not self._process.is_alive():
-            self._start()
-        self._connection.send_bytes(model.SerializeToString())
-        try:
-            if self._connection.poll(self.timeout):
-                return self._connection.recv()
-            detail = f"no answer within {self.timeout:.0f} s"
-        except (EOFError, OSError):
-            detail = "worker died"
-        self._process.join(1)
-        code = self._process.exitcode
-        self.close()
-        return Outcome("crash", f"{detail} (exit code {code})" if code is not None else detail)
-
-    def close(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.join()
-            self._process = None
+def check_in(worker: Isolated, model: onnx.ModelProto) -> Outcome:
+    """``check`` in ``worker`` (an ``Isolated(check)``): a crash or a hang becomes a ``crash``."""
+    outcome, why = worker.call(model, TIMEOUT_S)
+    return outcome if outcome is not None else Outcome("crash", why)

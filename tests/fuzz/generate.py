@@ -9,6 +9,7 @@ through a dozen layers and a wrong index shows as a wrong number.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -87,6 +88,18 @@ def _choice(rng: np.random.Generator, values):
     return values[rng.integers(len(values))]
 
 
+def _operator(accept: Callable[[Shape], bool] = lambda shape: True) -> Callable:
+    """A generator step applied to a tensor ``Graph.pick`` chooses among those ``accept`` takes;
+    the step returns False when nothing fits."""
+    def wrap(step: Callable[[Graph, str], bool]) -> Callable[[Graph], bool]:
+        @functools.wraps(step)
+        def run(g: Graph) -> bool:
+            x = g.pick(accept)
+            return x is not None and step(g, x)
+        return run
+    return wrap
+
+
 def _rank4(shape: Shape) -> bool:
     return len(shape) == 4
 
@@ -96,10 +109,8 @@ def _pool_out(size: int, kernel: int, stride: int, pad: int, dilation: int = 1, 
     return (-(-span // stride) if ceil else span // stride) + 1
 
 
-def conv(g: Graph) -> bool:
-    x = g.pick(lambda s: _rank4(s) and min(s[2:]) >= 3)
-    if x is None:
-        return False
+@_operator(lambda s: _rank4(s) and min(s[2:]) >= 3)
+def conv(g: Graph, x: str) -> bool:
     n, c, h, w = g.shapes[x]
     rng = g.rng
     groups = 1
@@ -124,20 +135,16 @@ def conv(g: Graph) -> bool:
     return True
 
 
-def batch_norm(g: Graph) -> bool:
-    x = g.pick(_rank4)
-    if x is None:
-        return False
+@_operator(_rank4)
+def batch_norm(g: Graph, x: str) -> bool:
     c = g.shapes[x][1]
     g.add("BatchNormalization", [x, g.weight((c,), positive=True), g.weight((c,)), g.weight((c,)),
                                  g.weight((c,), positive=True)], [g.shapes[x]], epsilon=1e-5)
     return True
 
 
-def pool(g: Graph) -> bool:
-    x = g.pick(lambda s: _rank4(s) and min(s[2:]) >= 2)
-    if x is None:
-        return False
+@_operator(lambda s: _rank4(s) and min(s[2:]) >= 2)
+def pool(g: Graph, x: str) -> bool:
     n, c, h, w = g.shapes[x]
     rng = g.rng
     if rng.random() < 0.25:
@@ -166,8 +173,8 @@ UNARY = {"Relu": {}, "Sigmoid": {}, "Tanh": {}, "Erf": {}, "Neg": {}, "Abs": {},
          "HardSwish": {}, "Selu": {}}  # no Floor/Round: a last-bit difference upstream flips them
 
 
-def unary(g: Graph) -> bool:
-    x = g.pick(lambda s: True)
+@_operator()
+def unary(g: Graph, x: str) -> bool:
     op = _choice(g.rng, sorted(UNARY) + ["Clip", "Swish", "Gelu"])
     if op == "Clip":
         g.add("Clip", [x, g.floats(-1.0), g.floats(float(g.rng.uniform(0.5, 6.0)))], [g.shapes[x]])
@@ -199,8 +206,8 @@ def _partner(g: Graph, shape: Shape) -> tuple[str, Shape]:
     return g.weight(form), form
 
 
-def binary(g: Graph) -> bool:
-    x = g.pick(lambda s: True)
+@_operator()
+def binary(g: Graph, x: str) -> bool:
     shape = g.shapes[x]
     op = _choice(g.rng, ["Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"])
     other, other_shape = _partner(g, shape)
@@ -213,10 +220,8 @@ def binary(g: Graph) -> bool:
     return True
 
 
-def concat(g: Graph) -> bool:
-    x = g.pick(lambda s: len(s) >= 2)
-    if x is None:
-        return False
+@_operator(lambda s: len(s) >= 2)
+def concat(g: Graph, x: str) -> bool:
     shape = g.shapes[x]
     axis = 1 if len(shape) == 4 and g.rng.random() < 0.7 else int(g.rng.integers(len(shape)))
     key = lambda s: s[:axis] + s[axis + 1:]  # noqa: E731
@@ -227,10 +232,8 @@ def concat(g: Graph) -> bool:
     return True
 
 
-def split(g: Graph) -> bool:
-    x = g.pick(lambda s: len(s) >= 2 and max(s[1:]) >= 2)
-    if x is None:
-        return False
+@_operator(lambda s: len(s) >= 2 and max(s[1:]) >= 2)
+def split(g: Graph, x: str) -> bool:
     shape = g.shapes[x]
     axis = _choice(g.rng, [a for a in range(1, len(shape)) if shape[a] >= 2])
     cut = int(g.rng.integers(1, shape[axis]))
@@ -240,20 +243,16 @@ def split(g: Graph) -> bool:
     return True
 
 
-def transpose(g: Graph) -> bool:
-    x = g.pick(lambda s: len(s) >= 2)
-    if x is None:
-        return False
+@_operator(lambda s: len(s) >= 2)
+def transpose(g: Graph, x: str) -> bool:
     shape = g.shapes[x]
     perm = [int(p) for p in g.rng.permutation(len(shape))]
     g.add("Transpose", [x], [tuple(shape[p] for p in perm)], perm=perm)
     return True
 
 
-def reshape(g: Graph) -> bool:
-    x = g.pick(lambda s: len(s) >= 2)
-    if x is None:
-        return False
+@_operator(lambda s: len(s) >= 2)
+def reshape(g: Graph, x: str) -> bool:
     shape = g.shapes[x]
     rng = g.rng
     if rng.random() < 0.4:
@@ -271,10 +270,8 @@ def reshape(g: Graph) -> bool:
     return True
 
 
-def matmul(g: Graph) -> bool:
-    x = g.pick(lambda s: 2 <= len(s) <= 4)
-    if x is None:
-        return False
+@_operator(lambda s: 2 <= len(s) <= 4)
+def matmul(g: Graph, x: str) -> bool:
     shape = g.shapes[x]
     k, n = shape[-1], int(g.rng.integers(1, 65))
     rng = g.rng
@@ -293,10 +290,8 @@ def matmul(g: Graph) -> bool:
     return True
 
 
-def normalize(g: Graph) -> bool:
-    x = g.pick(lambda s: len(s) >= 2)
-    if x is None:
-        return False
+@_operator(lambda s: len(s) >= 2)
+def normalize(g: Graph, x: str) -> bool:
     shape = g.shapes[x]
     if g.rng.random() < 0.5:
         g.add("Softmax", [x], [shape], axis=int(g.rng.integers(-len(shape), len(shape))))
@@ -306,10 +301,8 @@ def normalize(g: Graph) -> bool:
     return True
 
 
-def reduce(g: Graph) -> bool:
-    x = g.pick(lambda s: len(s) >= 2)
-    if x is None:
-        return False
+@_operator(lambda s: len(s) >= 2)
+def reduce(g: Graph, x: str) -> bool:
     shape = g.shapes[x]
     op = _choice(g.rng, ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"])
     axes = sorted(int(a) for a in g.rng.choice(len(shape), int(g.rng.integers(1, len(shape))), replace=False))
@@ -326,10 +319,8 @@ def reduce(g: Graph) -> bool:
 RESIZE_MODES = ["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"]
 
 
-def resize(g: Graph) -> bool:
-    x = g.pick(lambda s: _rank4(s) and max(s[2:]) <= 24)
-    if x is None:
-        return False
+@_operator(lambda s: _rank4(s) and max(s[2:]) <= 24)
+def resize(g: Graph, x: str) -> bool:
     n, c, h, w = g.shapes[x]
     rng = g.rng
     mode = _choice(rng, ["nearest", "linear"])
