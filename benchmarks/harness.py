@@ -76,8 +76,9 @@ def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_op
     start = time.perf_counter()
     art = compiler.compile(spec, target=target, **compile_options)
     compile_s = time.perf_counter() - start
-    inputs = random_inputs(art.inputs)
-    session = reference.ort_session(_load(spec), threads=threads)
+    proto = _load(spec)
+    inputs = random_inputs(art.inputs, high=art.input_high)
+    session = reference.ort_session(proto, threads=threads)
     reference.assert_matches(art.run(inputs), session.run(None, inputs))
     ms = alternate({"relaxc": lambda: art.run(inputs), "onnxruntime": lambda: session.run(None, inputs)},
                    repeat)

@@ -16,7 +16,7 @@ from tvm.target import Target
 
 from compiler import diagnostics
 from compiler.backend import device_code
-from compiler.runtime import TensorSpec, Runner, file_sha256, manifest_path_for, open_device
+from compiler.runtime import TensorSpec, Runner, file_sha256, input_high, manifest_path_for, open_device
 from support.errors import ExportError, UserError
 from support import tvm_log
 from support.files import Staging
@@ -33,6 +33,7 @@ class Artifact(Runner):
         self.target = target
         self._report = report
         self._snapshots = snapshots
+        self.input_high = input_high(report["inputs"])
 
     @property
     def fingerprint(self) -> str:

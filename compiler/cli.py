@@ -111,7 +111,7 @@ def _inputs_for(runner, given: list[tuple[str, str]], seed: int) -> dict[str, np
     unknown = sorted(set(files) - set(names))
     if unknown:
         raise InputError(f"--input names unknown input(s) {unknown}; the model's inputs are {names}")
-    arrays = random_inputs(runner.inputs, seed)
+    arrays = random_inputs(runner.inputs, seed, runner.input_high)
     for name, path in files.items():
         try:
             arrays[name] = np.load(path)
@@ -166,6 +166,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(summary(report, _tune_command(args, report)))
     if args.phase:
         print(art.ir(args.phase))
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from compiler import profile
+
+    art = _compile(args)
+    result = profile.profile(art, _inputs_for(art, args.input, args.seed))
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(f"{art.report()['model']} on {json.dumps(art.report()['target'])}, one inference, kernels timed alone:")
+        print(result.table(args.top))
     return 0
 
 
@@ -246,6 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the memory plan (arena, lower bound, TVM's plan, biggest tensors) instead of the report")
     p.add_argument("--json", action="store_true", help="print the whole compile report as JSON")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("profile", parents=[common],
+                       help="time each kernel of one inference: sorted, with share, schedule and kind")
+    _add_model_args(p)
+    p.add_argument("--input", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
+                   help="input from a .npy file (repeatable); others are random")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--top", type=int, default=25, help="kernels to list (default 25; 0: all)")
+    p.add_argument("--json", action="store_true", help="print every kernel as JSON")
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the record store")
     _add_model_args(p, exclude=("tuning",))

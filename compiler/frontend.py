@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
-from compiler import exactness, models
+from compiler import exactness, models, prepare
 from compiler.runtime import TensorSpec
 from support import tvm_internals
 from support.errors import ModelError, ShapeError, UnsupportedOperatorError
@@ -44,6 +44,7 @@ class ImportedModel:
     outputs: list[TensorSpec]
     ops: dict[str, int]
     onnx_names: dict[str, str]
+    input_high: dict[str, int]  # integer inputs' exclusive bounds the model declares (models.input_high)
 
 
 def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
@@ -54,7 +55,10 @@ def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
         return _parse(model, "<bytes>"), "model", None
     if models.is_bundled(model):
         path = models.bundled_path(model)
-        return _parse_file(path), model, path
+        proto = _parse_file(path)
+        if models.is_light(proto):  # zoo: weights filled at load; check the filled proto, not the path
+            return models.fill_light(proto), model, None
+        return proto, model, path
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.exists(path):
@@ -208,6 +212,8 @@ def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedMode
     check_model(proto, path)
     check_operators(proto.graph)
     inputs = bind_shapes(proto.graph, shapes)
+    ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
+    proto = prepare.fold_shape_computations(proto, {name: shape for name, shape, _ in inputs})
     exactness.refuse_inexact(proto, inputs, list(_all_nodes(proto.graph)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
@@ -218,6 +224,5 @@ def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedMode
         except Exception as err:  # the importer raises bare Python errors for unconvertible nodes
             raise UnsupportedOperatorError(f"TVM's ONNX importer cannot convert this model: "
                                            f"{type(err).__name__}: {_first_line(err)}") from err
-    ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))
     return ImportedModel(name, module, inputs, _output_specs(proto.graph, module), dict(sorted(ops.items())),
-                         {new: old for old, new in names.items() if new != old})
+                         {new: old for old, new in names.items() if new != old}, models.input_high(proto))

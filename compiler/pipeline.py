@@ -9,6 +9,7 @@
     schedule   schedules/default.py        default schedule rules for every kernel without a record
     lower      passes/memory.py + TVM      VM lowering, arena storage planning on the final shapes
     build      compiler/backend/codegen.py code generation, CPU kernels on every core
+               (exp, tanh, erf, pow lowered to vector polynomials: passes/fast_math.py)
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
 ``Artifact.ir(phase)`` shows what it did; passes that report write their own part of
@@ -31,6 +32,7 @@ from compiler.artifact import Artifact
 from compiler.backend import codegen
 from compiler.instrument import PhaseRecorder
 from compiler.options import Config, Options
+from passes import fast_math
 from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
 from passes.fold_constants import FoldConstantsNumpy
 from passes.layout import LayoutPass
@@ -131,6 +133,7 @@ def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes:
                   options: Options = Options()) -> Artifact:
     """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
     configure_threads()  # constant folding runs kernels: TVM's thread pool may start right here
+    fast_math.register()
     config = options.resolve(target)
     recorder = PhaseRecorder()
     with tvm_log.captured() as said:

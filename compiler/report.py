@@ -110,7 +110,7 @@ def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:
         "fingerprint": fingerprint(recorder.snapshots["fuse"], config.target, config.fingerprint_options(),
                                    config.tools),
         "versions": {**versions(), **config.tools},
-        "inputs": [_spec_json(s) for s in model.inputs],
+        "inputs": [_spec_json(s, model.input_high.get(s[0])) for s in model.inputs],
         "outputs": [_spec_json(s) for s in model.outputs],
         "phases": recorder.timings,
         "compile_seconds": recorder.seconds,
@@ -119,6 +119,6 @@ def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:
     }
 
 
-def _spec_json(spec: "TensorSpec") -> dict:
+def _spec_json(spec: "TensorSpec", high: int | None = None) -> dict:
     name, shape, dtype = spec
-    return {"name": name, "shape": list(shape), "dtype": dtype}
+    return {"name": name, "shape": list(shape), "dtype": dtype, **({"high": high} if high is not None else {})}

@@ -126,6 +126,7 @@ class Runner:
         self._device = device
         self.inputs = inputs
         self.outputs = outputs
+        self.input_high: dict[str, int] = {}  # integer inputs' valid ranges, where the model declares them
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
@@ -203,11 +204,17 @@ class Deployed(Runner):
         spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
         super().__init__(tvm.runtime.load_module(library), dev, [spec(t) for t in manifest["inputs"]],
                          [spec(t) for t in manifest["outputs"]], concurrency)
+        self.input_high = input_high(manifest["inputs"])
         self.manifest = manifest
 
     @property
     def fingerprint(self) -> str:
         return self.manifest["fingerprint"]
+
+
+def input_high(specs: list[dict]) -> dict[str, int]:
+    """The integer inputs' exclusive upper bounds (token ids, masks) that a report or manifest records."""
+    return {t["name"]: t["high"] for t in specs if "high" in t}
 
 
 MANIFEST_KEYS = {"target": dict, "inputs": list, "outputs": list, "fingerprint": str, "library": str}
@@ -278,14 +285,21 @@ def load(path: str | os.PathLike, device: str | None = None, concurrency: int | 
     return deployed
 
 
-def random_inputs(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs for a model's signature: standard normals for floats, 0-9 for
-    integers, 0-1 for booleans."""
+def random_inputs(inputs: Sequence[TensorSpec], seed: int = 0,
+                  high: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random inputs for a model's signature: standard normals for floats, 0-1 for
+    booleans, integers from 0 up to ``high[name]`` (exclusive; default 10). A bound of 2 (an
+    attention mask) gives ones with the last quarter of each row zero, as padded batches have."""
     rng = np.random.default_rng(seed)
+    high = high or {}
     arrays = {}
     for name, shape, dtype in inputs:
         if np.issubdtype(np.dtype(dtype), np.floating):
             arrays[name] = rng.standard_normal(shape).astype(dtype)
+        elif high.get(name) == 2 and shape:
+            mask = np.ones(shape, dtype)
+            mask[..., shape[-1] - shape[-1] // 4:] = 0
+            arrays[name] = mask
         else:
-            arrays[name] = rng.integers(0, 2 if dtype == "bool" else 10, shape).astype(dtype)
+            arrays[name] = rng.integers(0, 2 if dtype == "bool" else high.get(name, 10), shape).astype(dtype)
     return arrays

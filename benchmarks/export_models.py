@@ -1,0 +1,145 @@
+"""Export real transformer architectures with random weights and commit their light forms.
+
+    pip install -e '.[export]'            # torch, transformers, onnxscript: never needed by make test
+    python -m benchmarks.export_models [NAME ...] [--out compiler/zoo]
+
+Each model is built from its library's real architecture code with a small or standard config and
+random weights, exported by the exporter users run (``torch.onnx.export``: the TorchScript exporter
+at opset 17 and the dynamo exporter at opset 18, which writes its weights to an external data file),
+then reduced to its light form (``compiler.models.make_light``: every float weight becomes a
+shape-only placeholder that the loader fills with seeded random values of the original's mean and
+standard deviation). The light file is what is committed and what ``zoo:<name>`` loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
+
+import onnx
+
+from compiler import models
+
+
+@dataclass(frozen=True)
+class Export:
+    build: Callable[[], tuple[object, tuple, list[str], list[str], dict[str, int]]]
+    dynamo: bool  # the dynamo exporter (opset 18, external data) or TorchScript (opset 17)
+
+
+def _tokens(torch, seq: int, vocab: int, mask: bool):
+    ids = torch.randint(0, vocab, (1, seq))
+    if not mask:
+        return (ids,), ["input_ids"]
+    attention = torch.ones(1, seq, dtype=torch.int64)
+    attention[0, seq - seq // 4:] = 0  # padded tail
+    return (ids, attention), ["input_ids", "attention_mask"]
+
+
+def _bert():
+    import torch
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    args, names = _tokens(torch, 128, config.vocab_size, mask=True)
+    return BertModel(config, add_pooling_layer=False), args, names, ["last_hidden_state"], \
+        {"input_ids": config.vocab_size, "attention_mask": 2}
+
+
+def _gpt2():
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_embd=256, n_layer=4, n_head=4, n_positions=256, use_cache=False)
+    args, names = _tokens(torch, 64, config.vocab_size, mask=False)
+    return GPT2Model(config), args, names, ["last_hidden_state"], {"input_ids": config.vocab_size}
+
+
+def _distilbert():
+    import torch
+    from transformers import DistilBertConfig, DistilBertModel
+
+    config = DistilBertConfig()  # distilbert-base: 6 layers, hidden 768, 12 heads
+    args, names = _tokens(torch, 128, config.vocab_size, mask=True)
+    return DistilBertModel(config), args, names, ["last_hidden_state"], \
+        {"input_ids": config.vocab_size, "attention_mask": 2}
+
+
+def _vit():
+    import torch
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig()  # ViT-B/16, 224x224
+    return ViTModel(config, add_pooling_layer=False), (torch.randn(1, 3, 224, 224),), ["pixel_values"], \
+        ["last_hidden_state"], {}
+
+
+EXPORTS: dict[str, Export] = {
+    "bert": Export(_bert, dynamo=False),
+    "gpt2": Export(_gpt2, dynamo=True),  # TorchScript cannot export transformers 5's mask code (aten::diff)
+    "distilbert": Export(_distilbert, dynamo=False),
+    "vit_b16": Export(_vit, dynamo=True),
+}
+
+
+class _Forward:
+    """Wraps a Hugging Face model so the export returns one tensor (its last hidden state)."""
+
+    def __new__(cls, model):
+        import torch
+
+        class Forward(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args):
+                return self.model(*args, return_dict=True).last_hidden_state
+
+        return Forward()
+
+
+def export(name: str, out_dir: str, seed: int = 0) -> str:
+    """Export ``name`` and write its light form to ``out_dir``; returns the path."""
+    import torch
+
+    torch.manual_seed(seed)
+    spec = EXPORTS[name]
+    model, args, input_names, output_names, input_high = spec.build()
+    model = _Forward(model.eval())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{name}.onnx")
+        with torch.no_grad():
+            if spec.dynamo:
+                program = torch.onnx.export(model, args, dynamo=True, opset_version=18,
+                                            input_names=input_names, output_names=output_names)
+                program.save(path, external_data=True)  # as users get it: weights in a .data file
+            else:
+                torch.onnx.export(model, args, path, dynamo=False, opset_version=17,
+                                  input_names=input_names, output_names=output_names)
+        full = onnx.load(path)  # reads the external data file too
+    light = models.make_light(full, source=f"{type(model.model).__name__} exported by "
+                              f"{'dynamo (opset 18)' if spec.dynamo else 'TorchScript (opset 17)'}, "
+                              f"torch {torch.__version__}", input_high=input_high)
+    target = os.path.join(out_dir, f"{name}.onnx")
+    onnx.save(light, target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", default=list(EXPORTS), help=f"models (default: {' '.join(EXPORTS)})")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(models.__file__), "zoo"))
+    args = parser.parse_args(argv)
+    for name in args.names:
+        path = export(name, args.out)
+        print(f"wrote {path} ({os.path.getsize(path) / 1e3:.0f} kB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

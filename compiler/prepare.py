@@ -1,0 +1,134 @@
+"""ONNX preparation before TVM's importer: shape computations folded into constants.
+
+Exporters compute shapes at run time (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``,
+``ConstantOfShape`` of a computed shape, masks built from ``Range`` and ``Equal``), even when every
+shape is static. TVM's importer follows some of these chains and trips on others (a 0-d
+``ConstantOfShape`` broke transformers' BERT export). Here ONNX's own shape inference gives each
+value its static shape, ``Shape`` of a statically shaped value becomes a constant, and any node whose
+inputs are all constants is evaluated by ONNX's reference evaluator, the independent implementation
+of the ONNX semantics, so the importer sees constants instead of computations.
+
+Only small results are folded (``MAX_FOLDED_ELEMENTS``): shape arithmetic and masks, never weights,
+whose folding stays with the simplify phase (a model's large constants are not duplicated here).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+MAX_FOLDED_ELEMENTS = 1 << 16
+_NEVER_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                 "Bernoulli", "If", "Loop", "Scan"}
+
+
+def _static_shapes(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Every value's static shape that ONNX shape inference finds, the inputs bound to ``inputs``."""
+    bound = onnx.ModelProto()
+    bound.CopyFrom(model)
+    for value in bound.graph.input:
+        if value.name in inputs:
+            shape = value.type.tensor_type.shape
+            del shape.dim[:]
+            for size in inputs[value.name]:
+                shape.dim.add().dim_value = size
+    try:
+        inferred = onnx.shape_inference.infer_shapes(bound, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return {}
+    shapes = {}
+    graph = inferred.graph
+    for value in list(graph.value_info) + list(graph.input) + list(graph.output):
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape"):
+            continue
+        dims = tensor.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shapes[value.name] = tuple(d.dim_value for d in dims)
+    return shapes
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    if node.op_type != "Constant" or len(node.attribute) != 1 or node.attribute[0].name != "value":
+        return None
+    return numpy_helper.to_array(node.attribute[0].t)
+
+
+def _fold(node: onnx.NodeProto, constants: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
+          opset: int) -> list[np.ndarray] | None:
+    """The node's outputs if it can be computed now, else None."""
+    if node.op_type == "Shape" and node.input[0] in shapes:
+        attrs = {a.name: a.i for a in node.attribute}
+        shape = shapes[node.input[0]]
+        return [np.array(shape[attrs.get("start", 0):attrs.get("end", len(shape))], dtype=np.int64)]
+    if node.op_type == "Size" and node.input[0] in shapes:
+        return [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
+    if node.op_type in _NEVER_FOLDED or node.domain not in ("", "ai.onnx"):
+        return None
+    inputs = [name for name in node.input if name]
+    if not inputs or not all(name in constants for name in inputs):
+        return None
+    try:
+        evaluator = ReferenceEvaluator(node, opsets={"": opset})
+        return list(evaluator.run(None, {name: constants[name] for name in inputs}))
+    except Exception:  # noqa: BLE001 - the reference lacks some forms (GatherElements broadcasting): the importer computes them
+        return None
+
+
+def fold_shape_computations(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of ``model`` with its small constant computations (shapes, masks) folded, its graph
+    inputs having the static ``inputs`` shapes (dynamic dims bound by the caller)."""
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    shapes = _static_shapes(model, inputs)
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer
+                 if init.data_location != onnx.TensorProto.EXTERNAL and int(np.prod(init.dims)) <= MAX_FOLDED_ELEMENTS}
+    outputs = {value.name for value in graph.output}
+    folded: dict[str, np.ndarray] = {}
+    kept = []
+    for node in graph.node:
+        value = _constant_value(node)
+        if value is not None:
+            constants[node.output[0]] = value
+            kept.append(node)
+            continue
+        results = _fold(node, constants, shapes, opset)
+        if results is None or any(name in outputs for name in node.output) \
+                or any(np.asarray(r).size > MAX_FOLDED_ELEMENTS for r in results):
+            kept.append(node)
+            continue
+        for name, result in zip(node.output, results):
+            constants[name] = folded[name] = np.asarray(result)
+    if not folded:
+        return model
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(model)
+    del prepared.graph.node[:]
+    prepared.graph.node.extend(_live(kept, outputs))
+    used = {name for node in prepared.graph.node for name in node.input} | outputs
+    prepared.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items() if name in used)
+    return prepared
+
+
+def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` without those whose outputs nothing reads any more."""
+    needed = set(outputs)
+    live = []
+    for node in reversed(nodes):
+        if any(name in needed for name in node.output):
+            live.append(node)
+            needed.update(node.input)
+            needed.update(_subgraph_inputs(node))  # names a branch or loop body reads from outside
+    return live[::-1]
+
+
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    names = set()
+    for attr in node.attribute:
+        for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            for inner in graph.node:
+                names.update(inner.input)
+                names.update(_subgraph_inputs(inner))
+    return names

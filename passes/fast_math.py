@@ -1,0 +1,149 @@
+"""Vectorisable float32 transcendental functions for LLVM CPU code: exp, tanh, erf (hence sigmoid,
+softmax, both GELU forms, swish) and ``pow`` with a small integer exponent.
+
+TVM 0.27 lowers ``exp`` and ``pow`` to LLVM intrinsics and ``erf`` to a libm call; without a vector
+math library LLVM turns each into one scalar call per element, so a vectorised GELU or softmax ran
+at scalar speed (GPT-2's tanh-GELU kernel was 46 % of its time). Here they become polynomial
+expressions of plain arithmetic, bit operations and selects, which vectorise like any other
+arithmetic. They are registered as TVM's intrinsic lowering for the ``llvm`` target, so every
+kernel gets them, whichever op, rule, tuning record or importer made it; other dtypes keep TVM's own
+lowering. ``register()`` installs them for the process (the pipeline and the tuning builder call it).
+
+Accuracy, measured against numpy in float64 over every float32 bit pattern class (``docs/fast_math.md``;
+``tests/passes/test_fast_math.py`` asserts the bounds):
+- exp: Cephes' degree-6 polynomial on the reduced argument, the power of two applied as two
+  exponent-field scalings so that overflow gives inf and underflow gives subnormals then 0;
+- tanh: Eigen's rational approximation (odd degree 13 / even degree 6), clamped to +-7.905 where
+  float32 tanh is 1 to within an ulp; |x| < 4e-4 returns x;
+- erf: Eigen's rational approximation (degree 13 / degree 8), clamped to +-4;
+- NaN in, NaN out; +-inf give the limits; ``pow(x, n)`` for an integer constant |n| <= 4 is
+  repeated multiplication (1/x^n for negative n), other exponents keep TVM's lowering.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tvm
+from tvm import tirx
+
+PRIORITY = 100  # above TVM's own rules (level 10 and 99)
+
+LOG2E = 1.44269504088896341
+LN2_HI = 0.693359375  # ln 2 split in two so that n * LN2_HI is exact
+LN2_LO = -2.12194440e-4
+EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+EXP_LOW, EXP_HIGH = -104.0, 88.8  # exp(-104) rounds to 0, exp(88.8) overflows: clamping changes neither
+
+TANH_CLAMP = 7.90531110763549805
+TANH_TINY = 4e-4
+TANH_NUM = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+            1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
+TANH_DEN = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
+
+ERF_CLAMP = 4.0
+ERF_NUM = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+ERF_DEN = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+           -1.42647390514189e-02)
+
+MAX_POW_MULTIPLICATIONS = 4
+
+
+def _lanes(x: tirx.PrimExpr) -> int:
+    return tvm.DataType(str(x.ty.dtype)).lanes
+
+
+def _is_float32(x: tirx.PrimExpr) -> bool:
+    return tvm.DataType(str(x.ty.dtype)).type_code == tvm.DataTypeCode.FLOAT and \
+        tvm.DataType(str(x.ty.dtype)).bits == 32
+
+
+def _horner(x: tirx.PrimExpr, coefficients: Sequence[float]) -> tirx.PrimExpr:
+    result = x * 0.0 + coefficients[0]
+    for c in coefficients[1:]:
+        result = result * x + c
+    return result
+
+
+def _clamp(x: tirx.PrimExpr, low: float, high: float) -> tirx.PrimExpr:
+    return tirx.max(tirx.min(x, high), low)
+
+
+def _keep_nan(x: tirx.PrimExpr, result: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``result``, or x where x is NaN (min/max clamps would have turned NaN into a number)."""
+    return tirx.Select(tirx.isnan(x), x, result)
+
+
+def _power_of_two(n: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
+    """2**n as float32 for integer-valued n in [-126, 127], built in the exponent field."""
+    itype = "int32" if lanes == 1 else f"int32x{lanes}"
+    ftype = "float32" if lanes == 1 else f"float32x{lanes}"
+    return tirx.reinterpret(ftype, tirx.shift_left(n.astype(itype) + 127, 23 if lanes == 1 else tirx.Broadcast(tirx.const(23, "int32"), lanes)))
+
+
+def exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    lanes = _lanes(x)
+    clamped = _clamp(x, EXP_LOW, EXP_HIGH)
+    n = tirx.floor(clamped * LOG2E + 0.5)
+    r = clamped - n * LN2_HI - n * LN2_LO
+    p = _horner(r, EXP_POLY) * r * r + r + 1.0
+    half = tirx.floor(n * 0.5)  # two factors of 2**(n/2): both stay normal from 2**-150 to 2**128
+    return _keep_nan(x, p * _power_of_two(half, lanes) * _power_of_two(n - half, lanes))
+
+
+def tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    clamped = _clamp(x, -TANH_CLAMP, TANH_CLAMP)
+    x2 = clamped * clamped
+    ratio = clamped * _horner(x2, TANH_NUM) / _horner(x2, TANH_DEN)
+    return _keep_nan(x, tirx.Select(tirx.abs(x) < TANH_TINY, x, ratio))
+
+
+def erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    clamped = _clamp(x, -ERF_CLAMP, ERF_CLAMP)
+    x2 = clamped * clamped
+    return _keep_nan(x, clamped * _horner(x2, ERF_NUM) / _horner(x2, ERF_DEN))
+
+
+def _small_integer(value: tirx.PrimExpr) -> int | None:
+    if isinstance(value, tirx.Broadcast):
+        value = value.value
+    if isinstance(value, tirx.FloatImm) and float(value.value).is_integer() \
+            and 0 < abs(value.value) <= MAX_POW_MULTIPLICATIONS:
+        return int(value.value)
+    return None
+
+
+def _rule(function: Callable[[tirx.PrimExpr], tirx.PrimExpr], fallback) -> Callable:
+    def lower(call: tirx.Call) -> tirx.PrimExpr:
+        x = call.args[0]
+        return function(x) if _is_float32(x) else fallback(call)
+    return lower
+
+
+def _pow_rule(fallback) -> Callable:
+    def lower(call: tirx.Call) -> tirx.PrimExpr:
+        base, exponent = call.args
+        n = _small_integer(exponent)
+        if n is None or not _is_float32(base):
+            return fallback(call)
+        product = base
+        for _ in range(abs(n) - 1):
+            product = product * base
+        return product if n > 0 else 1.0 / product
+    return lower
+
+
+def _default_rule(op: str):
+    existing = tvm.ir.Op.get(op).get_attr("llvm.FLowerIntrinsic") or tvm.ir.Op.get(op).get_attr("default.FLowerIntrinsic")
+    return lambda call: existing(call)
+
+
+def register() -> None:
+    """Make these the LLVM lowering of exp, tanh, erf and pow (idempotent)."""
+    if getattr(register, "done", False):
+        return
+    for op, function in (("tirx.exp", exp), ("tirx.tanh", tanh), ("tirx.erf", erf)):
+        tirx.register_intrin_lowering(op, "llvm", f=_rule(function, _default_rule(op)), level=PRIORITY)
+    tirx.register_intrin_lowering("tirx.pow", "llvm", f=_pow_rule(_default_rule("tirx.pow")), level=PRIORITY)
+    register.done = True
