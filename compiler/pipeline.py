@@ -3,6 +3,7 @@
     import     compiler/frontend.py        validate the ONNX model, convert to Relax
     simplify   passes/fold_constants.py    fold constants and batch norms, canonicalize, CSE, dead code
     layout     passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
+               passes/dense.py             constant matmul weights packed into column panels
     legalize   passes/legalize.py          Relax operators to TIR PrimFuncs (blocked convs: ours)
     fuse       TVM FuseOps/FuseTIR         fuse producers with their elementwise consumers
     tune       schedules/tuning.py         apply tuning records (replay, strict) or tune first (tune)
@@ -33,6 +34,7 @@ from compiler.backend import codegen
 from compiler.instrument import PhaseRecorder
 from compiler.options import Config, Options
 from passes import fast_math
+from passes.dense import PackDenseWeights
 from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
 from passes.fold_constants import FoldConstantsNumpy
 from passes.layout import LayoutPass
@@ -42,7 +44,7 @@ from schedules.default import DefaultSchedules
 from schedules.tuning import ApplyTuningRecords
 from support import tvm_log
 from support.reporting import summaries
-from support.targets import TargetLike
+from support.targets import TargetLike, vector_lanes
 from support.threads import configure_threads
 
 
@@ -87,7 +89,9 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
 
 
 def _layout(c: Compilation) -> list[tvm.transform.Pass]:
-    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names)]
+    target = c.config.target
+    packing = [PackDenseWeights(vector_lanes(target))] if target.kind.name == "llvm" else []  # GPUs: dlight's matmul rules
+    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names), *packing]
 
 
 def _legalize(_c: Compilation) -> list[tvm.transform.Pass]:

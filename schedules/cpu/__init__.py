@@ -2,6 +2,7 @@
 ``schedules/default.py`` tries them."""
 
 from schedules.cpu.basic import Basic
+from schedules.cpu.dense import Dense
 from schedules.cpu.tiled import Tiled
 
-__all__ = ["Tiled", "Basic"]
+__all__ = ["Dense", "Tiled", "Basic"]

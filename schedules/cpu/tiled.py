@@ -68,7 +68,7 @@ def _second_tile(sch: s_tir.Schedule, axes: list[s_tir.schedule.LoopRV], tile: i
     return None
 
 
-def _inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
+def inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
     """Inline spatial blocks into their neighbours; padding stays a stage of its own."""
     keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)]
     remaining = [b for b in blocks if b not in keep]
@@ -98,13 +98,13 @@ def _sole_consumer(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
     return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1
 
 
-def _schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+def schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops:
         return
     if len(loops) > 1:
         sch.fuse(*loops)
-    outer = _vectorize_innermost(sch, block, lanes)
+    outer = vectorize_innermost(sch, block, lanes)
     if outer is not None:
         sch.parallel(outer)
 
@@ -158,11 +158,11 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, lanes: int) -> s_
     for loop in inner[:-1]:
         sch.unroll(loop)
     sch.decompose_reduction(block, reduction[0])
-    _vectorize_innermost(sch, write_back, lanes)
+    vectorize_innermost(sch, write_back, lanes)
     return parallel
 
 
-def _vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+def vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
                          lanes: int) -> s_tir.schedule.LoopRV | None:
     """Vectorise the block's innermost loop (split off a vector-wide part if it is longer).
 
@@ -180,7 +180,7 @@ def _vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     return outer
 
 
-def _try_attach(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
+def try_attach(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
     """Compute an epilogue under its producer's tile loop, if its access pattern allows."""
     try:
         sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
@@ -210,7 +210,7 @@ def _tiled(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     blocks = normalize_prim_func(sch)
     if blocks is None:
         return None
-    blocks = _inline_elementwise(sch, blocks)
+    blocks = inline_elementwise(sch, blocks)
     if not all(_spatial_then_reduction(b) for b in blocks if b.is_reduction()):
         return None
     anchor = None
@@ -218,8 +218,8 @@ def _tiled(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
         block = info.block_rv
         if info.is_reduction():
             anchor = _schedule_reduction(sch, info, lanes)
-        elif anchor is not None and _try_attach(sch, block, anchor):
-            _vectorize_innermost(sch, block, lanes)
+        elif anchor is not None and try_attach(sch, block, anchor):
+            vectorize_innermost(sch, block, lanes)
         else:
-            _schedule_spatial(sch, block, lanes)
+            schedule_spatial(sch, block, lanes)
     return sch

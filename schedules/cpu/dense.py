@@ -1,0 +1,72 @@
+"""The ``Dense`` CPU rule: the packed-weight matmul kernels of ``passes/dense.py``.
+
+Loop order is what the packing is for: the weight panels (``N / panel`` of them, each K x panel,
+contiguous) are the parallel loop, and inside each, every register tile of rows runs the whole K
+loop against the panel while it sits in L2; the weights are read from memory once per inference.
+The register tile is ``row_tile`` rows by the panel's two vectors (16 accumulators of the 32
+AVX-512 registers, or of the 16 of AVX2 with a one-vector panel), rows unrolled, columns
+vectorised. The epilogue (bias, GELU, residual add; the rows' padding sliced off) runs on each tile
+right after it is computed. Measured in the ``passes/dense.py`` docstring.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.target import Target
+
+from passes.dense import PANEL_ATTR, row_tile
+from schedules.cpu.tiled import inline_elementwise, schedule_spatial, try_attach, vectorize_innermost
+from support.targets import vector_lanes
+
+BLOCK = "dense_packed"
+
+
+class Dense(dl.ScheduleRule):
+    """Schedules kernels that contain a ``dense_packed`` block; None for any other kernel."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            sch.get_sblock(BLOCK)
+        except (s_tir.ScheduleError, ValueError):
+            return None
+        blocks = normalize_prim_func(sch)
+        if blocks is None:
+            return None
+        lanes = vector_lanes(target)
+        blocks = inline_elementwise(sch, blocks)
+        tile = None
+        for info in blocks:
+            if info.name == BLOCK:
+                tile = _schedule_dense(sch, info.block_rv, lanes)
+            elif tile is not None and try_attach(sch, info.block_rv, tile):
+                vectorize_innermost(sch, info.block_rv, lanes)
+            else:
+                schedule_spatial(sch, info.block_rv, lanes)
+        return sch
+
+
+def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> s_tir.schedule.LoopRV:
+    """Tile the product; returns the row-tile loop its epilogue attaches to."""
+    rows, columns, depth = sch.get_loops(block)
+    panel = int(sch.get(block).annotations[PANEL_ATTR])
+    row_outer, row_inner = sch.split(rows, factors=[None, row_tile(int(sch.get(rows).extent))])
+    panel_outer, panel_inner = sch.split(columns, factors=[None, panel])
+    vector_outer, vector_inner = sch.split(panel_inner, factors=[None, min(lanes, panel)])
+    sch.reorder(panel_outer, row_outer, depth, row_inner, vector_outer, vector_inner)
+    sch.parallel(panel_outer)
+    write_back = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write_back, row_outer, preserve_unit_loops=True)
+    sch.vectorize(vector_inner)
+    sch.unroll(row_inner)
+    sch.unroll(vector_outer)
+    sch.decompose_reduction(block, depth)
+    vectorize_innermost(sch, write_back, lanes)
+    return row_outer
