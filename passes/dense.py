@@ -92,8 +92,10 @@ class _Rewriter(relax.PyExprMutator):
             return call
         data, weight = call.args
         shape = static_shape(data)
-        if not isinstance(weight, GenericConst) or shape is None or len(shape) < 2 or data.ty.dtype != "float32":
+        if shape is None or len(shape) < 2 or data.ty.dtype != "float32":
             return call
+        if not isinstance(weight, GenericConst):
+            return self._pad(call, shape, static_shape(weight))
         w = weight.value.numpy()
         if w.dtype != np.float32 or w.ndim != 2:
             return call
@@ -108,25 +110,46 @@ class _Rewriter(relax.PyExprMutator):
         self.stats["padded_rows"] += -(-rows // row_tile(rows)) * row_tile(rows) - rows
         return self.builder_.call_te(dense_packed, data, relax.const(packed), primfunc_name_hint="dense_packed")
 
+    def _pad(self, call: relax.Call, a: tuple[int, ...], b: tuple[int, ...] | None) -> relax.Expr:
+        """A product of two computed operands (attention) whose rows or columns no register tile or
+        vector divides (ViT's 197 tokens): computed on zero-padded operands, then sliced back."""
+        if b is None or len(a) != len(b) or len(a) < 3:
+            return call
+        rows, columns = a[-2], b[-1]
+        new_rows = rows if row_tile(rows) != PAD_ROWS_TO or rows % PAD_ROWS_TO == 0 else -(-rows // PAD_ROWS_TO) * PAD_ROWS_TO
+        new_columns = columns if columns % self.lanes == 0 or columns < self.lanes else -(-columns // self.lanes) * self.lanes
+        if (new_rows, new_columns) == (rows, columns):
+            return call
+        self.stats["padded_matmuls"] += 1
+        zeros = [0] * (2 * len(a))
+        a_pad = relax.op.nn.pad(call.args[0], zeros[:-3] + [new_rows - rows, 0, 0])
+        b_pad = relax.op.nn.pad(call.args[1], zeros[:-1] + [new_columns - columns])
+        product = self.builder_.emit(relax.op.matmul(a_pad, b_pad))
+        return relax.op.strided_slice(product, [len(a) - 2, len(a) - 1], [0, 0], [rows, columns])
+
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.PackDenseWeights")
 class PackDenseWeights:
     """Rewrite matmuls with a constant 2-D weight into ``dense_packed`` kernels with packed weights.
 
+    Products of two computed operands (attention scores and context) whose rows or columns no
+    register tile or vector divides are computed on zero-padded operands and sliced back.
+
     ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones whose N is no
-    multiple of the vector, ``padded_rows`` added in all (rows no register tile divides)."""
+    multiple of the vector, ``padded_rows`` added in all (rows no register tile divides),
+    ``padded_matmuls`` (products of computed operands padded)."""
 
     report_key = "dense"
 
     def __init__(self, lanes: int) -> None:
         self.lanes = lanes
-        self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0}
+        self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_matmuls": 0}
 
     def summary(self) -> dict:
         return dict(self.stats)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0}
+        self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_matmuls": 0}
         rewriter = _Rewriter(mod.clone(), self.lanes, self.stats)  # a copy: see passes/ir.py
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
