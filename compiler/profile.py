@@ -80,13 +80,13 @@ def kernel_kind(func: tirx.PrimFunc) -> str:
 
 
 def _multiply_accumulates(block: s_tir.SBlock) -> bool:
-    """Whether the block's update is ``acc + a * b`` with neither factor a constant."""
+    """Whether the block's update is ``acc + a * b`` with both factors loads (casts allowed)."""
     value = block.body.value if isinstance(block.body, tirx.BufferStore) else None
     if not isinstance(value, tirx.Add):
         return False
     product = value.b if isinstance(value.b, tirx.Mul) else value.a
-    return isinstance(product, tirx.Mul) and not any(
-        isinstance(f, (tirx.FloatImm, tirx.IntImm, tirx.Broadcast)) for f in (product.a, product.b))
+    return isinstance(product, tirx.Mul) and all(
+        isinstance(f.value if isinstance(f, tirx.Cast) else f, tvm.ir.TensorLoad) for f in (product.a, product.b))
 
 
 def _copy(arg: Any, device: tvm.runtime.Device) -> Any:

@@ -29,6 +29,7 @@ IS_SCHEDULED = "tirx.is_scheduled"  # set on every scheduled kernel; dlight skip
 # (label, rule factory), in the order the rules are tried
 RULES: tuple[tuple[str, Callable[[], dl.ScheduleRule]], ...] = (
     ("dense", cpu.Dense),
+    ("rows", cpu.Rows),
     ("tiled", cpu.Tiled),
     ("basic", cpu.Basic),
     ("gpu-matmul", dl.gpu.Matmul),

@@ -3,6 +3,7 @@
 
 from schedules.cpu.basic import Basic
 from schedules.cpu.dense import Dense
+from schedules.cpu.rows import Rows
 from schedules.cpu.tiled import Tiled
 
-__all__ = ["Dense", "Tiled", "Basic"]
+__all__ = ["Dense", "Rows", "Tiled", "Basic"]

@@ -21,6 +21,7 @@ from schedules.cpu.tiled import inline_elementwise, schedule_spatial, try_attach
 from support.targets import vector_lanes
 
 BLOCK = "dense_packed"
+ROWS_PAD = "dense_rows_pad"
 
 
 class Dense(dl.ScheduleRule):
@@ -41,7 +42,8 @@ class Dense(dl.ScheduleRule):
         if blocks is None:
             return None
         lanes = vector_lanes(target)
-        blocks = inline_elementwise(sch, blocks)
+        pad = [b for b in blocks if b.name == ROWS_PAD]  # a stage of its own: inlined, every load would test its row
+        blocks = pad + inline_elementwise(sch, [b for b in blocks if b.name != ROWS_PAD])
         tile = None
         for info in blocks:
             if info.name == BLOCK:
