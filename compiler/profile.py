@@ -23,6 +23,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from compiler.artifact import Artifact
+from schedules.cpu.rows import is_product_sum
 
 MIN_BLOCK_SECONDS = 2e-4  # a timed block lasts at least this long: timer and call overhead stay small
 BLOCKS = 5
@@ -63,13 +64,13 @@ class Profile:
 
 
 def kernel_kind(func: tirx.PrimFunc) -> str:
-    """What a kernel computes, from its blocks: a reduction that reads two or more matrices is a
+    """What a kernel computes, from its blocks: a reduction that sums products of two tensors is a
     matmul or convolution, other reductions are reductions, blocks that only copy (each store's
     value a load) are data movement, and the rest is elementwise."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     reductions = [b for b in blocks if any(v.iter_type == tirx.IterVar.CommReduce for v in b.iter_vars)]
-    if any(_multiply_accumulates(b) for b in reductions):
+    if any(is_product_sum(b) for b in reductions):
         return "matmul/conv"
     if reductions:
         return "reduction"
@@ -77,16 +78,6 @@ def kernel_kind(func: tirx.PrimFunc) -> str:
                       for b in blocks):
         return "data movement"
     return "elementwise"
-
-
-def _multiply_accumulates(block: s_tir.SBlock) -> bool:
-    """Whether the block's update is ``acc + a * b`` with both factors loads (casts allowed)."""
-    value = block.body.value if isinstance(block.body, tirx.BufferStore) else None
-    if not isinstance(value, tirx.Add):
-        return False
-    product = value.b if isinstance(value.b, tirx.Mul) else value.a
-    return isinstance(product, tirx.Mul) and all(
-        isinstance(f.value if isinstance(f, tirx.Cast) else f, tvm.ir.TensorLoad) for f in (product.a, product.b))
 
 
 def _copy(arg: Any, device: tvm.runtime.Device) -> Any:

@@ -13,8 +13,8 @@ Accuracy, measured against numpy in float64 over every float32 bit pattern class
 ``tests/passes/test_fast_math.py`` asserts the bounds):
 - exp: Cephes' degree-6 polynomial on the reduced argument, the power of two applied as two
   exponent-field scalings so that overflow gives inf and underflow gives subnormals then 0;
-- tanh: Eigen's rational approximation (odd degree 13 / even degree 6), clamped to +-7.905 where
-  float32 tanh is 1 to within an ulp; |x| < 4e-4 returns x;
+- tanh: Eigen's rational approximation (odd degree 13 / even degree 6), clamped to +-7.905;
+  |x| < 4e-4 returns x and |x| > 9 returns +-1;
 - erf: Eigen's rational approximation (degree 13 / degree 8), clamped to +-4;
 - NaN in, NaN out; +-inf give the limits; ``pow(x, n)`` for an integer constant |n| <= 4 is
   repeated multiplication (1/x^n for negative n), other exponents keep TVM's lowering.
@@ -37,6 +37,7 @@ EXP_LOW, EXP_HIGH = -104.0, 88.8  # exp(-104) rounds to 0, exp(88.8) overflows: 
 
 TANH_CLAMP = 7.90531110763549805
 TANH_TINY = 4e-4
+TANH_ONE = 9.0  # beyond it float32 tanh is exactly +-1 (the clamped ratio is 2 ulp short of it)
 TANH_NUM = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
             1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
 TANH_DEN = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
@@ -59,8 +60,14 @@ def _is_float32(x: tirx.PrimExpr) -> bool:
         tvm.DataType(str(x.ty.dtype)).bits == 32
 
 
+def _like(x: tirx.PrimExpr, value: float) -> tirx.PrimExpr:
+    """The float32 constant ``value`` with x's vector lanes."""
+    constant = tirx.const(value, "float32")
+    return constant if _lanes(x) == 1 else tirx.Broadcast(constant, _lanes(x))
+
+
 def _horner(x: tirx.PrimExpr, coefficients: Sequence[float]) -> tirx.PrimExpr:
-    result = x * 0.0 + coefficients[0]
+    result = _like(x, coefficients[0])
     for c in coefficients[1:]:
         result = result * x + c
     return result
@@ -95,14 +102,16 @@ def exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
 def tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
     clamped = _clamp(x, -TANH_CLAMP, TANH_CLAMP)
     x2 = clamped * clamped
-    ratio = clamped * _horner(x2, TANH_NUM) / _horner(x2, TANH_DEN)
-    return _keep_nan(x, tirx.Select(tirx.abs(x) < TANH_TINY, x, ratio))
+    ratio = clamped * (_horner(x2, TANH_NUM) / _horner(x2, TANH_DEN))  # x last: no subnormal in between
+    saturated = tirx.Select(x > 0.0, _like(x, 1.0), _like(x, -1.0))
+    result = tirx.Select(tirx.abs(x) < TANH_TINY, x, tirx.Select(tirx.abs(x) > TANH_ONE, saturated, ratio))
+    return _keep_nan(x, result)
 
 
 def erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
     clamped = _clamp(x, -ERF_CLAMP, ERF_CLAMP)
     x2 = clamped * clamped
-    return _keep_nan(x, clamped * _horner(x2, ERF_NUM) / _horner(x2, ERF_DEN))
+    return _keep_nan(x, clamped * (_horner(x2, ERF_NUM) / _horner(x2, ERF_DEN)))
 
 
 def _small_integer(value: tirx.PrimExpr) -> int | None:

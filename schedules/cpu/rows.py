@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
@@ -33,12 +34,14 @@ def _row_reduction(info: SBlockInfo) -> bool:
     return len(kinds) >= 2 and kinds[-1] == "R" and set(kinds[:-1]) == {"S"}
 
 
-def _multiplies_two_loads(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
-    """A product of two tensors summed (a matmul or a conv), which the other rules tile."""
-    body = sch.get(info.block_rv).body
+def is_product_sum(block: s_tir.SBlock) -> bool:
+    """Whether the block sums products of two different tensor elements (a matmul or a conv,
+    which the other rules tile); a sum of squares (RMSNorm) is not one."""
+    body = block.body
     value = body.value if isinstance(body, tirx.BufferStore) else None
     product = value.b if isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul) else None
-    return product is not None and all(isinstance(f, tvm.ir.TensorLoad) for f in (product.a, product.b))
+    return product is not None and all(isinstance(f, tvm.ir.TensorLoad) for f in (product.a, product.b)) \
+        and not tvm_ffi.structural_equal(product.a, product.b)
 
 
 def _extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
@@ -68,7 +71,7 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     if blocks is None:
         return None
     reductions = [b for b in blocks if b.is_reduction()]
-    if not reductions or not all(_row_reduction(b) and not _multiplies_two_loads(sch, b) for b in reductions):
+    if not reductions or not all(_row_reduction(b) and not is_product_sum(sch.get(b.block_rv)) for b in reductions):
         return None
     _inline_single_use(sch, blocks)
     partials = [_partial_sums(sch, b.block_rv, lanes) for b in reductions]  # before compute_at: rfactor needs root blocks

@@ -1,0 +1,66 @@
+"""passes/fast_math.py: the vectorised transcendental functions, measured against numpy in float64
+over the whole float32 range (benchmarks/fast_math.py says how), and shown to replace TVM's scalar
+calls. The bounds are the ones docs/fast_math.md reports."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from benchmarks import fast_math as measure
+from passes import fast_math
+
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2: runs on every CPU this project meets
+LANES = 8
+
+# name: (max ulp on normal results, whether subnormal results may be flushed to 0)
+# sigmoid(x < -87.3) is 0 rather than a subnormal, as TVM's own sigmoid gives.
+BOUNDS = {"exp": (1, False), "tanh": (4, False), "erf": (5, False), "sigmoid": (2, True)}
+
+
+def _run(fn, x: np.ndarray) -> np.ndarray:
+    fast_math.register()
+    return measure.run(measure.kernel(fn, len(x), TARGET, LANES), x)
+
+
+@pytest.mark.parametrize("name", BOUNDS)
+def test_accuracy_over_the_float32_range(name):
+    max_ulp, flushes = BOUNDS[name]
+    x = measure.inputs()
+    e = measure.errors(name, _run(measure.FUNCTIONS[name][0], x), x)
+    assert e["nan_exact"], "NaN in, NaN out, and nowhere else"
+    assert e["inf_exact"], "overflow gives the right infinity"
+    assert e["signs_exact"]
+    assert e["max_ulp"] <= max_ulp
+    # subnormal results: the same relative error plus their coarser rounding, or 0 where flushed
+    bound = measure.TINY if flushes else max_ulp * 2.0**-23 * np.abs(e["subnormal_exact"]) + 1.5e-45
+    assert (e["subnormal_errors"] <= bound).all()
+
+
+def _pad(values: list[float]) -> np.ndarray:
+    return np.array(values + [0.0] * (LANES * 4 - len(values)), np.float32)
+
+
+def test_limits_are_exact():
+    assert _run(te.exp, _pad([-np.inf, np.inf, 0.0, -200.0, 200.0]))[:5].tolist() == [0.0, np.inf, 1.0, 0.0, np.inf]
+    assert _run(te.tanh, _pad([-np.inf, np.inf, 0.0, 20.0, -20.0]))[:5].tolist() == [-1.0, 1.0, 0.0, 1.0, -1.0]
+    assert _run(te.erf, _pad([-np.inf, np.inf, 0.0, 10.0]))[:4].tolist() == [-1.0, 1.0, 0.0, 1.0]
+    assert _run(te.sigmoid, _pad([-np.inf, np.inf, 0.0]))[:3].tolist() == [0.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 4.0, -1.0, -2.0])
+def test_pow_with_a_small_integer_exponent_is_multiplication(exponent):
+    def power(v):
+        return te.power(v, tvm.tirx.const(exponent, "float32"))
+
+    x = np.random.default_rng(2).standard_normal(4096).astype(np.float32) * 10
+    np.testing.assert_allclose(_run(power, x), x.astype(np.float64) ** exponent, rtol=1e-6)
+    assert "powf" not in measure.kernel(power, len(x), TARGET, LANES).mod.inspect_source("asm")
+
+
+def test_no_scalar_calls_left_in_the_machine_code():
+    """TVM's own lowering calls expf/erff once per element; ours is arithmetic."""
+    fast_math.register()
+    for fn in (te.exp, te.tanh, te.erf, te.sigmoid):
+        asm = measure.kernel(fn, 4096, TARGET, LANES).mod.inspect_source("asm")
+        assert not any(name in asm for name in ("expf", "erff", "tanhf")), fn.__name__
