@@ -56,18 +56,23 @@ class Dense(dl.ScheduleRule):
 
 
 def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> s_tir.schedule.LoopRV:
-    """Tile the product; returns the row-tile loop its epilogue attaches to."""
-    rows, columns, depth = sch.get_loops(block)
+    """Tile the product; returns the loop its epilogue attaches to (the row tile's, or the panel's
+    for a single row, whose loop TVM has dropped)."""
+    *rows, columns, depth = sch.get_loops(block)
     panel = int(sch.get(block).annotations[PANEL_ATTR])
-    row_outer, row_inner = sch.split(rows, factors=[None, row_tile(int(sch.get(rows).extent))])
     panel_outer, panel_inner = sch.split(columns, factors=[None, panel])
     vector_outer, vector_inner = sch.split(panel_inner, factors=[None, min(lanes, panel)])
-    sch.reorder(panel_outer, row_outer, depth, row_inner, vector_outer, vector_inner)
+    if rows:
+        row_outer, row_inner = sch.split(rows[0], factors=[None, row_tile(int(sch.get(rows[0]).extent))])
+        sch.reorder(panel_outer, row_outer, depth, row_inner, vector_outer, vector_inner)
+        sch.unroll(row_inner)
+    else:
+        row_outer = panel_outer
+        sch.reorder(panel_outer, depth, vector_outer, vector_inner)
     sch.parallel(panel_outer)
     write_back = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write_back, row_outer, preserve_unit_loops=True)
     sch.vectorize(vector_inner)
-    sch.unroll(row_inner)
     sch.unroll(vector_outer)
     sch.decompose_reduction(block, depth)
     vectorize_innermost(sch, write_back, lanes)

@@ -1,0 +1,65 @@
+"""compiler/prepare.py: shape computations folded into constants before TVM's importer, checked
+against onnxruntime; weights and dynamic computations are left alone."""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import compiler
+from compiler import prepare
+from tests import reference
+
+
+def _reshape_by_computed_shape(batch: int | str = 2) -> onnx.ModelProto:
+    """What exporters write: the new shape computed from Shape/Gather/Unsqueeze/Concat, and a
+    0-d ConstantOfShape (transformers' BERT export had one; the importer rejected it)."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus_one"], ["new_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "new_shape"], ["flat"]),
+        helper.make_node("ConstantOfShape", ["empty"], ["scalar"],
+                         value=numpy_helper.from_array(np.array([2.0], np.float32))),
+        helper.make_node("Mul", ["flat", "scalar"], ["out"]),
+    ]
+    inits = [i64("zero", 0), i64("axes", [0]), i64("minus_one", [-1]), i64("empty", np.zeros(0, np.int64))]
+    return reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 4])],
+                            [helper.make_tensor_value_info("out", TensorProto.FLOAT, [batch, 12])], inits)
+
+
+def test_shape_computations_become_constants():
+    model = _reshape_by_computed_shape()
+    prepared = prepare.fold_shape_computations(model, {"x": (2, 3, 4)})
+    ops = [n.op_type for n in prepared.graph.node]
+    assert ops == ["Reshape", "Mul"]
+    folded = {i.name: numpy_helper.to_array(i) for i in prepared.graph.initializer}
+    assert folded["new_shape"].tolist() == [2, -1] and folded["scalar"].shape == () and folded["scalar"] == 2.0
+
+
+def test_folded_model_compiles_and_matches_onnxruntime():
+    model = _reshape_by_computed_shape()
+    art = compiler.compile(model, target="cpu", tuning="off")
+    x = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    assert art.report()["ops"]["Shape"] == 1  # the report counts the user's model, not the folded one
+
+
+def test_dynamic_dims_are_folded_as_bound():
+    model = _reshape_by_computed_shape(batch="n")
+    art = compiler.compile(model, shapes={"x": (5, 3, 4)}, target="cpu", tuning="off")
+    assert art.outputs[0][1] == (5, 12)
+    x = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+def test_weights_and_graph_outputs_are_not_folded():
+    big = numpy_helper.from_array(np.ones((300, 300), np.float32), "w")
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"]),
+             helper.make_node("Shape", ["x"], ["out_shape"])]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 300])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 300]),
+                              helper.make_tensor_value_info("out_shape", TensorProto.INT64, [2])], [big])
+    prepared = prepare.fold_shape_computations(model, {"x": (1, 300)})
+    assert [n.op_type for n in prepared.graph.node] == ["Transpose", "MatMul", "Shape"]
