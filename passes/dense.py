@@ -11,8 +11,10 @@ it (``schedules/cpu/dense.py`` orders the loops that way). Measured on a 2-core 
 The kernel is emitted here as a TE compute (``dense_packed``) so FuseOps fuses its epilogue (bias,
 GELU, residual add) into it as for any matmul. Rows (the product of x's leading dims) that no good
 register tile divides (ViT's 197 tokens) are padded inside the kernel to ``row_tile``'s multiple;
-the padding never leaves it. Panels are two vectors wide (``2 * lanes`` columns) where N allows,
-else one; a matmul whose N is no multiple of the vector stays as it is.
+the padding never leaves it. Panels are two vectors wide (``2 * lanes`` columns), or one where only
+one divides N; an N that no panel divides (a language model's 50,257-word vocabulary) gets zero
+weight columns up to the next panel, computed and never stored. A single-row product with such an N
+(a CNN's 1000-class head) stays as it is: it reads every weight once in any layout.
 """
 
 from __future__ import annotations
@@ -39,16 +41,16 @@ def row_tile(rows: int) -> int:
     return next((t for t in ROW_TILES if rows % t == 0), PAD_ROWS_TO)
 
 
-def panel_width(columns: int, lanes: int) -> int | None:
-    """Columns per weight panel: two vectors where they divide ``columns``, else one, else None."""
-    return next((w for w in (2 * lanes, lanes) if columns % w == 0), None)
+def panel_width(columns: int, lanes: int) -> int:
+    """Columns per weight panel: two vectors, or one where only one divides ``columns``."""
+    return lanes if columns % (2 * lanes) and columns % lanes == 0 else 2 * lanes
 
 
-def dense_packed(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
-    """``data`` (..., M, K) times the packed weights (N / panel, K, panel): (..., M, N)."""
+def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int) -> te.Tensor:
+    """``data`` (..., M, K) times the packed weights (ceil(N / panel), K, panel): (..., M, N)."""
     *lead, depth = (int(d) for d in data.shape)
     panels, _, panel = (int(d) for d in packed.shape)
-    rows, columns = math.prod(lead), panels * panel
+    rows = math.prod(lead)
     tile = row_tile(rows)
     padded = -(-rows // tile) * tile
 
@@ -67,7 +69,7 @@ def dense_packed(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
             name="dense_rows_pad")
         source = lambda r, k: pad[r, k]  # noqa: E731
     k = te.reduce_axis((0, depth), name="k")
-    product = te.compute((padded, columns), lambda r, j: te.sum(
+    product = te.compute((padded, panels * panel), lambda r, j: te.sum(
         source(r, k) * packed[j // panel, k, j % panel], axis=k), name="dense_packed", attrs={PANEL_ATTR: panel})
 
     def unpadded(*index):
@@ -100,15 +102,19 @@ class _Rewriter(relax.PyExprMutator):
         if w.dtype != np.float32 or w.ndim != 2:
             return call
         depth, columns = w.shape
+        rows = math.prod(shape[:-1])
         panel = panel_width(columns, self.lanes)
-        if panel is None or depth != shape[-1]:
+        if depth != shape[-1] or (columns % panel and rows == 1):
             self.stats["unpacked"] += 1
             return call
-        packed = np.ascontiguousarray(w.reshape(depth, columns // panel, panel).transpose(1, 0, 2))
-        rows = math.prod(shape[:-1])
+        padded_columns = -(-columns // panel) * panel
+        w = np.pad(w, ((0, 0), (0, padded_columns - columns)))
+        packed = np.ascontiguousarray(w.reshape(depth, padded_columns // panel, panel).transpose(1, 0, 2))
         self.stats["packed"] += 1
         self.stats["padded_rows"] += -(-rows // row_tile(rows)) * row_tile(rows) - rows
-        return self.builder_.call_te(dense_packed, data, relax.const(packed), primfunc_name_hint="dense_packed")
+        self.stats["padded_columns"] += padded_columns - columns
+        return self.builder_.call_te(dense_packed, data, relax.const(packed), columns,
+                                     primfunc_name_hint="dense_packed")
 
     def _pad(self, call: relax.Call, a: tuple[int, ...], b: tuple[int, ...] | None) -> relax.Expr:
         """A product of two computed operands (attention) whose rows or columns no register tile or
@@ -135,21 +141,21 @@ class PackDenseWeights:
     Products of two computed operands (attention scores and context) whose rows or columns no
     register tile or vector divides are computed on zero-padded operands and sliced back.
 
-    ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones whose N is no
-    multiple of the vector, ``padded_rows`` added in all (rows no register tile divides),
+    ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones (single rows
+    whose N is no multiple of the panel), ``padded_rows`` and ``padded_columns`` added in all,
     ``padded_matmuls`` (products of computed operands padded)."""
 
     report_key = "dense"
 
     def __init__(self, lanes: int) -> None:
         self.lanes = lanes
-        self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_matmuls": 0}
+        self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_columns": 0, "padded_matmuls": 0}
 
     def summary(self) -> dict:
         return dict(self.stats)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_matmuls": 0}
+        self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_columns": 0, "padded_matmuls": 0}
         rewriter = _Rewriter(mod.clone(), self.lanes, self.stats)  # a copy: see passes/ir.py
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):

@@ -1,4 +1,4 @@
-"""Legalisation of the blocked operators the layout pass emits.
+"""Legalisation of the blocked operators the layout pass emits, and of operators TVM leaves out.
 
 TVM's ``LegalizeOps`` lowers ``relax.nn.conv2d`` only in plain layouts ("CodeGenVM cannot emit this
 Relax operator directly" for NCHW{b}c), so blocked convolutions get the TE compute below; every
@@ -50,9 +50,36 @@ def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       attrs.dilation, int(attrs.groups), primfunc_name_hint="conv2d_NCHWc")
 
 
+def cumsum(data: te.Tensor, axis: int, dtype: str, exclusive: bool) -> te.Tensor:
+    """Cumulative sum along ``axis`` as a masked reduction: quadratic in the axis length, which is
+    a sequence length where models use it, and a plain compute every schedule rule understands
+    (TOPI's sequential form declares buffers the arena planner cannot offset)."""
+    axis = axis % len(data.shape)
+    k = te.reduce_axis((0, data.shape[axis]), name="k")
+
+    def element(*index):
+        source = list(index)
+        source[axis] = k
+        keep = k < index[axis] if exclusive else k <= index[axis]
+        return te.sum(te.if_then_else(keep, data[tuple(source)].astype(dtype), tvm.tirx.const(0, dtype)), axis=k)
+
+    return te.compute(data.shape, element, name="cumsum")
+
+
+def _cumsum(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """TVM 0.27 has no legalisation of cumsum (RoBERTa's position ids are a cumsum of the mask)."""
+    attrs = call.attrs
+    data = call.args[0]
+    dtype = str(attrs.dtype) if attrs.dtype is not None and str(attrs.dtype) not in ("", "void") else str(data.ty.dtype)
+    if attrs.axis is None:
+        data = bb.normalize(relax.op.reshape(data, [-1]))
+    return bb.call_te(cumsum, data, 0 if attrs.axis is None else int(attrs.axis), dtype, bool(attrs.exclusive),
+                      primfunc_name_hint="cumsum")
+
+
 _DEFAULT_CONV2D = tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")
 
 
 def legalize_ops() -> tvm.transform.Pass:
-    """TVM's LegalizeOps with the blocked convolution added."""
-    return relax.transform.LegalizeOps({"relax.nn.conv2d": _conv2d})
+    """TVM's LegalizeOps with the blocked convolution and cumsum added."""
+    return relax.transform.LegalizeOps({"relax.nn.conv2d": _conv2d, "relax.cumsum": _cumsum})

@@ -40,11 +40,16 @@ def test_rows_no_tile_divides_are_padded_inside_the_kernel():
     assert art.report()["dense"]["padded_rows"] == -(-rows // PAD_ROWS_TO) * PAD_ROWS_TO - rows
 
 
-def test_columns_no_vector_divides_stay_unpacked():
-    assert panel_width(1000, 16) is None and panel_width(48, 16) == 16 and panel_width(64, 16) == 32
-    model = _matmul_model((1, 8, 16), np.ones((16, 1000), np.float32))
+@pytest.mark.parametrize("rows, packed", [(8, 1), (1, 0)])
+def test_columns_no_panel_divides(rows, packed):
+    """Padded with zero columns (a vocabulary projection), except in a single-row product (a
+    classifier head) which reads each weight once in any layout."""
+    assert panel_width(48, 16) == 16 and panel_width(64, 16) == 32 and panel_width(1000, 16) == 32
+    weight = np.random.default_rng(3).standard_normal((16, 1000)).astype(np.float32)
+    model = _matmul_model((1, rows, 16), weight, bias=True)
     art = compiler.compile(model, target="cpu", tuning="off")
-    assert art.report()["dense"] == {**art.report()["dense"], "packed": 0, "unpacked": 1}
+    assert art.report()["dense"]["packed"] == packed and art.report()["dense"]["unpacked"] == 1 - packed
+    assert art.report()["dense"]["padded_columns"] == (1024 - 1000) * packed
     x = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
 
