@@ -13,8 +13,9 @@ GELU, residual add) into it as for any matmul. Rows (the product of x's leading 
 register tile divides (ViT's 197 tokens) are padded inside the kernel to ``row_tile``'s multiple;
 the padding never leaves it. Panels are two vectors wide (``2 * lanes`` columns), or one where only
 one divides N; an N that no panel divides (a language model's 50,257-word vocabulary) gets zero
-weight columns up to the next panel, computed and never stored. A single-row product with such an N
-(a CNN's 1000-class head) stays as it is: it reads every weight once in any layout.
+weight columns up to the next panel, computed and never stored. A single-row product (a CNN's
+classifier head, batch 1) stays as it is: it reads every weight once in any layout, and the
+``Tiled`` rule reads 8 adjacent vectors of a weight row at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from passes.ir import is_op, static_shape
 ROW_TILES = (8, 12, 6, 4)  # register tiles (rows) tried in order: 8 x 2 vectors = 16 accumulators
 PAD_ROWS_TO = 8
 PANEL_ATTR = "relaxc.panel"  # on the dense_packed block: columns per weight panel, for its schedule
+TILE_ALIGNED_ATTR = "relaxc.tile_aligned"  # 1 if x is one matrix: a tile of flattened rows is a tile of x
 
 
 def row_tile(rows: int) -> int:
@@ -69,8 +71,10 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int) -> te.Tensor:
             name="dense_rows_pad")
         source = lambda r, k: pad[r, k]  # noqa: E731
     k = te.reduce_axis((0, depth), name="k")
+    aligned = int(math.prod(lead[:-1]) == 1)
     product = te.compute((padded, panels * panel), lambda r, j: te.sum(
-        source(r, k) * packed[j // panel, k, j % panel], axis=k), name="dense_packed", attrs={PANEL_ATTR: panel})
+        source(r, k) * packed[j // panel, k, j % panel], axis=k), name="dense_packed",
+        attrs={PANEL_ATTR: panel, TILE_ALIGNED_ATTR: aligned})
 
     def unpadded(*index):
         flat = 0
@@ -104,7 +108,7 @@ class _Rewriter(relax.PyExprMutator):
         depth, columns = w.shape
         rows = math.prod(shape[:-1])
         panel = panel_width(columns, self.lanes)
-        if depth != shape[-1] or (columns % panel and rows == 1):
+        if depth != shape[-1] or rows == 1:
             self.stats["unpacked"] += 1
             return call
         padded_columns = -(-columns // panel) * panel
@@ -141,8 +145,7 @@ class PackDenseWeights:
     Products of two computed operands (attention scores and context) whose rows or columns no
     register tile or vector divides are computed on zero-padded operands and sliced back.
 
-    ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones (single rows
-    whose N is no multiple of the panel), ``padded_rows`` and ``padded_columns`` added in all,
+    ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones (single rows), ``padded_rows`` and ``padded_columns`` added in all,
     ``padded_matmuls`` (products of computed operands padded)."""
 
     report_key = "dense"

@@ -6,7 +6,8 @@ loop against the panel while it sits in L2; the weights are read from memory onc
 The register tile is ``row_tile`` rows by the panel's two vectors (16 accumulators of the 32
 AVX-512 registers, or of the 16 of AVX2 with a one-vector panel), rows unrolled, columns
 vectorised. The epilogue (bias, GELU, residual add; the rows' padding sliced off) runs on each tile
-right after it is computed. Measured in the ``passes/dense.py`` docstring.
+right after it is computed (or on the whole panel: ``_schedule_dense`` says when). Measured in the
+``passes/dense.py`` docstring.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.target import Target
 
-from passes.dense import PANEL_ATTR, row_tile
+from passes.dense import PANEL_ATTR, TILE_ALIGNED_ATTR, row_tile
 from schedules.cpu.tiled import inline_elementwise, schedule_spatial, try_attach, vectorize_innermost
 from support.targets import vector_lanes
 
@@ -55,9 +56,13 @@ class Dense(dl.ScheduleRule):
         return sch
 
 
-def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> s_tir.schedule.LoopRV:
-    """Tile the product; returns the loop its epilogue attaches to (the row tile's, or the panel's
-    for a single row, whose loop TVM has dropped)."""
+def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                    lanes: int) -> s_tir.schedule.LoopRV | None:
+    """Tile the product; returns the loop its epilogue attaches to (the row tile's), or None when
+    x has several matrices (batch dims): then the epilogue is a parallel stage of its own. TVM
+    infers the region an epilogue needs under a loop through the flattening (r // M, r % M) as a
+    box, which for a tile straddling two matrices, or for padded rows, is not the tile: it read
+    rows other tiles compute later, or skipped some (wrong results; the fuzzer found them)."""
     *rows, columns, depth = sch.get_loops(block)
     panel = int(sch.get(block).annotations[PANEL_ATTR])
     panel_outer, panel_inner = sch.split(columns, factors=[None, panel])
@@ -70,10 +75,11 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: 
         row_outer = panel_outer
         sch.reorder(panel_outer, depth, vector_outer, vector_inner)
     sch.parallel(panel_outer)
+    aligned = bool(int(sch.get(block).annotations[TILE_ALIGNED_ATTR]))
     write_back = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write_back, row_outer, preserve_unit_loops=True)
     sch.vectorize(vector_inner)
     sch.unroll(vector_outer)
     sch.decompose_reduction(block, depth)
     vectorize_innermost(sch, write_back, lanes)
-    return row_outer
+    return row_outer if aligned else None

@@ -21,8 +21,8 @@ def _matmul_model(x_shape, weight: np.ndarray, bias: bool = False):
                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_shape)], inits)
 
 
-@pytest.mark.parametrize("x_shape, n", [((1, 197, 64), 96), ((5, 32), 64), ((1, 64), 32), ((2, 3, 24, 48), 16),
-                                        ((1, 128, 40), 48)])
+@pytest.mark.parametrize("x_shape, n", [((1, 197, 64), 96), ((5, 32), 64), ((2, 3, 24, 48), 16),
+                                        ((1, 128, 40), 48), ((1, 7, 16), 1000)])
 def test_packed_matmul_matches_onnxruntime(x_shape, n):
     weight = np.random.default_rng(0).standard_normal((x_shape[-1], n)).astype(np.float32)
     model = _matmul_model(x_shape, weight, bias=True)
@@ -41,9 +41,9 @@ def test_rows_no_tile_divides_are_padded_inside_the_kernel():
 
 
 @pytest.mark.parametrize("rows, packed", [(8, 1), (1, 0)])
-def test_columns_no_panel_divides(rows, packed):
-    """Padded with zero columns (a vocabulary projection), except in a single-row product (a
-    classifier head) which reads each weight once in any layout."""
+def test_columns_no_panel_divides_and_single_rows(rows, packed):
+    """Padded with zero columns (a vocabulary projection); a single-row product (a classifier head)
+    stays unpacked: it reads each weight once in any layout."""
     assert panel_width(48, 16) == 16 and panel_width(64, 16) == 32 and panel_width(1000, 16) == 32
     weight = np.random.default_rng(3).standard_normal((16, 1000)).astype(np.float32)
     model = _matmul_model((1, rows, 16), weight, bias=True)
