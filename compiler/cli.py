@@ -82,6 +82,12 @@ def _add_model_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = 
     add_option_args(parser, Options, exclude)
 
 
+def _add_input_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
+                        help="input from a .npy file (repeatable); others are random")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+
+
 def _shapes(args: argparse.Namespace) -> dict | None:
     shapes = dict(args.shape)
     if len(shapes) != len(args.shape):
@@ -242,10 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", parents=[common], help="run a model or an exported .so on given or random inputs")
     _add_model_args(p)
-    p.add_argument("--input", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
-                   help="input from a .npy file (repeatable); others are random")
+    _add_input_args(p)
     p.add_argument("--repeat", type=int, default=10, help="timed runs after one warm-up (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--report", action="store_true", help="print a summary of the compile report")
     p.add_argument("--json", action="store_true", help="print the whole compile report as JSON (and no more)")
     p.add_argument("--device", choices=("cpu", "cuda", "rocm"),
@@ -263,9 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", parents=[common],
                        help="time each kernel of one inference: sorted, with share, schedule and kind")
     _add_model_args(p)
-    p.add_argument("--input", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
-                   help="input from a .npy file (repeatable); others are random")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _add_input_args(p)
     p.add_argument("--top", type=int, default=25, help="kernels to list (default 25; 0: all)")
     p.add_argument("--json", action="store_true", help="print every kernel as JSON")
     p.set_defaults(func=cmd_profile)

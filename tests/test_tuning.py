@@ -12,7 +12,6 @@ import tempfile
 import time
 
 import numpy as np
-import onnx
 import pytest
 import shutil
 import tvm
@@ -20,7 +19,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 import compiler
-from compiler import models
+from compiler import frontend
 from schedules import cache, selection
 from support import targets, versions
 from schedules.cache import RecordStore
@@ -277,7 +276,7 @@ def _host_runs_znver3_code() -> bool:
     return " avx2" in flags and " fma" in flags
 
 
-COMMITTED = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2"]  # tuned on znver3, 2 cores
+COMMITTED = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2", "zoo:bert"]  # tuned on znver3, 2 cores
 
 
 @pytest.mark.slow
@@ -292,9 +291,9 @@ def test_committed_logs_replay_strictly(spec):
     tuning = report["tuning"]
     assert tuning["missing"] == [] and tuning["selected"] == tuning["tasks"]
     assert report["schedules"].get("tuned", 0) == tuning["tasks"] - len(tuning["chose_default"])
-    inputs = reference.random_inputs(art.inputs)
+    inputs = reference.random_inputs(art.inputs, high=art.input_high)
     outputs = art.run(inputs)
-    reference.assert_matches(outputs, reference.ort_session(onnx.load(models.bundled_path(spec))).run(None, inputs))
+    reference.assert_matches(outputs, reference.ort_session(frontend.load_model(spec)[0]).run(None, inputs))
     if spec == "onnx:resnet50":
         again = compiler.compile(spec, target=ZNVER3, tuning="strict", cache_dir=logs)
         assert again.fingerprint == art.fingerprint

@@ -7,19 +7,14 @@ here are counted as "basic" in ``report()["schedules"]``: each is a candidate fo
 from __future__ import annotations
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
-from tvm.target import Target
+
+from schedules.cpu.rule import CpuRule
 
 
-class Basic(dl.ScheduleRule):
+class Basic(CpuRule):
     """Parallelise the outermost loop of every block."""
 
-    def is_target_available(self, target: Target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func: tirx.PrimFunc, _target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc):
-            return None
+    def schedule(self, func: tirx.PrimFunc, _lanes: int) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         root = sch.get_sblock("root") if _has_root(sch) else None
         for block in sch.get_child_blocks(root) if root is not None else []:

@@ -13,27 +13,20 @@ right after it is computed (or on the whole panel: ``_schedule_dense`` says when
 from __future__ import annotations
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.target import Target
 
 from passes.dense import PANEL_ATTR, TILE_ALIGNED_ATTR, row_tile
+from schedules.cpu.rule import CpuRule
 from schedules.cpu.tiled import inline_elementwise, schedule_spatial, try_attach, vectorize_innermost
-from support.targets import vector_lanes
 
 BLOCK = "dense_packed"
 ROWS_PAD = "dense_rows_pad"
 
 
-class Dense(dl.ScheduleRule):
+class Dense(CpuRule):
     """Schedules kernels that contain a ``dense_packed`` block; None for any other kernel."""
 
-    def is_target_available(self, target: Target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc):
-            return None
+    def schedule(self, func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         try:
             sch.get_sblock(BLOCK)
@@ -42,7 +35,6 @@ class Dense(dl.ScheduleRule):
         blocks = normalize_prim_func(sch)
         if blocks is None:
             return None
-        lanes = vector_lanes(target)
         pad = [b for b in blocks if b.name == ROWS_PAD]  # a stage of its own: inlined, every load would test its row
         blocks = pad + inline_elementwise(sch, [b for b in blocks if b.name != ROWS_PAD])
         tile = None

@@ -14,18 +14,12 @@ any other shape answer None.
 
 from __future__ import annotations
 
-import logging
-
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
-from tvm.target import Target
 
-from support.targets import vector_lanes
-
-log = logging.getLogger("relaxc")
+from schedules.cpu.rule import CpuRule
 
 
 def _row_reduction(info: SBlockInfo) -> bool:
@@ -49,20 +43,11 @@ def _extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
     return int(extent) if isinstance(extent, tirx.IntImm) else None
 
 
-class Rows(dl.ScheduleRule):
+class Rows(CpuRule):
     """Row-parallel reductions over the last axis with their elementwise neighbours."""
 
-    def is_target_available(self, target: Target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        try:
-            return _rows(func, vector_lanes(target))
-        except (s_tir.ScheduleError, ValueError) as err:  # a block that will not move into the row loop
-            log.debug("rows schedule does not fit: %s", str(err).splitlines()[0])
-            return None
+    def schedule(self, func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
+        return _rows(func, lanes)
 
 
 def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:

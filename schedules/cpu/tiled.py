@@ -11,16 +11,10 @@ rule's: it answers None and the next rule (``Basic``) takes it.
 
 from __future__ import annotations
 
-import logging
-
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
-from tvm.target import Target
 
-from support.targets import vector_lanes
-
-log = logging.getLogger("relaxc")
+from schedules.cpu.rule import CpuRule
 MAX_TILE = 8  # register tile along the output row: 8 accumulators + 1 weight vector
 MIN_ACCUMULATORS = 4  # fewer cannot hide the FMA latency
 MAX_ACCUMULATORS = 12  # of 16 vector registers, leaving room for weights and broadcasts
@@ -189,20 +183,11 @@ def try_attach(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.
     return True
 
 
-class Tiled(dl.ScheduleRule):
+class Tiled(CpuRule):
     """Register-tiled reductions with their epilogues; None for a kernel of another shape."""
 
-    def is_target_available(self, target: Target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        try:
-            return _tiled(func, vector_lanes(target))
-        except (s_tir.ScheduleError, ValueError) as err:  # TVM's primitives raise either when a loop refuses
-            log.debug("tiled schedule does not fit: %s", str(err).splitlines()[0])
-            return None
+    def schedule(self, func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
+        return _tiled(func, lanes)
 
 
 def _tiled(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
