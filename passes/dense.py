@@ -15,7 +15,7 @@ the padding never leaves it. Panels are two vectors wide (``2 * lanes`` columns)
 one divides N; an N that no panel divides (a language model's 50,257-word vocabulary) gets zero
 weight columns up to the next panel, computed and never stored. A single-row product (a CNN's
 classifier head, batch 1) stays as it is: it reads every weight once in any layout, and the
-``Tiled`` rule reads 8 adjacent vectors of a weight row at a time.
+``Tiled`` rule reads 8 adjacent vectors of a weight row at a time; so does an outer product (K = 1).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class _Rewriter(relax.PyExprMutator):
         depth, columns = w.shape
         rows = math.prod(shape[:-1])
         panel = panel_width(columns, self.lanes)
-        if depth != shape[-1] or rows == 1:
+        if depth != shape[-1] or rows == 1 or depth == 1:
             self.stats["unpacked"] += 1
             return call
         padded_columns = -(-columns // panel) * panel
@@ -145,7 +145,7 @@ class PackDenseWeights:
     Products of two computed operands (attention scores and context) whose rows or columns no
     register tile or vector divides are computed on zero-padded operands and sliced back.
 
-    ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones (single rows), ``padded_rows`` and ``padded_columns`` added in all,
+    ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones (single rows, K = 1), ``padded_rows`` and ``padded_columns`` added in all,
     ``padded_matmuls`` (products of computed operands padded)."""
 
     report_key = "dense"

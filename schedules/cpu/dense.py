@@ -55,22 +55,21 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     infers the region an epilogue needs under a loop through the flattening (r // M, r % M) as a
     box, which for a tile straddling two matrices, or for padded rows, is not the tile: it read
     rows other tiles compute later, or skipped some (wrong results; the fuzzer found them)."""
-    *rows, columns, depth = sch.get_loops(block)
+    loops = sch.get_loops(block)
+    if len(loops) != 3:  # TVM drops unit loops; passes/dense.py packs no single row and no K = 1
+        raise ValueError(f"dense_packed with {len(loops)} loops, expected rows, columns, depth")
+    rows, columns, depth = loops
     panel = int(sch.get(block).annotations[PANEL_ATTR])
+    aligned = bool(int(sch.get(block).annotations[TILE_ALIGNED_ATTR]))
+    row_outer, row_inner = sch.split(rows, factors=[None, row_tile(int(sch.get(rows).extent))])
     panel_outer, panel_inner = sch.split(columns, factors=[None, panel])
     vector_outer, vector_inner = sch.split(panel_inner, factors=[None, min(lanes, panel)])
-    if rows:
-        row_outer, row_inner = sch.split(rows[0], factors=[None, row_tile(int(sch.get(rows[0]).extent))])
-        sch.reorder(panel_outer, row_outer, depth, row_inner, vector_outer, vector_inner)
-        sch.unroll(row_inner)
-    else:
-        row_outer = panel_outer
-        sch.reorder(panel_outer, depth, vector_outer, vector_inner)
+    sch.reorder(panel_outer, row_outer, depth, row_inner, vector_outer, vector_inner)
     sch.parallel(panel_outer)
-    aligned = bool(int(sch.get(block).annotations[TILE_ALIGNED_ATTR]))
     write_back = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write_back, row_outer, preserve_unit_loops=True)
     sch.vectorize(vector_inner)
+    sch.unroll(row_inner)
     sch.unroll(vector_outer)
     sch.decompose_reduction(block, depth)
     vectorize_innermost(sch, write_back, lanes)
