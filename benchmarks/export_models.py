@@ -86,21 +86,19 @@ EXPORTS: dict[str, Export] = {
 }
 
 
-class _Forward:
-    """Wraps a Hugging Face model so the export returns one tensor (its last hidden state)."""
+def _last_hidden_state(model):
+    """``model`` wrapped so that the export returns one tensor, its last hidden state."""
+    import torch
 
-    def __new__(cls, model):
-        import torch
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
 
-        class Forward(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
+        def forward(self, *args):
+            return self.model(*args, return_dict=True).last_hidden_state
 
-            def forward(self, *args):
-                return self.model(*args, return_dict=True).last_hidden_state
-
-        return Forward()
+    return LastHiddenState()
 
 
 def export(name: str, out_dir: str, seed: int = 0) -> str:
@@ -110,7 +108,7 @@ def export(name: str, out_dir: str, seed: int = 0) -> str:
     torch.manual_seed(seed)
     spec = EXPORTS[name]
     model, args, input_names, output_names, input_high = spec.build()
-    model = _Forward(model.eval())
+    model = _last_hidden_state(model.eval())
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{name}.onnx")
         with torch.no_grad():
@@ -135,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", default=list(EXPORTS), help=f"models (default: {' '.join(EXPORTS)})")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(models.__file__), "zoo"))
     args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
     for name in args.names:
         path = export(name, args.out)
         print(f"wrote {path} ({os.path.getsize(path) / 1e3:.0f} kB)")

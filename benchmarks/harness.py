@@ -76,9 +76,8 @@ def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_op
     start = time.perf_counter()
     art = compiler.compile(spec, target=target, **compile_options)
     compile_s = time.perf_counter() - start
-    proto = _load(spec)
     inputs = random_inputs(art.inputs, high=art.input_high)
-    session = reference.ort_session(proto, threads=threads)
+    session = reference.ort_session(_load(spec), threads=threads)
     reference.assert_matches(art.run(inputs), session.run(None, inputs))
     ms = alternate({"relaxc": lambda: art.run(inputs), "onnxruntime": lambda: session.run(None, inputs)},
                    repeat)

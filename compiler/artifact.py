@@ -28,12 +28,11 @@ class Artifact(Runner):
     def __init__(self, executable: relax.VMExecutable, target: Target, inputs: list[TensorSpec],
                  outputs: list[TensorSpec], report: dict, snapshots: dict[str, tvm.IRModule]) -> None:
         device = open_device("cpu") if target.kind.name == "llvm" else None
-        super().__init__(executable, device, inputs, outputs)
+        super().__init__(executable, device, inputs, outputs, input_high=input_high(report["inputs"]))
         self.executable = executable
         self.target = target
         self._report = report
         self._snapshots = snapshots
-        self.input_high = input_high(report["inputs"])
 
     @property
     def fingerprint(self) -> str:

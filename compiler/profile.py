@@ -24,6 +24,7 @@ from tvm import relax, s_tir, tirx
 
 from compiler.artifact import Artifact
 from schedules.cpu.rows import is_product_sum
+from schedules.default import schedule_kind
 
 MIN_BLOCK_SECONDS = 2e-4  # a timed block lasts at least this long: timer and call overhead stay small
 BLOCKS = 5
@@ -102,10 +103,8 @@ def _time_call(call: Callable[[], Any]) -> float:
     return statistics.median(blocks)
 
 
-def profile(art: Artifact, inputs: dict[str, np.ndarray], repeat: int = 20) -> Profile:
+def profile(art: Artifact, inputs: dict[str, np.ndarray]) -> Profile:
     """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how)."""
-    from schedules.default import schedule_kind
-
     final = art.module("final")
     kernels = {gv.name_hint: f for gv, f in final.functions.items() if isinstance(f, tirx.PrimFunc)}
     device = tvm.cpu()

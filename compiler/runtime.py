@@ -120,13 +120,14 @@ class Runner:
     """
 
     def __init__(self, program: Any, device: tvm.runtime.Device | None, inputs: list[TensorSpec],
-                 outputs: list[TensorSpec], concurrency: int | None = None) -> None:
+                 outputs: list[TensorSpec], concurrency: int | None = None,
+                 input_high: dict[str, int] | None = None) -> None:
         self._pool = VMPool(program, device, default_concurrency() if concurrency is None else concurrency) \
             if device else None
         self._device = device
         self.inputs = inputs
         self.outputs = outputs
-        self.input_high: dict[str, int] = {}  # integer inputs' valid ranges, where the model declares them
+        self.input_high = input_high or {}  # integer inputs' valid ranges, where the model declares them
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
@@ -203,8 +204,7 @@ class Deployed(Runner):
         dev = open_device(device)
         spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
         super().__init__(tvm.runtime.load_module(library), dev, [spec(t) for t in manifest["inputs"]],
-                         [spec(t) for t in manifest["outputs"]], concurrency)
-        self.input_high = input_high(manifest["inputs"])
+                         [spec(t) for t in manifest["outputs"]], concurrency, input_high(manifest["inputs"]))
         self.manifest = manifest
 
     @property

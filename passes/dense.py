@@ -43,6 +43,15 @@ def row_tile(rows: int) -> int:
     return next((t for t in ROW_TILES if rows % t == 0), PAD_ROWS_TO)
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def padded_rows(rows: int) -> int:
+    """Rows as the kernel computes them: a whole number of register tiles."""
+    return _round_up(rows, row_tile(rows))
+
+
 def panel_width(columns: int, lanes: int) -> int:
     """Columns per weight panel: two vectors, or one where only one divides ``columns``."""
     return lanes if columns % (2 * lanes) and columns % lanes == 0 else 2 * lanes
@@ -53,8 +62,7 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int) -> te.Tensor:
     *lead, depth = (int(d) for d in data.shape)
     panels, _, panel = (int(d) for d in packed.shape)
     rows = math.prod(lead)
-    tile = row_tile(rows)
-    padded = -(-rows // tile) * tile
+    padded = padded_rows(rows)
 
     def unflatten(r):
         index = []
@@ -111,11 +119,11 @@ class _Rewriter(relax.PyExprMutator):
         if depth != shape[-1] or rows == 1 or depth == 1:
             self.stats["unpacked"] += 1
             return call
-        padded_columns = -(-columns // panel) * panel
+        padded_columns = _round_up(columns, panel)
         w = np.pad(w, ((0, 0), (0, padded_columns - columns)))
         packed = np.ascontiguousarray(w.reshape(depth, padded_columns // panel, panel).transpose(1, 0, 2))
         self.stats["packed"] += 1
-        self.stats["padded_rows"] += -(-rows // row_tile(rows)) * row_tile(rows) - rows
+        self.stats["padded_rows"] += padded_rows(rows) - rows
         self.stats["padded_columns"] += padded_columns - columns
         return self.builder_.call_te(dense_packed, data, relax.const(packed), columns,
                                      primfunc_name_hint="dense_packed")
@@ -126,8 +134,8 @@ class _Rewriter(relax.PyExprMutator):
         if b is None or len(a) != len(b) or len(a) < 3:
             return call
         rows, columns = a[-2], b[-1]
-        new_rows = rows if row_tile(rows) != PAD_ROWS_TO or rows % PAD_ROWS_TO == 0 else -(-rows // PAD_ROWS_TO) * PAD_ROWS_TO
-        new_columns = columns if columns % self.lanes == 0 or columns < self.lanes else -(-columns // self.lanes) * self.lanes
+        new_rows = padded_rows(rows)
+        new_columns = columns if columns < self.lanes else _round_up(columns, self.lanes)
         if (new_rows, new_columns) == (rows, columns):
             return call
         self.stats["padded_matmuls"] += 1
@@ -145,8 +153,9 @@ class PackDenseWeights:
     Products of two computed operands (attention scores and context) whose rows or columns no
     register tile or vector divides are computed on zero-padded operands and sliced back.
 
-    ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones (single rows, K = 1), ``padded_rows`` and ``padded_columns`` added in all,
-    ``padded_matmuls`` (products of computed operands padded)."""
+    ``summary()`` (``report()["dense"]``): ``packed`` matmuls, ``unpacked`` ones (single rows,
+    K = 1), ``padded_rows`` and ``padded_columns`` added in all, ``padded_matmuls`` (products of
+    computed operands padded)."""
 
     report_key = "dense"
 

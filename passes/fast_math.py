@@ -56,8 +56,8 @@ def _lanes(x: tirx.PrimExpr) -> int:
 
 
 def _is_float32(x: tirx.PrimExpr) -> bool:
-    return tvm.DataType(str(x.ty.dtype)).type_code == tvm.DataTypeCode.FLOAT and \
-        tvm.DataType(str(x.ty.dtype)).bits == 32
+    dtype = tvm.DataType(str(x.ty.dtype))
+    return dtype.type_code == tvm.DataTypeCode.FLOAT and dtype.bits == 32
 
 
 def _like(x: tirx.PrimExpr, value: float) -> tirx.PrimExpr:
@@ -84,9 +84,8 @@ def _keep_nan(x: tirx.PrimExpr, result: tirx.PrimExpr) -> tirx.PrimExpr:
 
 def _power_of_two(n: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
     """2**n as float32 for integer-valued n in [-126, 127], built in the exponent field."""
-    itype = "int32" if lanes == 1 else f"int32x{lanes}"
-    ftype = "float32" if lanes == 1 else f"float32x{lanes}"
-    return tirx.reinterpret(ftype, tirx.shift_left(n.astype(itype) + 127, 23 if lanes == 1 else tirx.Broadcast(tirx.const(23, "int32"), lanes)))
+    suffix = "" if lanes == 1 else f"x{lanes}"
+    return tirx.reinterpret(f"float32{suffix}", (n.astype(f"int32{suffix}") + 127) * (1 << 23))
 
 
 def exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -143,9 +142,9 @@ def _pow_rule(fallback) -> Callable:
     return lower
 
 
-def _default_rule(op: str):
-    existing = tvm.ir.Op.get(op).get_attr("llvm.FLowerIntrinsic") or tvm.ir.Op.get(op).get_attr("default.FLowerIntrinsic")
-    return lambda call: existing(call)
+def _default_rule(op: str) -> Callable:
+    """TVM's own lowering of ``op`` for LLVM, which other dtypes keep."""
+    return tvm.ir.Op.get(op).get_attr("llvm.FLowerIntrinsic") or tvm.ir.Op.get(op).get_attr("default.FLowerIntrinsic")
 
 
 def register() -> None:

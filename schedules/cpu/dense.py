@@ -6,8 +6,8 @@ loop against the panel while it sits in L2; the weights are read from memory onc
 The register tile is ``row_tile`` rows by the panel's two vectors (16 accumulators of the 32
 AVX-512 registers, or of the 16 of AVX2 with a one-vector panel), rows unrolled, columns
 vectorised. The epilogue (bias, GELU, residual add; the rows' padding sliced off) runs on each tile
-right after it is computed (or on the whole panel: ``_schedule_dense`` says when). Measured in the
-``passes/dense.py`` docstring.
+right after it is computed (when x has batch dims, in a stage of its own: ``_schedule_dense`` says
+why). Measured in the ``passes/dense.py`` docstring.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ their elementwise neighbours and the attention mask.
 Every block is computed inside one parallel loop over the rows, so a row is read from memory once
 and its max, sums and normalised values are made while it is in L1 (the ``Tiled`` rule parallelised
 each block on its own and vectorised along the rows, which are not contiguous: scalar code, and each
-stage streamed the whole tensor again). Along the row, loops are vectorised where the vector
+stage streamed the whole tensor again). Along the row, loops are vectorised where a vector width
 divides them; others (ViT's 197 tokens) are left to LLVM's loop vectoriser, which handles the tail.
 The reductions themselves run in ``lanes`` partial results, one vector, when the row divides into
 vectors (rfactor), so a sum or max is not one long chain of dependent scalar operations. Kernels of
@@ -20,6 +20,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from schedules.cpu.rule import CpuRule
+from schedules.cpu.tiled import loop_extent, vectorize_innermost
 
 
 def _row_reduction(info: SBlockInfo) -> bool:
@@ -36,11 +37,6 @@ def is_product_sum(block: s_tir.SBlock) -> bool:
     product = value.b if isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul) else None
     return product is not None and all(isinstance(f, tvm.ir.TensorLoad) for f in (product.a, product.b)) \
         and not tvm_ffi.structural_equal(product.a, product.b)
-
-
-def _extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, tirx.IntImm) else None
 
 
 class Rows(CpuRule):
@@ -69,11 +65,11 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     sch.parallel(row)
     for block in reversed(blocks[:-1]):
         sch.compute_at(block, row, preserve_unit_loops=True)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if not any(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
+            vectorize_innermost(sch, block, lanes)  # where a width divides the row; else LLVM's vectoriser
     for partial in filter(None, partials):
         _vectorize_partial(sch, partial)
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if not any(partial is not None and sch.get(partial).same_as(sch.get(block)) for partial in partials):
-            _vectorize_row(sch, block, lanes)
     return sch
 
 
@@ -93,7 +89,7 @@ def _partial_sums(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: in
     """Split a reduction whose row divides into vectors into ``lanes`` partial results (rfactor):
     returns the block computing them, or None (the row stays one scalar chain)."""
     inner = sch.get_loops(block)[-1]
-    extent = _extent(sch, inner)
+    extent = loop_extent(sch, inner)
     if extent is None or extent % lanes or extent == lanes:
         return None
     _, vector = sch.split(inner, factors=[None, lanes])
@@ -108,18 +104,3 @@ def _vectorize_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV) ->
     loops = sch.get_loops(partial)
     sch.vectorize(loops[-1])
     sch.decompose_reduction(partial, loops[1])
-
-
-def _vectorize_row(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
-    """Vectorise a spatial block's loop along the row where the vector divides it."""
-    if any(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
-        return
-    inner = sch.get_loops(block)[-1]
-    extent = _extent(sch, inner)
-    if extent is None or extent % lanes:
-        return
-    if extent == lanes:
-        sch.vectorize(inner)
-        return
-    _, vector = sch.split(inner, factors=[None, lanes])
-    sch.vectorize(vector)

@@ -21,7 +21,7 @@ MAX_ACCUMULATORS = 12  # of 16 vector registers, leaving room for weights and br
 MAX_WHOLE_ROW = 14  # a short row with no good factor (13) is tiled whole: 13 accumulators still fit
 
 
-def _extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
+def loop_extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
     extent = sch.get(loop).extent
     return int(extent) if isinstance(extent, tirx.IntImm) else None
 
@@ -56,7 +56,7 @@ def _second_tile(sch: s_tir.Schedule, axes: list[s_tir.schedule.LoopRV], tile: i
     if tile >= MIN_ACCUMULATORS:
         return None
     for index in range(len(axes) - 1, -1, -1):
-        factor = _tile(_extent(sch, axes[index]), MAX_ACCUMULATORS // tile)
+        factor = _tile(loop_extent(sch, axes[index]), MAX_ACCUMULATORS // tile)
         if factor * tile >= MIN_ACCUMULATORS:
             return index, factor
     return None
@@ -122,10 +122,10 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, lanes: int) -> s_
     block = info.block_rv
     loops = sch.get_loops(block)
     spatial, reduction = loops[:n_spatial], loops[n_spatial:]
-    width = _vector_width(_extent(sch, spatial[-1]), lanes)
+    width = _vector_width(loop_extent(sch, spatial[-1]), lanes)
     vec_outer, vec_inner = sch.split(spatial[-1], factors=[None, width])
     if n_spatial >= 2:
-        row = _extent(sch, spatial[-2])
+        row = loop_extent(sch, spatial[-2])
         tile = _tile(row)
         if tile < MIN_ACCUMULATORS and row is not None and row <= MAX_WHOLE_ROW:
             tile = row
@@ -163,10 +163,10 @@ def vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     Returns the loop left outside the vector (None if the whole loop became one vector).
     """
     loop = sch.get_loops(block)[-1]
-    width = _vector_width(_extent(sch, loop), lanes)
+    width = _vector_width(loop_extent(sch, loop), lanes)
     if width == 1:
         return loop
-    if _extent(sch, loop) == width:
+    if loop_extent(sch, loop) == width:
         sch.vectorize(loop)
         return None
     outer, inner = sch.split(loop, factors=[None, width])
