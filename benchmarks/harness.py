@@ -39,10 +39,13 @@ class Row:
 
 
 ROUNDS = 4  # blocks per runtime
+IDLE_S = 0.25  # pause before each block: onnxruntime's workers spin about 50 ms after their last task
 
 
 def block(fn: Callable[[], object], runs: int) -> list[float]:
-    """Milliseconds of ``runs`` calls of ``fn`` after one untimed warm-up call."""
+    """Milliseconds of ``runs`` calls of ``fn`` after a pause (the other runtime's thread pool goes
+    idle) and one untimed warm-up call."""
+    time.sleep(IDLE_S)
     fn()
     times = []
     for _ in range(runs):

@@ -44,7 +44,7 @@ from schedules.default import DefaultSchedules
 from schedules.tuning import ApplyTuningRecords
 from support import tvm_log
 from support.reporting import summaries
-from support.targets import TargetLike, vector_lanes
+from support.targets import TargetLike, vector_lanes, vector_registers
 from support.threads import configure_threads
 
 
@@ -90,7 +90,8 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
 
 def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     target = c.config.target
-    packing = [PackDenseWeights(vector_lanes(target))] if target.kind.name == "llvm" else []  # GPUs: dlight's matmul rules
+    packing = ([PackDenseWeights(vector_lanes(target), vector_registers(target))]
+               if target.kind.name == "llvm" else [])  # GPUs: dlight's matmul rules
     return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names), *packing]
 
 

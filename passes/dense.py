@@ -11,9 +11,10 @@ it (``schedules/cpu/dense.py`` orders the loops that way). Measured on a 2-core 
 The kernel is emitted here as a TE compute (``dense_packed``) so FuseOps fuses its epilogue (bias,
 GELU, residual add) into it as for any matmul. Rows (the product of x's leading dims) that no good
 register tile divides (ViT's 197 tokens) are padded inside the kernel to ``row_tile``'s multiple;
-the padding never leaves it. Panels are two vectors wide (``2 * lanes`` columns), or one where only
-one divides N; an N that no panel divides (a language model's 50,257-word vocabulary) gets zero
-weight columns up to the next panel, computed and never stored. A single-row product (a CNN's
+the padding never leaves it. The panel width and the tile's rows fit the target's vector registers
+(``register_tile``: 8 rows by 3 vectors on AVX-512, 6 by 2 on AVX2, where N allows); an N that no
+panel divides (a language model's 50,257-word vocabulary) gets zero weight columns up to the next
+panel, computed and never stored. A single-row product (a CNN's
 classifier head, batch 1) stays as it is: it reads every weight once in any layout, and the
 ``Tiled`` rule reads 8 adjacent vectors of a weight row at a time; so does an outer product (K = 1).
 """
@@ -21,6 +22,7 @@ classifier head, batch 1) stays as it is: it reads every weight once in any layo
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -29,40 +31,62 @@ from tvm.ir import GenericConst
 
 from passes.ir import is_op, static_shape
 
-ROW_TILES = (8, 12, 6, 4)  # register tiles (rows) tried in order: 8 x 2 vectors = 16 accumulators
-PAD_ROWS_TO = 8
+ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
+TILE_VECTORS = (3, 4, 2, 1)  # panel widths in vectors, preferred in this order (measured below)
 PANEL_ATTR = "relaxc.panel"  # on the dense_packed block: columns per weight panel, for its schedule
+ROW_TILE_ATTR = "relaxc.row_tile"  # on the dense_packed block: rows of its register tile
 TILE_ALIGNED_ATTR = "relaxc.tile_aligned"  # 1 if x is one matrix: a tile of flattened rows is a tile of x
 
 
-def row_tile(rows: int) -> int:
-    """Rows of a register tile for a ``rows``-row product: all of them when few, else the first of
-    ``ROW_TILES`` that divides ``rows``, else ``PAD_ROWS_TO`` (the kernel pads rows up to it)."""
-    if rows <= max(ROW_TILES):
+@dataclass(frozen=True)
+class Tile:
+    """A register tile: ``rows`` rows of x by a panel of ``vectors`` vectors of weight columns."""
+
+    rows: int
+    vectors: int
+
+
+def register_tile(columns: int, lanes: int, registers: int) -> Tile:
+    """The register tile for an N = ``columns`` product on a CPU with ``registers`` vector registers.
+
+    Three quarters of the registers hold accumulators, the rest the panel's vectors and a broadcast
+    of x. Wide panels win: each broadcast of x feeds ``vectors`` FMAs. Measured (2 cores, hot
+    weights, GFLOP/s for 197x3072 by 3072x768 and 197x768 by 768x768): AVX-512 8x2 242/210, 8x3
+    302/230, 6x4 278/243, 12x2 222; AVX2 (16 registers) 8x2 86/41 (spilled), 6x2 164/146, 4x3
+    167/149, 3x4 127/117. Chosen: the first preferred width that needs no column padding, else the
+    first whose padding stays within 3 % of N, else the one padding least."""
+    budget = registers * 3 // 4
+    tiles = [Tile(min(ROW_TILE_MAX, budget // v), v) for v in TILE_VECTORS if budget // v >= 4]
+    waste = {t: _round_up(columns, t.vectors * lanes) - columns for t in tiles}
+    return min(tiles, key=lambda t: (waste[t] > 0, waste[t] * 32 > columns,  # min keeps the first of equals
+                                     waste[t] if waste[t] * 32 > columns else 0))
+
+
+def row_tile(rows: int, limit: int = ROW_TILE_MAX) -> int:
+    """Rows of a register tile of at most ``limit`` rows for a ``rows``-row product: all of them
+    when few, else ``limit`` or one or two fewer where that divides ``rows``, else ``limit`` (the
+    kernel pads rows up to it)."""
+    if rows <= limit:
         return rows
-    return next((t for t in ROW_TILES if rows % t == 0), PAD_ROWS_TO)
+    return next((t for t in (limit, limit - 1, limit - 2) if rows % t == 0), limit)
 
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def padded_rows(rows: int) -> int:
+def padded_rows(rows: int, limit: int = ROW_TILE_MAX) -> int:
     """Rows as the kernel computes them: a whole number of register tiles."""
-    return _round_up(rows, row_tile(rows))
+    return _round_up(rows, row_tile(rows, limit))
 
 
-def panel_width(columns: int, lanes: int) -> int:
-    """Columns per weight panel: two vectors, or one where only one divides ``columns``."""
-    return lanes if columns % (2 * lanes) and columns % lanes == 0 else 2 * lanes
-
-
-def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int) -> te.Tensor:
-    """``data`` (..., M, K) times the packed weights (ceil(N / panel), K, panel): (..., M, N)."""
+def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: int) -> te.Tensor:
+    """``data`` (..., M, K) times the packed weights (ceil(N / panel), K, panel): (..., M, N), in
+    register tiles of at most ``tile_rows`` rows."""
     *lead, depth = (int(d) for d in data.shape)
     panels, _, panel = (int(d) for d in packed.shape)
     rows = math.prod(lead)
-    padded = padded_rows(rows)
+    padded = padded_rows(rows, tile_rows)
 
     def unflatten(r):
         index = []
@@ -82,7 +106,7 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int) -> te.Tensor:
     aligned = int(math.prod(lead[:-1]) == 1)
     product = te.compute((padded, panels * panel), lambda r, j: te.sum(
         source(r, k) * packed[j // panel, k, j % panel], axis=k), name="dense_packed",
-        attrs={PANEL_ATTR: panel, TILE_ALIGNED_ATTR: aligned})
+        attrs={PANEL_ATTR: panel, ROW_TILE_ATTR: row_tile(rows, tile_rows), TILE_ALIGNED_ATTR: aligned})
 
     def unpadded(*index):
         flat = 0
@@ -95,9 +119,10 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int) -> te.Tensor:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, lanes: int, stats: dict) -> None:
+    def __init__(self, mod: tvm.IRModule, lanes: int, registers: int, stats: dict) -> None:
         super().__init__(mod)
         self.lanes = lanes
+        self.registers = registers
         self.stats = stats
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -115,7 +140,8 @@ class _Rewriter(relax.PyExprMutator):
             return call
         depth, columns = w.shape
         rows = math.prod(shape[:-1])
-        panel = panel_width(columns, self.lanes)
+        tile = register_tile(columns, self.lanes, self.registers)
+        panel = tile.vectors * self.lanes
         if depth != shape[-1] or rows == 1 or depth == 1:
             self.stats["unpacked"] += 1
             return call
@@ -123,9 +149,9 @@ class _Rewriter(relax.PyExprMutator):
         w = np.pad(w, ((0, 0), (0, padded_columns - columns)))
         packed = np.ascontiguousarray(w.reshape(depth, padded_columns // panel, panel).transpose(1, 0, 2))
         self.stats["packed"] += 1
-        self.stats["padded_rows"] += padded_rows(rows) - rows
+        self.stats["padded_rows"] += padded_rows(rows, tile.rows) - rows
         self.stats["padded_columns"] += padded_columns - columns
-        return self.builder_.call_te(dense_packed, data, relax.const(packed), columns,
+        return self.builder_.call_te(dense_packed, data, relax.const(packed), columns, tile.rows,
                                      primfunc_name_hint="dense_packed")
 
     def _pad(self, call: relax.Call, a: tuple[int, ...], b: tuple[int, ...] | None) -> relax.Expr:
@@ -159,8 +185,9 @@ class PackDenseWeights:
 
     report_key = "dense"
 
-    def __init__(self, lanes: int) -> None:
+    def __init__(self, lanes: int, registers: int) -> None:
         self.lanes = lanes
+        self.registers = registers
         self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_columns": 0, "padded_matmuls": 0}
 
     def summary(self) -> dict:
@@ -168,7 +195,7 @@ class PackDenseWeights:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_columns": 0, "padded_matmuls": 0}
-        rewriter = _Rewriter(mod.clone(), self.lanes, self.stats)  # a copy: see passes/ir.py
+        rewriter = _Rewriter(mod.clone(), self.lanes, self.registers, self.stats)  # a copy: see passes/ir.py
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))

@@ -112,6 +112,13 @@ def vector_bits(target: Target) -> int:
     return 128
 
 
+def vector_registers(target: Target) -> int:
+    """How many vector registers the target's CPU has: 32 with AVX-512 or on AArch64, else 16."""
+    if target.kind.name == "llvm" and any(codegen.target_has_features(f, target) for f in ("avx512f", "neon")):
+        return 32
+    return 16
+
+
 def vector_lanes(target: Target, dtype_bits: int = 32) -> int:
     """SIMD lanes of ``dtype_bits``-wide elements the target's widest vector register holds."""
     return max(1, vector_bits(target) // dtype_bits)

@@ -3,9 +3,8 @@
 Loop order is what the packing is for: the weight panels (``N / panel`` of them, each K x panel,
 contiguous) are the parallel loop, and inside each, every register tile of rows runs the whole K
 loop against the panel while it sits in L2; the weights are read from memory once per inference.
-The register tile is ``row_tile`` rows by the panel's two vectors (16 accumulators of the 32
-AVX-512 registers, or of the 16 of AVX2 with a one-vector panel), rows unrolled, columns
-vectorised. The epilogue (bias, GELU, residual add; the rows' padding sliced off) runs on each tile
+The register tile is the one ``passes/dense.py`` chose for the target's registers (its rows
+annotated on the block, its columns the panel), rows unrolled, columns vectorised. The epilogue (bias, GELU, residual add; the rows' padding sliced off) runs on each tile
 right after it is computed (when x has batch dims, in a stage of its own: ``_schedule_dense`` says
 why). Measured in the ``passes/dense.py`` docstring.
 """
@@ -15,7 +14,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from passes.dense import PANEL_ATTR, TILE_ALIGNED_ATTR, row_tile
+from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
 from schedules.cpu.rule import CpuRule
 from schedules.cpu.tiled import inline_elementwise, schedule_spatial, try_attach, vectorize_innermost
 
@@ -59,9 +58,10 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     if len(loops) != 3:  # TVM drops unit loops; passes/dense.py packs no single row and no K = 1
         raise ValueError(f"dense_packed with {len(loops)} loops, expected rows, columns, depth")
     rows, columns, depth = loops
-    panel = int(sch.get(block).annotations[PANEL_ATTR])
-    aligned = bool(int(sch.get(block).annotations[TILE_ALIGNED_ATTR]))
-    row_outer, row_inner = sch.split(rows, factors=[None, row_tile(int(sch.get(rows).extent))])
+    annotations = sch.get(block).annotations
+    panel = int(annotations[PANEL_ATTR])
+    aligned = bool(int(annotations[TILE_ALIGNED_ATTR]))
+    row_outer, row_inner = sch.split(rows, factors=[None, int(annotations[ROW_TILE_ATTR])])
     panel_outer, panel_inner = sch.split(columns, factors=[None, panel])
     vector_outer, vector_inner = sch.split(panel_inner, factors=[None, min(lanes, panel)])
     sch.reorder(panel_outer, row_outer, depth, row_inner, vector_outer, vector_inner)

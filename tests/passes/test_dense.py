@@ -6,7 +6,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import compiler
-from passes.dense import PAD_ROWS_TO, panel_width, row_tile
+from passes.dense import ROW_TILE_MAX, Tile, register_tile, row_tile
+from support import targets
 from tests import reference
 
 
@@ -35,21 +36,32 @@ def test_packed_matmul_matches_onnxruntime(x_shape, n):
 
 def test_rows_no_tile_divides_are_padded_inside_the_kernel():
     rows = 197
-    assert row_tile(rows) == PAD_ROWS_TO
+    assert row_tile(rows) == ROW_TILE_MAX and row_tile(196) == 7 and row_tile(5) == 5
     art = compiler.compile(_matmul_model((1, rows, 32), np.ones((32, 32), np.float32)), target="cpu", tuning="off")
-    assert art.report()["dense"]["padded_rows"] == -(-rows // PAD_ROWS_TO) * PAD_ROWS_TO - rows
+    assert art.report()["dense"]["padded_rows"] == -(-rows // ROW_TILE_MAX) * ROW_TILE_MAX - rows
+
+
+@pytest.mark.parametrize("columns, lanes, registers, tile", [
+    (768, 16, 32, Tile(8, 3)), (1024, 16, 32, Tile(6, 4)), (32, 16, 32, Tile(8, 2)), (16, 16, 32, Tile(8, 1)),
+    (50257, 16, 32, Tile(8, 3)), (100, 16, 32, Tile(8, 1)), (768, 8, 16, Tile(4, 3)), (1024, 8, 16, Tile(6, 2))])
+def test_register_tile_fits_the_registers_and_pads_little(columns, lanes, registers, tile):
+    """Wide panels where N allows (AVX-512: 24 of 32 registers accumulate, AVX2: 12 of 16); an N
+    that no preferred panel divides within 3 % gets the one that pads least."""
+    assert register_tile(columns, lanes, registers) == tile
 
 
 @pytest.mark.parametrize("rows, packed", [(8, 1), (1, 0)])
 def test_columns_no_panel_divides_and_single_rows(rows, packed):
     """Padded with zero columns (a vocabulary projection); a single-row product (a classifier head)
     stays unpacked: it reads each weight once in any layout."""
-    assert panel_width(48, 16) == 16 and panel_width(64, 16) == 32 and panel_width(1000, 16) == 32
     weight = np.random.default_rng(3).standard_normal((16, 1000)).astype(np.float32)
     model = _matmul_model((1, rows, 16), weight, bias=True)
     art = compiler.compile(model, target="cpu", tuning="off")
     assert art.report()["dense"]["packed"] == packed and art.report()["dense"]["unpacked"] == 1 - packed
-    assert art.report()["dense"]["padded_columns"] == (1024 - 1000) * packed
+    target = targets.resolve("cpu")
+    lanes = targets.vector_lanes(target)
+    panel = register_tile(1000, lanes, targets.vector_registers(target)).vectors * lanes
+    assert art.report()["dense"]["padded_columns"] == (-(-1000 // panel) * panel - 1000) * packed
     x = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
 
