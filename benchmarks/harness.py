@@ -2,10 +2,13 @@
 
 Both get the same thread count (2 by default) and the same random inputs; outputs are checked
 against onnxruntime with the project tolerance before anything is timed. Latency is the median of
-``repeat`` runs. The runtimes take turns in blocks (each block after a warm-up run), so a slow spell
-of the machine hits both, while neither runs right after the other: both thread pools spin for a
-while after a run, and single runs in alternation would measure that contention (SqueezeNet: 21 ms
-instead of 11). Prints a Markdown table, ready for ``docs/benchmarks.md``.
+``repeat`` runs. The runtimes take turns in blocks (each block after a pause and a warm-up run), so
+a slow spell of the machine hits both, while neither runs while the other's thread pool is still
+spinning: single runs in alternation measured that contention (SqueezeNet: 21 ms instead of 11),
+and so did blocks without the pause for models of a few milliseconds (onnxruntime's workers spin
+for tens of milliseconds after their last task: a 768x768 dense layer measured 4.2 ms after
+onnxruntime's block, 1.6 ms after the pause). Prints a Markdown table, ready for
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
