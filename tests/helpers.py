@@ -7,6 +7,15 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def host_runs_avx2() -> bool:
+    """Whether this CPU runs code built for ``znver3`` (AVX2 and FMA), such as the committed logs'."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
 def env() -> dict:
     """This environment with the repository importable."""
     return {**os.environ, "PYTHONPATH": ROOT}

@@ -25,7 +25,7 @@ from support import targets, versions
 from schedules.cache import RecordStore
 from tests import reference
 
-from tests.helpers import ROOT, env, relaxc, relaxc_command
+from tests.helpers import ROOT, env, host_runs_avx2, relaxc, relaxc_command
 
 ZNVER3 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # the target the committed logs are for
 
@@ -268,19 +268,11 @@ def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monk
 
 # --- the committed logs: CI replays them and never tunes ------------------------------------------
 
-def _host_runs_znver3_code() -> bool:
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
-
-
 COMMITTED = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2", "zoo:bert"]  # tuned on znver3, 2 cores
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _host_runs_znver3_code(), reason="the committed logs are for znver3 (AVX2 + FMA)")
+@pytest.mark.skipif(not host_runs_avx2(), reason="the committed logs are for znver3 (AVX2 + FMA)")
 @pytest.mark.parametrize("spec", COMMITTED)
 def test_committed_logs_replay_strictly(spec):
     """CI's tuning-log replay: every kernel has a committed schedule chosen by measurement (strict

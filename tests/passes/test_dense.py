@@ -9,6 +9,7 @@ import compiler
 from passes.dense import ROW_TILE_MAX, Tile, register_tile, row_tile
 from support import targets
 from tests import reference
+from tests.helpers import host_runs_avx2
 
 
 def _matmul_model(x_shape, weight: np.ndarray, bias: bool = False):
@@ -22,12 +23,17 @@ def _matmul_model(x_shape, weight: np.ndarray, bias: bool = False):
                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_shape)], inits)
 
 
+AVX2 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # 16 registers: other tiles than AVX-512's
+TARGETS = ["cpu", pytest.param(AVX2, id="avx2", marks=pytest.mark.skipif(not host_runs_avx2(), reason="no AVX2"))]
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("x_shape, n", [((1, 197, 64), 96), ((5, 32), 64), ((2, 3, 24, 48), 16),
-                                        ((1, 128, 40), 48), ((1, 7, 16), 1000)])
-def test_packed_matmul_matches_onnxruntime(x_shape, n):
+                                        ((1, 128, 40), 48), ((1, 7, 16), 1000), ((1, 30, 24), 1024)])
+def test_packed_matmul_matches_onnxruntime(x_shape, n, target):
     weight = np.random.default_rng(0).standard_normal((x_shape[-1], n)).astype(np.float32)
     model = _matmul_model(x_shape, weight, bias=True)
-    art = compiler.compile(model, target="cpu", tuning="off", validate_memory=True)
+    art = compiler.compile(model, target=target, tuning="off", validate_memory=True)
     assert art.report()["dense"]["packed"] == 1
     assert art.report()["schedules"].get("dense") == 1
     x = reference.random_inputs(art.inputs, seed=1)
