@@ -59,6 +59,15 @@ def _gpt2():
     return GPT2Model(config), args, names, ["last_hidden_state"], {"input_ids": config.vocab_size}
 
 
+def _gpt2_lm():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_embd=256, n_layer=4, n_head=4, n_positions=256, use_cache=False)
+    args, names = _tokens(torch, 64, config.vocab_size, mask=False)
+    return GPT2LMHeadModel(config), args, names, ["logits"], {"input_ids": config.vocab_size}
+
+
 def _distilbert():
     import torch
     from transformers import DistilBertConfig, DistilBertModel
@@ -81,24 +90,30 @@ def _vit():
 EXPORTS: dict[str, Export] = {
     "bert": Export(_bert, dynamo=False),
     "gpt2": Export(_gpt2, dynamo=True),  # TorchScript cannot export transformers 5's mask code (aten::diff)
+    "gpt2_lm": Export(_gpt2_lm, dynamo=True),  # with its language-model head: logits over 50,257 tokens
     "distilbert": Export(_distilbert, dynamo=False),
     "vit_b16": Export(_vit, dynamo=True),
 }
 
 
-def _last_hidden_state(model):
-    """``model`` wrapped so that the export returns one tensor, its last hidden state."""
+def _one_output(model):
+    """``model`` wrapped so that the export returns one tensor: a transformer's last hidden state or a
+    language model's logits."""
     import torch
 
-    class LastHiddenState(torch.nn.Module):
+    class OneOutput(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
         def forward(self, *args):
-            return self.model(*args, return_dict=True).last_hidden_state
+            result = self.model(*args)
+            for name in ("last_hidden_state", "logits"):
+                if hasattr(result, name):
+                    return getattr(result, name)
+            raise TypeError(f"{type(result).__name__} has no last_hidden_state or logits")
 
-    return LastHiddenState()
+    return OneOutput()
 
 
 def export(name: str, out_dir: str, seed: int = 0) -> str:
@@ -108,7 +123,7 @@ def export(name: str, out_dir: str, seed: int = 0) -> str:
     torch.manual_seed(seed)
     spec = EXPORTS[name]
     model, args, input_names, output_names, input_high = spec.build()
-    model = _last_hidden_state(model.eval())
+    model = _one_output(model.eval())
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{name}.onnx")
         with torch.no_grad():
