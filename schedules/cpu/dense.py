@@ -36,21 +36,26 @@ class Dense(CpuRule):
             return None
         pad = [b for b in blocks if b.name == ROWS_PAD]  # a stage of its own: inlined, every load would test its row
         blocks = pad + inline_elementwise(sch, [b for b in blocks if b.name != ROWS_PAD])
-        tile = None
+        tile = write_back = None
+        attached = True
         for info in blocks:
             if info.name == BLOCK:
-                tile = _schedule_dense(sch, info.block_rv, lanes)
+                tile, write_back = _schedule_dense(sch, info.block_rv, lanes)
             elif tile is not None and try_attach(sch, info.block_rv, tile):
                 vectorize_innermost(sch, info.block_rv, lanes)
             else:
+                attached = attached and write_back is None  # a stage before the product is no epilogue
                 schedule_spatial(sch, info.block_rv, lanes)
+        if tile is not None and attached:
+            sch.compute_inline(write_back)  # the epilogue reads the tile's registers: no M x N buffer
         return sch
 
 
 def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
-                    lanes: int) -> s_tir.schedule.LoopRV | None:
+                    lanes: int) -> tuple[s_tir.schedule.LoopRV | None, s_tir.schedule.SBlockRV]:
     """Tile the product; returns the loop its epilogue attaches to (the row tile's), or None when
-    x has several matrices (batch dims): then the epilogue is a parallel stage of its own. TVM
+    x has several matrices (batch dims): then the epilogue is a parallel stage of its own; and the
+    block writing the accumulators back. TVM
     infers the region an epilogue needs under a loop through the flattening (r // M, r % M) as a
     box, which for a tile straddling two matrices, or for padded rows, is not the tile: it read
     rows other tiles compute later, or skipped some (wrong results; the fuzzer found them)."""
@@ -73,4 +78,4 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     sch.unroll(vector_outer)
     sch.decompose_reduction(block, depth)
     vectorize_innermost(sch, write_back, lanes)
-    return row_outer if aligned else None
+    return (row_outer if aligned else None), write_back
