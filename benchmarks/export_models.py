@@ -1,6 +1,6 @@
-"""Export real transformer architectures with random weights and commit their light forms.
+"""Export real transformer and CNN architectures with random weights and commit their light forms.
 
-    pip install -e '.[export]'            # torch, transformers, onnxscript: never needed by make test
+    pip install -e '.[export]'            # torch, torchvision, transformers, onnxscript: never for make test
     python -m benchmarks.export_models [NAME ...] [--out compiler/zoo]
 
 Each model is built from its library's real architecture code with a small or standard config and
@@ -87,18 +87,33 @@ def _vit():
         ["last_hidden_state"], {}
 
 
+def _torchvision(name: str, size: int = 224):
+    """A torchvision architecture (classifier or segmentation net) for a 1x3x``size``x``size`` image."""
+    def build():
+        import torch
+        import torchvision
+
+        extra = {"weights_backbone": None} if name.startswith(("lraspp", "deeplab", "fcn")) else {}
+        model = torchvision.models.get_model(name, weights=None, **extra)
+        return model, (torch.randn(1, 3, size, size),), ["image"], ["out"], {}
+    return build
+
+
 EXPORTS: dict[str, Export] = {
     "bert": Export(_bert, dynamo=False),
     "gpt2": Export(_gpt2, dynamo=True),  # TorchScript cannot export transformers 5's mask code (aten::diff)
     "gpt2_lm": Export(_gpt2_lm, dynamo=True),  # with its language-model head: logits over 50,257 tokens
     "distilbert": Export(_distilbert, dynamo=False),
     "vit_b16": Export(_vit, dynamo=True),
+    **{name: Export(_torchvision(name), dynamo=False) for name in (
+        "efficientnet_b0", "mobilenet_v3_large", "convnext_tiny", "regnet_y_400mf", "shufflenet_v2_x1_0",
+        "resnet18", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large")},
 }
 
 
 def _one_output(model):
     """``model`` wrapped so that the export returns one tensor: a transformer's last hidden state or a
-    language model's logits."""
+    language model's logits, a segmentation net's ``out``, a classifier's logits."""
     import torch
 
     class OneOutput(torch.nn.Module):
@@ -111,7 +126,7 @@ def _one_output(model):
             for name in ("last_hidden_state", "logits"):
                 if hasattr(result, name):
                     return getattr(result, name)
-            raise TypeError(f"{type(result).__name__} has no last_hidden_state or logits")
+            return result["out"] if isinstance(result, dict) else result
 
     return OneOutput()
 
