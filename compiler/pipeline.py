@@ -36,6 +36,7 @@ from compiler.options import Config, Options
 from passes import fast_math
 from passes.dense import PackDenseWeights
 from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
+from passes.conv_taps import DropPaddingTaps
 from passes.fold_constants import FoldConstantsNumpy
 from passes.layout import LayoutPass
 from passes.legalize import legalize_ops
@@ -79,6 +80,7 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
         relax.transform.DecomposeOpsForInference(),
         FoldConstantsNumpy(),
         relax.transform.FoldConstant(),  # whatever the numpy folder does not cover
+        DropPaddingTaps(),  # weights are constants now
         SumOfStackToAdd(),
         ClipFromTIR(),
         DropoutToIdentity(),

@@ -1,0 +1,100 @@
+"""Convolution taps that read only padding are dropped from the kernel at compile time.
+
+A dilated convolution on a small feature map reads, for some kernel rows or columns, nothing but
+the zero padding at every output position: DeepLabV3's ASPP convolutions (3x3, rates 24 and 36,
+padding equal to the rate) on its 14x14 map have one useful tap out of nine, and every other tap
+multiplies zeros. The useful taps form one contiguous range per axis, so the convolution becomes
+a smaller one (a 1x1 where only the centre is left) with the padding that keeps every output where
+it was, or a crop of the input where the first or last rows are never read. Exact: the dropped
+products were all zero (for finite weights). onnxruntime's NCHWc convolution skips such taps at
+run time; here they are gone before layout, so the smaller convolution is what gets blocked.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.ir import GenericConst
+
+from passes.ir import is_op, map_relax_functions, static_shape
+
+
+def _useful_taps(size: int, out: int, kernel: int, stride: int, dilation: int, pad: int) -> tuple[int, int]:
+    """First and last kernel index along one axis that reads an input element (not padding) at some
+    output position; the input position of tap ``t`` at output ``o`` is o * stride - pad + t * dilation."""
+    useful = [t for t in range(kernel)
+              if t * dilation - pad < size and (out - 1) * stride + t * dilation - pad >= 0]
+    return (useful[0], useful[-1]) if useful else (0, kernel - 1)
+
+
+def _axis(size: int, out: int, kernel: int, stride: int, dilation: int, before: int,
+          first: int, last: int) -> tuple[int, int, int, int]:
+    """(input rows cropped before, kept input rows, padding before, padding after) of the smaller
+    convolution over taps ``first..last`` with the same ``out`` outputs."""
+    kept = last - first + 1
+    pad_before = before - first * dilation
+    crop = max(0, -pad_before)
+    pad_before += crop
+    rows = size - crop
+    pad_after = (out - 1) * stride + (kept - 1) * dilation + 1 - rows - pad_before
+    if pad_after < 0:
+        rows += pad_after
+        pad_after = 0
+    return crop, rows, pad_before, pad_after
+
+
+@relax.expr_functor.mutator
+class _DropTaps(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, stats: dict) -> None:
+        super().__init__(mod)
+        self.stats = stats
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not is_op(call, "relax.nn.conv2d") or not isinstance(call.args[1], GenericConst):
+            return call
+        attrs = call.attrs
+        data_shape, out_shape = static_shape(call.args[0]), static_shape(call)
+        if data_shape is None or out_shape is None or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+            return call
+        weight = call.args[1].value.numpy()
+        top, left, bottom, right = (int(p) for p in attrs.padding)
+        strides, dilation = [int(s) for s in attrs.strides], [int(d) for d in attrs.dilation]
+        spans = [_useful_taps(data_shape[2 + i], out_shape[2 + i], weight.shape[2 + i], strides[i], dilation[i],
+                              (top, left)[i]) for i in range(2)]
+        if all(span == (0, weight.shape[2 + i] - 1) for i, span in enumerate(spans)):
+            return call
+        axes = [_axis(data_shape[2 + i], out_shape[2 + i], weight.shape[2 + i], strides[i], dilation[i],
+                      (top, left)[i], *spans[i]) for i in range(2)]
+        data = call.args[0]
+        if any(crop or rows != data_shape[2 + i] for i, (crop, rows, _, _) in enumerate(axes)):
+            data = self.builder_.emit(relax.op.strided_slice(
+                data, [2, 3], [axes[0][0], axes[1][0]], [axes[0][0] + axes[0][1], axes[1][0] + axes[1][1]]))
+        (y0, y1), (x0, x1) = spans
+        kept = weight[:, :, y0:y1 + 1, x0:x1 + 1]
+        self.stats["convolutions"] += 1
+        self.stats["taps_dropped"] += weight.shape[2] * weight.shape[3] - kept.shape[2] * kept.shape[3]
+        return relax.op.nn.conv2d(
+            data, relax.const(kept.copy()), strides=strides,
+            padding=[axes[0][2], axes[1][2], axes[0][3], axes[1][3]],
+            dilation=[d if k > 1 else 1 for d, k in zip(dilation, kept.shape[2:])], groups=int(attrs.groups),
+            data_layout="NCHW", kernel_layout="OIHW", out_layout=attrs.out_layout, out_dtype=attrs.out_dtype)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.DropPaddingTaps")
+class DropPaddingTaps:
+    """Shrink every NCHW convolution with constant weights to the taps that read its input.
+
+    ``summary()`` (``report()["conv_taps"]``): ``convolutions`` shrunk, ``taps_dropped`` in all."""
+
+    report_key = "conv_taps"
+
+    def __init__(self) -> None:
+        self.stats = {"convolutions": 0, "taps_dropped": 0}
+
+    def summary(self) -> dict:
+        return dict(self.stats)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        self.stats = {"convolutions": 0, "taps_dropped": 0}
+        return map_relax_functions(mod, _DropTaps(mod, self.stats).visit_expr)
