@@ -12,6 +12,9 @@ run time; here they are gone before layout, so the smaller convolution is what g
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir import GenericConst
@@ -19,24 +22,34 @@ from tvm.ir import GenericConst
 from passes.ir import is_op, map_relax_functions, static_shape
 
 
-def _useful_taps(size: int, out: int, kernel: int, stride: int, dilation: int, pad: int) -> tuple[int, int]:
-    """First and last kernel index along one axis that reads an input element (not padding) at some
-    output position; the input position of tap ``t`` at output ``o`` is o * stride - pad + t * dilation."""
-    useful = [t for t in range(kernel)
-              if t * dilation - pad < size and (out - 1) * stride + t * dilation - pad >= 0]
-    return (useful[0], useful[-1]) if useful else (0, kernel - 1)
+class _Axis(NamedTuple):
+    """One spatial axis of a convolution: the input position of tap t at output o is
+    o * stride - pad + t * dilation."""
+
+    size: int
+    out: int
+    kernel: int
+    stride: int
+    dilation: int
+    pad: int  # before the input
 
 
-def _axis(size: int, out: int, kernel: int, stride: int, dilation: int, before: int,
-          first: int, last: int) -> tuple[int, int, int, int]:
+def _useful_taps(axis: _Axis) -> tuple[int, int]:
+    """First and last kernel index that reads an input element (not padding) at some output."""
+    useful = [t for t in range(axis.kernel) if t * axis.dilation - axis.pad < axis.size
+              and (axis.out - 1) * axis.stride + t * axis.dilation - axis.pad >= 0]
+    return (useful[0], useful[-1]) if useful else (0, axis.kernel - 1)
+
+
+def _shrunk(axis: _Axis, first: int, last: int) -> tuple[int, int, int, int]:
     """(input rows cropped before, kept input rows, padding before, padding after) of the smaller
-    convolution over taps ``first..last`` with the same ``out`` outputs."""
+    convolution over taps ``first..last`` with the same outputs."""
     kept = last - first + 1
-    pad_before = before - first * dilation
+    pad_before = axis.pad - first * axis.dilation
     crop = max(0, -pad_before)
     pad_before += crop
-    rows = size - crop
-    pad_after = (out - 1) * stride + (kept - 1) * dilation + 1 - rows - pad_before
+    rows = axis.size - crop
+    pad_after = (axis.out - 1) * axis.stride + (kept - 1) * axis.dilation + 1 - rows - pad_before
     if pad_after < 0:
         rows += pad_after
         pad_after = 0
@@ -58,27 +71,26 @@ class _DropTaps(relax.PyExprMutator):
         if data_shape is None or out_shape is None or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
             return call
         weight = call.args[1].value.numpy()
-        top, left, bottom, right = (int(p) for p in attrs.padding)
-        strides, dilation = [int(s) for s in attrs.strides], [int(d) for d in attrs.dilation]
-        spans = [_useful_taps(data_shape[2 + i], out_shape[2 + i], weight.shape[2 + i], strides[i], dilation[i],
-                              (top, left)[i]) for i in range(2)]
-        if all(span == (0, weight.shape[2 + i] - 1) for i, span in enumerate(spans)):
+        geometry = [_Axis(data_shape[2 + i], out_shape[2 + i], weight.shape[2 + i], int(attrs.strides[i]),
+                          int(attrs.dilation[i]), int(attrs.padding[i])) for i in range(2)]
+        spans = [_useful_taps(axis) for axis in geometry]
+        if all(span == (0, axis.kernel - 1) for axis, span in zip(geometry, spans)):
             return call
-        axes = [_axis(data_shape[2 + i], out_shape[2 + i], weight.shape[2 + i], strides[i], dilation[i],
-                      (top, left)[i], *spans[i]) for i in range(2)]
+        (crop_y, rows_y, top, bottom), (crop_x, rows_x, left, right) = (
+            _shrunk(axis, *span) for axis, span in zip(geometry, spans))
         data = call.args[0]
-        if any(crop or rows != data_shape[2 + i] for i, (crop, rows, _, _) in enumerate(axes)):
+        if (crop_y, rows_y, crop_x, rows_x) != (0, geometry[0].size, 0, geometry[1].size):
             data = self.builder_.emit(relax.op.strided_slice(
-                data, [2, 3], [axes[0][0], axes[1][0]], [axes[0][0] + axes[0][1], axes[1][0] + axes[1][1]]))
+                data, [2, 3], [crop_y, crop_x], [crop_y + rows_y, crop_x + rows_x]))
         (y0, y1), (x0, x1) = spans
-        kept = weight[:, :, y0:y1 + 1, x0:x1 + 1]
+        kept = np.ascontiguousarray(weight[:, :, y0:y1 + 1, x0:x1 + 1])
         self.stats["convolutions"] += 1
         self.stats["taps_dropped"] += weight.shape[2] * weight.shape[3] - kept.shape[2] * kept.shape[3]
         return relax.op.nn.conv2d(
-            data, relax.const(kept.copy()), strides=strides,
-            padding=[axes[0][2], axes[1][2], axes[0][3], axes[1][3]],
-            dilation=[d if k > 1 else 1 for d, k in zip(dilation, kept.shape[2:])], groups=int(attrs.groups),
-            data_layout="NCHW", kernel_layout="OIHW", out_layout=attrs.out_layout, out_dtype=attrs.out_dtype)
+            data, relax.const(kept), strides=[axis.stride for axis in geometry], padding=[top, left, bottom, right],
+            dilation=[axis.dilation if k > 1 else 1 for axis, k in zip(geometry, kept.shape[2:])],
+            groups=int(attrs.groups), data_layout="NCHW", kernel_layout="OIHW", out_layout=attrs.out_layout,
+            out_dtype=attrs.out_dtype)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.DropPaddingTaps")

@@ -14,9 +14,9 @@ register tile divides (ViT's 197 tokens) are padded inside the kernel to ``row_t
 the padding never leaves it. The panel width and the tile's rows fit the target's vector registers
 (``register_tile``: 8 rows by 3 vectors on AVX-512, 6 by 2 on AVX2, where N allows); an N that no
 panel divides (a language model's 50,257-word vocabulary) gets zero weight columns up to the next
-panel, computed and never stored. A single-row product (a CNN's
-classifier head, batch 1) stays as it is: it reads every weight once in any layout, and the
-``Tiled`` rule reads 8 adjacent vectors of a weight row at a time; so does an outer product (K = 1).
+panel, computed and never stored. A single-row product (a CNN's classifier head, batch 1) stays as
+it is: it reads every weight once in any layout, and the ``Tiled`` rule reads 8 adjacent vectors of
+a weight row at a time; so does an outer product (K = 1).
 """
 
 from __future__ import annotations

@@ -39,16 +39,16 @@ class Dense(CpuRule):
         pad = [b for b in blocks if b.name == ROWS_PAD]  # a stage of its own: inlined, every load would test its row
         blocks = pad + inline_elementwise(sch, [b for b in blocks if b.name != ROWS_PAD])
         tile = write_back = None
-        attached = True
+        apart = False  # an epilogue stage of its own, which reads the product from memory
         for info in blocks:
             if info.name == BLOCK:
                 tile, write_back = _schedule_dense(sch, info.block_rv, lanes)
             elif tile is not None and try_attach(sch, info.block_rv, tile):
                 vectorize_innermost(sch, info.block_rv, lanes)
             else:
-                attached = attached and write_back is None  # a stage before the product is no epilogue
+                apart = apart or write_back is not None
                 schedule_spatial(sch, info.block_rv, lanes)
-        if tile is not None and attached:
+        if tile is not None and not apart:
             sch.compute_inline(write_back)  # the epilogue reads the tile's registers: no M x N buffer
         return sch
 
@@ -57,10 +57,10 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
                     lanes: int) -> tuple[s_tir.schedule.LoopRV | None, s_tir.schedule.SBlockRV]:
     """Tile the product; returns the loop its epilogue attaches to (the row tile's), or None when
     x has several matrices (batch dims): then the epilogue is a parallel stage of its own; and the
-    block writing the accumulators back. TVM
-    infers the region an epilogue needs under a loop through the flattening (r // M, r % M) as a
-    box, which for a tile straddling two matrices, or for padded rows, is not the tile: it read
-    rows other tiles compute later, or skipped some (wrong results; the fuzzer found them)."""
+    block writing the accumulators back. TVM infers the region an epilogue needs under a loop
+    through the flattening (r // M, r % M) as a box, which for a tile straddling two matrices, or
+    for padded rows, is not the tile: it read rows other tiles compute later, or skipped some (wrong
+    results; the fuzzer found them)."""
     loops = sch.get_loops(block)
     if len(loops) != 3:  # TVM drops unit loops; passes/dense.py packs no single row and no K = 1
         raise ValueError(f"dense_packed with {len(loops)} loops, expected rows, columns, depth")

@@ -5,7 +5,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import compiler
-from passes.conv_taps import _useful_taps
+from passes.conv_taps import _Axis, _useful_taps
 from tests import reference
 
 
@@ -22,10 +22,10 @@ def _conv_model(size, channels, kernel, dilation, pads, stride=1, groups=1):
 
 def test_useful_taps_of_aspp_rates_on_a_small_map():
     """DeepLabV3's ASPP on 14x14: rates 24 and 36 leave the centre tap only, rate 12 all three."""
-    assert _useful_taps(14, 14, 3, 1, 24, 24) == (1, 1)
-    assert _useful_taps(14, 14, 3, 1, 36, 36) == (1, 1)
-    assert _useful_taps(14, 14, 3, 1, 12, 12) == (0, 2)
-    assert _useful_taps(4, 2, 3, 1, 3, 2) == (1, 1)  # the first rows are never read: a crop
+    assert _useful_taps(_Axis(14, 14, 3, 1, 24, 24)) == (1, 1)
+    assert _useful_taps(_Axis(14, 14, 3, 1, 36, 36)) == (1, 1)
+    assert _useful_taps(_Axis(14, 14, 3, 1, 12, 12)) == (0, 2)
+    assert _useful_taps(_Axis(4, 2, 3, 1, 3, 2)) == (1, 1)  # the first rows are never read: a crop
 
 
 @pytest.mark.parametrize("size, channels, kernel, dilation, pads, stride, groups, dropped", [
