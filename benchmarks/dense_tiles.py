@@ -35,7 +35,7 @@ def _kernel(m: int, k: int, n: int, rows: int, panel: int, target: tvm.target.Ta
     packed = te.placeholder((-(-n // panel), k, panel), name="w")
     out = dense_packed(data, packed, n, rows)
     func = te.create_prim_func([data, packed, out])
-    return tvm.compile(Dense().schedule(func, targets.vector_lanes(target)).mod, target=target)
+    return tvm.compile(Dense().schedule(func, targets.vector_unit(target)).mod, target=target)
 
 
 def measure(m: int, k: int, n: int, target: tvm.target.Target, cold: bool) -> dict[tuple[int, int], float]:

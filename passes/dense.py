@@ -30,6 +30,7 @@ from tvm import relax, te
 from tvm.ir import GenericConst
 
 from passes.ir import is_op, static_shape
+from support.targets import accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
 TILE_VECTORS = (3, 4, 2, 1)  # panel widths in vectors, preferred in this order (measured below)
@@ -55,7 +56,7 @@ def register_tile(columns: int, lanes: int, registers: int) -> Tile:
     302/230, 6x4 278/243, 12x2 222; AVX2 (16 registers) 8x2 86/41 (spilled), 6x2 164/146, 4x3
     167/149, 3x4 127/117. Chosen: the first preferred width that needs no column padding, else the
     first whose padding stays within 3 % of N, else the one padding least."""
-    budget = registers * 3 // 4
+    budget = accumulators(registers)
     tiles = [Tile(min(ROW_TILE_MAX, budget // v), v) for v in TILE_VECTORS if budget // v >= 4]
     waste = {t: _round_up(columns, t.vectors * lanes) - columns for t in tiles}
     return min(tiles, key=lambda t: (waste[t] > 0, waste[t] * 32 > columns,  # min keeps the first of equals

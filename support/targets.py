@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from tvm.target import Target, codegen
 
@@ -117,6 +117,24 @@ def vector_registers(target: Target) -> int:
     if target.kind.name == "llvm" and any(codegen.target_has_features(f, target) for f in ("avx512f", "neon")):
         return 32
     return 16
+
+
+class VectorUnit(NamedTuple):
+    """What a CPU schedule sizes its register tiles by: fp32 lanes per vector, vector registers."""
+
+    lanes: int
+    registers: int
+
+
+def accumulators(registers: int) -> int:
+    """Vector registers a register tile may keep accumulators in: three quarters of them, the rest
+    hold the operand vectors and broadcasts each step loads (dense and conv tiles measured in
+    passes/dense.py and schedules/cpu/tiled.py; more spills)."""
+    return registers * 3 // 4
+
+
+def vector_unit(target: Target) -> VectorUnit:
+    return VectorUnit(vector_lanes(target), vector_registers(target))
 
 
 def vector_lanes(target: Target, dtype_bits: int = 32) -> int:

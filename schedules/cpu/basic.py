@@ -9,12 +9,13 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from schedules.cpu.rule import CpuRule
+from support.targets import VectorUnit
 
 
 class Basic(CpuRule):
     """Parallelise the outermost loop of every block."""
 
-    def schedule(self, func: tirx.PrimFunc, _lanes: int) -> s_tir.Schedule | None:
+    def schedule(self, func: tirx.PrimFunc, _unit: VectorUnit) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         root = sch.get_sblock("root") if _has_root(sch) else None
         for block in sch.get_child_blocks(root) if root is not None else []:

@@ -19,6 +19,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
 from schedules.cpu.rule import CpuRule
 from schedules.cpu.tiled import inline_elementwise, schedule_spatial, try_attach, vectorize_innermost
+from support.targets import VectorUnit
 
 BLOCK = "dense_packed"
 ROWS_PAD = "dense_rows_pad"
@@ -27,7 +28,8 @@ ROWS_PAD = "dense_rows_pad"
 class Dense(CpuRule):
     """Schedules kernels that contain a ``dense_packed`` block; None for any other kernel."""
 
-    def schedule(self, func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
+    def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
+        lanes = unit.lanes
         sch = s_tir.Schedule(func)
         try:
             sch.get_sblock(BLOCK)

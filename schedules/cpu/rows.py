@@ -21,6 +21,7 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from schedules.cpu.rule import CpuRule
 from schedules.cpu.tiled import loop_extent, vectorize_innermost
+from support.targets import VectorUnit
 
 
 def _row_reduction(info: SBlockInfo) -> bool:
@@ -42,8 +43,8 @@ def is_product_sum(block: s_tir.SBlock) -> bool:
 class Rows(CpuRule):
     """Row-parallel reductions over the last axis with their elementwise neighbours."""
 
-    def schedule(self, func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
-        return _rows(func, lanes)
+    def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
+        return _rows(func, unit.lanes)
 
 
 def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:

@@ -1,5 +1,5 @@
-"""What every relaxc CPU schedule rule shares: it applies to LLVM targets, schedules a kernel with
-the target's vector lanes, and answers None for a kernel that is not its (including one where a
+"""What every relaxc CPU schedule rule shares: it applies to LLVM targets, schedules a kernel for
+the target's vector unit (lanes and registers), and answers None for a kernel that is not its (including one where a
 TVM schedule primitive refuses, which it does by raising ScheduleError or ValueError)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from support.targets import vector_lanes
+from support.targets import VectorUnit, vector_unit
 
 log = logging.getLogger("relaxc")
 
 
 class CpuRule(dl.ScheduleRule):
-    """Subclasses implement ``schedule(func, lanes)``: a schedule, or None if the kernel is not theirs."""
+    """Subclasses implement ``schedule(func, unit)``: a schedule, or None if the kernel is not theirs."""
 
     def is_target_available(self, target: Target) -> bool:
         return target.kind.name == "llvm"
@@ -25,10 +25,10 @@ class CpuRule(dl.ScheduleRule):
         if not isinstance(func, tirx.PrimFunc):
             return None
         try:
-            return self.schedule(func, vector_lanes(target))
+            return self.schedule(func, vector_unit(target))
         except (s_tir.ScheduleError, ValueError) as err:
             log.debug("%s schedule does not fit: %s", type(self).__name__, str(err).splitlines()[0])
             return None
 
-    def schedule(self, func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
+    def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
         raise NotImplementedError

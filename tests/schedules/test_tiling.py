@@ -1,5 +1,7 @@
 """schedules/cpu/tiled.py: the tiling heuristics, and when the Tiled rule declines a kernel."""
 
+import math
+
 import pytest
 from tvm import s_tir, te, tirx
 from tvm.target import Target
@@ -73,3 +75,37 @@ def test_cpu_rules_are_for_cpus_only():
     cuda = Target({"kind": "cuda", "arch": "sm_80"})
     assert Tiled().is_target_available(AVX512) and not Tiled().is_target_available(cuda)
     assert Basic().is_target_available(AVX512) and not Basic().is_target_available(cuda)
+
+
+def _blocked_conv() -> tirx.PrimFunc:
+    """A 3x3 conv in NCHW16c, 64 -> 64 channels on a 56x56 map, as the layout pass makes it."""
+    data = te.placeholder((1, 4, 58, 58, 16), name="data")
+    weight = te.placeholder((4, 4, 3, 3, 16, 16), name="weight")
+    ic, kh, kw, ib = (te.reduce_axis((0, n), name) for n, name in ((4, "ic"), (3, "kh"), (3, "kw"), (16, "ib")))
+    out = te.compute((1, 4, 56, 56, 16), lambda n, o, y, x, i: te.sum(
+        data[n, ic, y + kh, x + kw, ib] * weight[o, ic, kh, kw, ib, i], axis=[ic, kh, kw, ib]), name="conv")
+    return te.create_prim_func([data, weight, out])
+
+
+def _accumulators(sch: s_tir.Schedule) -> tuple[int, int]:
+    """(accumulator vectors, vector width) of the scheduled conv's register tile."""
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("conv_update"))]
+    unrolled = [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.UNROLLED]
+    vector = [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.VECTORIZED]
+    return math.prod(unrolled), vector[0]
+
+
+@pytest.mark.parametrize("mcpu, tile", [("znver4", (16, 16)),  # 8 columns x 2 output-channel chunks of 32 registers
+                                        ("znver3", (8, 8))])  # AVX2's 16 registers: the row tile alone
+def test_conv_tile_reuses_each_broadcast_input_where_registers_allow(mcpu, tile):
+    target = Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    assert _accumulators(Tiled().apply(_blocked_conv(), target, False)) == tile
+
+
+def test_a_read_indexed_by_every_tiled_axis_is_not_reused():
+    """Pooling reads its input at the vectorised channel too: nothing is broadcast, one axis tiled."""
+    data = te.placeholder((1, 4, 58, 58, 16), name="data")
+    kh, kw = te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw")
+    out = te.compute((1, 4, 56, 56, 16), lambda n, o, y, x, i: te.max(data[n, o, y + kh, x + kw, i], axis=[kh, kw]),
+                     name="conv")
+    assert _accumulators(Tiled().apply(te.create_prim_func([data, out]), AVX512, False)) == (8, 16)
