@@ -90,10 +90,16 @@ def pack_conv_weight(weight: np.ndarray, groups: int, in_block: int,
     """OIHW weight to the blocked kernel layout: (kernel, kernel layout, groups), None if unsupported.
 
     Dense and grouped convs (whole blocks per group) use OIHW{i}i{o}o; depthwise convs use
-    OIHW1i{b}o with one group per padded channel. Padded output channels get zero weights, so they
-    compute zeros; padded input channels get zero weights, so whatever they hold is ignored.
+    OIHW1i{b}o with one group per padded channel. Groups narrower than a block (RegNet's 8
+    channels, ResNeXt's 4) are merged into block-wide groups first (``merge_groups``). Padded
+    output channels get zero weights, so they compute zeros; padded input channels get zero
+    weights, so whatever they hold is ignored.
     """
     out_ch, in_per_group, kh, kw = weight.shape
+    if groups > 1 and in_per_group > 1 and in_block == out_block and in_block % in_per_group == 0 \
+            and in_per_group < in_block:
+        weight, groups = merge_groups(weight, groups, in_block // in_per_group)
+        out_ch, in_per_group, kh, kw = weight.shape
     if groups > 1 and in_per_group == 1 and out_ch == groups:  # depthwise
         if in_block != out_block:
             return None
@@ -108,6 +114,26 @@ def pack_conv_weight(weight: np.ndarray, groups: int, in_block: int,
     kernel = pad_channels(pad_channels(weight, 0, out_pad), 1, in_pad)
     kernel = kernel.reshape(out_pad // out_block, out_block, in_pad // in_block, in_block, kh, kw)
     return np.ascontiguousarray(kernel.transpose(0, 2, 4, 5, 3, 1)), f"OIHW{in_block}i{out_block}o", groups
+
+
+def merge_groups(weight: np.ndarray, groups: int, factor: int) -> tuple[np.ndarray, int]:
+    """The OIHW weight of a grouped conv as one with ``factor`` times wider groups: (weight, groups).
+
+    Each merged group's weight is block-diagonal (zeros between the groups it merges), and a last
+    merged group short of ``factor`` groups gets zero output channels, so the conv computes the
+    same values; its groups now fill the channel block, so it runs blocked instead of in NCHW, at
+    ``factor`` times the multiply-adds (RegNetY-400MF's group-8 convs on 16-lane blocks: measured
+    in docs/benchmarks.md).
+    """
+    out_ch, in_per_group, kh, kw = weight.shape
+    out_per_group = out_ch // groups
+    merged_groups = -(-groups // factor)
+    merged = np.zeros((merged_groups * factor * out_per_group, factor * in_per_group, kh, kw), weight.dtype)
+    for group in range(groups):
+        rows = slice(group * out_per_group, (group + 1) * out_per_group)
+        offset = (group % factor) * in_per_group
+        merged[rows, offset:offset + in_per_group] = weight[rows]
+    return merged, merged_groups
 
 
 def input_block(channels: int, block: int) -> int:

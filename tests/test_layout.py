@@ -2,6 +2,7 @@
 fallback on operators it does not know, idempotence; and the ResNet-50 layout the issue asks for."""
 
 import numpy as np
+import onnx
 import pytest
 import tvm
 import tvm_ffi
@@ -115,6 +116,21 @@ def test_depthwise_weights_pad_groups_with_channels():
     assert not kernel[5, 0, :, :, 0, 4:].any()
 
 
+@pytest.mark.parametrize("groups, per_group, merged", [(12, 4, 6), (5, 4, 3)])  # 5 groups: a zero group pads the last
+def test_groups_narrower_than_a_block_merge_into_block_diagonal_groups(groups, per_group, merged):
+    weight = RNG.standard_normal((groups * per_group, per_group, 3, 3)).astype("float32")
+    kernel, layout, new_groups = pack_conv_weight(weight, groups, 8, 8)
+    assert kernel.shape == (merged, 1, 3, 3, 8, 8) and layout == "OIHW8i8o" and new_groups == merged
+    for o in range(merged * 8):
+        for i in range(8):  # input lane i of output channel o's merged group
+            got = kernel[o // 8, 0, :, :, i, o % 8]
+            same_group = o < groups * per_group and i // per_group == (o // per_group) % 2
+            if same_group:
+                np.testing.assert_array_equal(got, weight[o, i % per_group])
+            else:
+                assert not got.any(), f"out {o}, lane {i}: another group's weight is not zero"
+
+
 def test_grouped_conv_splitting_a_block_is_not_packed():
     assert pack_conv_weight(np.zeros((48, 11, 1, 1), "float32"), 4, 8, 8) is None
 
@@ -213,6 +229,24 @@ def test_clip_stays_blocked_and_a_group_split_inside_a_block_falls_back():
     assert report["standard_op_kinds"] == {"relax.nn.conv2d": 1, "relax.nn.softmax": 1}
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.branchy_cnn(), inputs))
+
+
+def test_a_conv_with_groups_narrower_than_the_block_runs_blocked():
+    """RegNet's shape: 13 groups of 8 channels (104, padded to 112) on 16-lane blocks."""
+    rng = np.random.default_rng(3)
+    model = reference._model(
+        [onnx.helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+         onnx.helper.make_node("Relu", ["c1"], ["r"]),
+         onnx.helper.make_node("Conv", ["r", "wg"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2], group=13)],
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 12, 12])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 104, 6, 6])],
+        [reference._const("w1", rng.standard_normal((104, 8, 3, 3)) * 0.3),
+         reference._const("wg", rng.standard_normal((104, 8, 3, 3)) * 0.3)])
+    art = compiler.compile(model, layout_block=16)
+    convs = _calls(art.module("layout"), "relax.nn.conv2d")
+    assert [c.attrs.data_layout for c in convs] == ["NCHW8c", "NCHW16c"] and convs[1].attrs.groups == 7
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
 
 
 def test_concat_of_padded_parts_repacks_without_padding_between_channels():
