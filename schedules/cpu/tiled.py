@@ -19,6 +19,7 @@ import math
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
+from passes.legalize import STAGE_ATTR
 from schedules.cpu.rule import CpuRule
 from support.targets import VectorUnit, accumulators
 
@@ -92,8 +93,10 @@ def _broadcast_reuse(info: SBlockInfo, sch: s_tir.Schedule, spatial: list[s_tir.
 
 
 def inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
-    """Inline spatial blocks into their neighbours; padding stays a stage of its own."""
-    keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)]
+    """Inline spatial blocks into their neighbours; padding, and blocks the legalisation marked
+    (``STAGE_ATTR``: a separable resize's first pass), stay stages of their own."""
+    keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)
+            or STAGE_ATTR in sch.get(b.block_rv).annotations]
     remaining = [b for b in blocks if b not in keep]
     while True:  # as dl.try_inline: into consumers while any block can, then into a producer
         inlined = next((b for b in remaining if _try(sch.compute_inline, b)), None) or \
