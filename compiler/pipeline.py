@@ -35,7 +35,7 @@ from compiler.instrument import PhaseRecorder
 from compiler.options import Config, Options
 from passes import fast_math
 from passes.dense import PackDenseWeights
-from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
+from passes.canonicalize import ChannelShuffleToTake, ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
 from passes.conv_taps import DropPaddingTaps
 from passes.fold_constants import FoldConstantsNumpy
 from passes.layout import LayoutPass
@@ -82,6 +82,7 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
         relax.transform.FoldConstant(),  # whatever the numpy folder does not cover
         DropPaddingTaps(),  # weights are constants now
         SumOfStackToAdd(),
+        ChannelShuffleToTake(),
         ClipFromTIR(),
         DropoutToIdentity(),
         relax.transform.EliminateCommonSubexpr(),

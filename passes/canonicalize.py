@@ -8,6 +8,10 @@ layout-sensitive, and they cost a copy of every operand. Here they become a chai
 ``Dropout`` is the identity at inference, and TVM legalises it so, as a copy plus a mask of ones;
 its output is replaced by its input (the mask, if anything reads it, is left to TVM).
 
+A channel shuffle (ShuffleNet: ``reshape`` to N x g x C/g x H x W, swap the two channel axes,
+``reshape`` back) is a permutation of the channels: it becomes ``take`` along C with the permutation
+as a constant, which the layout pass runs on blocked data instead of converting to NCHW and back.
+
 The importer also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
 scalar bound), which no Relax pass can see through; those calls become ``R.maximum`` and
 ``R.minimum`` again, so ReLU6 and friends stay in the blocked layout.
@@ -15,6 +19,7 @@ scalar bound), which no Relax pass can see through; those calls become ``R.maxim
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir.expr import TensorLoad
@@ -53,6 +58,36 @@ class _SumOfStack(relax.PyExprMutator):
 
 
 @relax.expr_functor.mutator
+class _ChannelShuffle(relax.PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        permutation = _shuffle_permutation(call, self.lookup_binding)
+        if permutation is None:
+            return call
+        source = self.lookup_binding(self.lookup_binding(call.args[0]).args[0]).args[0]
+        return relax.op.take(source, relax.const(permutation, "int64"), axis=1)
+
+
+def _shuffle_permutation(call: relax.Call, lookup) -> np.ndarray | None:
+    """The channel permutation ``call`` computes if it ends a reshape-transpose-reshape shuffle."""
+    if not is_op(call, "relax.reshape"):
+        return None
+    swapped = lookup(call.args[0]) if isinstance(call.args[0], relax.Var) else None
+    if not is_op(swapped, "relax.permute_dims") or swapped.attrs.axes is None \
+            or [int(a) for a in swapped.attrs.axes] != [0, 2, 1, 3, 4]:
+        return None
+    split = lookup(swapped.args[0]) if isinstance(swapped.args[0], relax.Var) else None
+    if not is_op(split, "relax.reshape"):
+        return None
+    source, inner, out = static_shape(split.args[0]), static_shape(split), static_shape(call)
+    if source is None or inner is None or len(source) != 4 or source != out \
+            or inner != (source[0], inner[1], source[1] // inner[1], *source[2:]) or inner[1] * inner[2] != source[1]:
+        return None
+    groups, per_group = inner[1], inner[2]
+    return np.arange(source[1]).reshape(groups, per_group).T.reshape(-1)  # output channel -> input channel
+
+
+@relax.expr_functor.mutator
 class _DropoutOutput(relax.PyExprMutator):
     def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
         item = self.visit_expr_post_order(item)
@@ -68,6 +103,14 @@ class SumOfStackToAdd:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return map_relax_functions(mod, _SumOfStack(mod).visit_expr)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.ChannelShuffleToTake")
+class ChannelShuffleToTake:
+    """A reshape-transpose-reshape channel shuffle to ``take`` of the permuted channels."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return map_relax_functions(mod, _ChannelShuffle(mod).visit_expr)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.DropoutToIdentity")

@@ -31,7 +31,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
-from passes.ir import map_relax_functions, static_shape
+from passes.ir import static_shape
+from passes.legalize import concat_channels_nchwc, conv2d_nchwc, take_channels_nchwc
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,40 @@ def pack_conv_weight(weight: np.ndarray, groups: int, in_block: int,
     kernel = pad_channels(pad_channels(weight, 0, out_pad), 1, in_pad)
     kernel = kernel.reshape(out_pad // out_block, out_block, in_pad // in_block, in_block, kh, kw)
     return np.ascontiguousarray(kernel.transpose(0, 2, 4, 5, 3, 1)), f"OIHW{in_block}i{out_block}o", groups
+
+
+def window_firsts(out_channels: int, groups: int, in_per_group: int, block: int, in_blocks: int) -> tuple[list[int], int]:
+    """Per output block of a grouped conv, the first input block it reads, and how many it reads.
+
+    An output block's channels belong to one or more consecutive groups; it reads the input blocks
+    holding their input channels. The first block is ``conv2d_nchwc``'s formula (the two must
+    agree): the one holding the block's first group's first channel, moved back where the window
+    would run past the last input block."""
+    out_per_group = out_channels // groups
+    spans = []
+    for first_channel in range(0, out_channels, block):
+        first_group = first_channel // out_per_group
+        last_group = (min(first_channel + block, out_channels) - 1) // out_per_group
+        start = first_group * in_per_group // block
+        spans.append((start, ((last_group + 1) * in_per_group - 1) // block - start + 1))
+    width = min(in_blocks, max(n for _, n in spans))
+    return [min(start, in_blocks - width) for start, _ in spans], width
+
+
+def pack_windowed_conv_weight(weight: np.ndarray, groups: int, block: int, in_blocks: int) -> np.ndarray:
+    """OIHW weight of a grouped conv whose groups do not align with the blocks, as the
+    OIHW{b}i{b}o kernel of ``conv2d_nchwc(window=...)``: for each output block, its window of
+    input blocks, zero outside each output channel's group. Multiply-adds: the window's, not the
+    whole input's (ShuffleNet's 4 groups of 34 of 136 channels: windows of 5 of 9 blocks)."""
+    out_channels, in_per_group, kh, kw = weight.shape
+    firsts, width = window_firsts(out_channels, groups, in_per_group, block, in_blocks)
+    kernel = np.zeros((len(firsts), width, kh, kw, block, block), weight.dtype)
+    offsets = np.arange(in_per_group)
+    for channel in range(out_channels):
+        o, lane = divmod(channel, block)
+        inputs = channel // (out_channels // groups) * in_per_group + offsets
+        kernel[o, inputs // block - firsts[o], :, :, inputs % block, lane] = weight[channel]
+    return kernel
 
 
 def merge_groups(weight: np.ndarray, groups: int, factor: int) -> tuple[np.ndarray, int]:
@@ -232,7 +267,7 @@ class _Rewriter(relax.PyExprMutator):
         self.origin: dict[relax.Var, Layout] = {}  # the layout each var had in the input graph
         self.handlers = {"relax.nn.conv2d": self._conv2d, "relax.concat": self._concat,
                          "relax.layout_transform": self._layout_transform,
-                         "relax.strided_slice": self._strided_slice}
+                         "relax.strided_slice": self._strided_slice, "relax.take": self._take}
         self.handlers.update({op: self._unary for op in _UNARY})
         self.handlers.update({op: self._binary for op in _BINARY})
         self.handlers.update({op: self._pool for op in _POOLS})
@@ -346,7 +381,7 @@ class _Rewriter(relax.PyExprMutator):
         in_layout = value.home if not value.home.standard else blocked(input_block(value.channels, self.layout.block))
         packed = pack_conv_weight(array, int(attrs.groups), in_layout.block, self.layout.block)
         if packed is None:
-            return None
+            return self._windowed_conv2d(call, value, array, in_layout)
         kernel, kernel_layout, groups = packed
         self.stats.weight_padding_bytes += (kernel.size - array.size) * array.itemsize
         new = relax.op.nn.conv2d(
@@ -357,6 +392,32 @@ class _Rewriter(relax.PyExprMutator):
         out_channels = array.shape[0]
         self._note_padding(var.name, out_channels, self.layout, call)
         return new, self.layout, out_channels
+
+    def _windowed_conv2d(self, call: relax.Call, value: _Value, array: np.ndarray, in_layout: Layout):
+        """A grouped conv whose groups do not align with the blocks: blocked, each output block
+        reading only its window of input blocks (``pack_windowed_conv_weight``)."""
+        attrs, groups = call.attrs, int(call.attrs.groups)
+        out_channels, in_per_group = array.shape[:2]
+        if groups == 1 or in_layout.block != self.layout.block:
+            return None
+        kernel = pack_windowed_conv_weight(array, groups, self.layout.block,
+                                           in_layout.padded(value.channels) // in_layout.block)
+        self.stats.weight_padding_bytes += (kernel.size - array.size) * array.itemsize
+        new = self.builder_.call_te(
+            conv2d_nchwc, self._get(call.args[0], in_layout), relax.const(kernel), attrs.strides, attrs.padding,
+            attrs.dilation, groups, (in_per_group, out_channels // groups), primfunc_name_hint="conv2d_NCHWc")
+        return new, self.layout, out_channels
+
+    def _take(self, call: relax.Call, _var: relax.Var):
+        """Constant channels taken from blocked data (a channel shuffle): a blocked gather."""
+        data, indices = call.args
+        array = _constant(indices)
+        if call.attrs.axis is None or int(call.attrs.axis) % 4 != 1 or array is None or array.ndim != 1 \
+                or not self._blocked_home([data]):
+            return None
+        new = self.builder_.call_te(take_channels_nchwc, self._get(data, self.layout), indices,
+                                    primfunc_name_hint="take_channels")
+        return new, self.layout, len(array)
 
     def _unary(self, call: relax.Call, _var: relax.Var):
         if not self._blocked_home(call.args[:1]):
@@ -406,9 +467,9 @@ class _Rewriter(relax.PyExprMutator):
         return new, self.layout, value.channels
 
     def _concat(self, call: relax.Call, _var: relax.Var):
-        """Concat along C stays blocked. Parts whose channels fill whole blocks are concatenated
-        as they are; otherwise the parts are repacked through the standard layout, so no padding
-        lands between real channels."""
+        """Concat along C stays blocked. Parts whose channels fill whole blocks (all but the last)
+        are concatenated as they are; otherwise every output lane reads its part's channel
+        (``concat_channels_nchwc``), so no padding lands between real channels."""
         parts = call.args[0]
         if not isinstance(parts, relax.Tuple) or call.attrs.axis is None or int(call.attrs.axis) % 4 != 1:
             return None
@@ -416,10 +477,10 @@ class _Rewriter(relax.PyExprMutator):
         if any(v is None for v in values) or not self._blocked_home(list(parts.fields)):
             return None
         channels = sum(v.channels for v in values)
-        if any(v.channels % self.layout.block for v in values):
-            self.stats.converters += 1
-            repacked = self.builder_.emit(relax.op.concat([self._get(p, STANDARD) for p in parts.fields], axis=1))
-            return self.layout.from_standard(repacked), self.layout, channels
+        if any(v.channels % self.layout.block for v in values[:-1]):
+            new = self.builder_.call_te(concat_channels_nchwc, [self._get(p, self.layout) for p in parts.fields],
+                                        [v.channels for v in values], primfunc_name_hint="concat_channels")
+            return new, self.layout, channels
         return relax.op.concat([self._get(p, self.layout) for p in parts.fields], axis=1), self.layout, channels
 
     def _layout_transform(self, call: relax.Call, var: relax.Var):
@@ -447,9 +508,24 @@ class _Rewriter(relax.PyExprMutator):
     def _strided_slice(self, call: relax.Call, var: relax.Var):
         shape = static_shape(call)
         source = self.unsliced.get(call.args[0])
-        if source is None or shape is None or shape[1] != self.values[source].channels:
+        if source is None:
+            return self._channel_slice(call)
+        if shape is None or shape[1] != self.values[source].channels:
             return None
         return self._alias(var, self.values[source], STANDARD)
+
+    def _channel_slice(self, call: relax.Call):
+        """A slice of blocked data along C only (ShuffleNetV2's channel split): a blocked gather."""
+        data, value = call.args[0], self._value(call.args[0])
+        axes, begin, end, *strides = ([int(i) for i in arg.fields] if isinstance(arg, relax.Tuple) else None
+                                      for arg in call.args[1:])
+        if value is None or not self._blocked_home([data]) or None in (axes, begin, end) \
+                or [a % 4 for a in axes] != [1] or strides and strides[0] != [1]:
+            return None
+        channels = np.arange(value.channels)[begin[0]:end[0]]
+        new = self.builder_.call_te(take_channels_nchwc, self._get(data, self.layout),
+                                    relax.const(channels.astype("int64")), primfunc_name_hint="take_channels")
+        return new, self.layout, len(channels)
 
     def _alias(self, var: relax.Var, value: _Value, layout: Layout):
         if layout.name in value.versions:
@@ -490,5 +566,8 @@ class LayoutPass:
         self.stats = LayoutStats(self.layout.block)
         if self.layout.standard:
             return mod
-        new = map_relax_functions(mod, lambda func: _Rewriter(mod, self.layout, self.stats).visit_expr(func))
-        return relax.transform.DeadCodeElimination()(new)
+        rewriter = _Rewriter(mod.clone(), self.layout, self.stats)  # a copy: see passes/ir.py
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())  # with its windowed convs

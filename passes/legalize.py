@@ -11,6 +11,7 @@ that order: the innermost reduction walks contiguous input lanes, the output blo
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax, te, topi
 
@@ -19,9 +20,17 @@ from passes.ir import static_shape
 STAGE_ATTR = "relaxc.stage"  # on a TE block that schedules keep as a stage of its own (not inlined)
 
 
-def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, groups: int) -> te.Tensor:
-    """Convolution of NCHW{b}c data with an OIHW{i}i{o}o kernel (OIHW1i{b}o for depthwise)."""
-    batch, _, height, width, block = (int(d) for d in data.shape)
+def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, groups: int,
+                 window: tuple[int, int] | None = None) -> te.Tensor:
+    """Convolution of NCHW{b}c data with an OIHW{i}i{o}o kernel (OIHW1i{b}o for depthwise).
+
+    ``window`` = (input, output) channels per group of a grouped conv whose groups do not align
+    with the blocks (ShuffleNet's 34 channels on 16-lane blocks): each output block reads the
+    kernel's I input blocks from the one holding its first group's first channel (moved back where
+    that would run past the last block), and the kernel is zero outside its groups
+    (``passes/layout.py``, ``pack_windowed_conv_weight``).
+    """
+    batch, data_outer, height, width, block = (int(d) for d in data.shape)
     out_outer, in_outer, kh, kw, in_block, out_block = (int(d) for d in kernel.shape)
     sh, sw = (int(s) for s in strides)
     dh, dw = (int(d) for d in dilation)
@@ -37,13 +46,49 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
         return te.compute(shape, lambda n, o, y, x, i: te.sum(
             data[n, o, y * sh + rh * dh, x * sw + rw * dw, i] * kernel[o, 0, rh, rw, 0, i],
             axis=[rh, rw]), name="conv2d_NCHWc")
-    outer_per_group = out_outer // groups
+    if window is not None:
+        in_per_group, out_per_group = window
+        first = lambda o: te.min(o * out_block // out_per_group * in_per_group // block, data_outer - in_outer)  # noqa: E731
+    elif groups > 1:
+        first = lambda o: o // (out_outer // groups) * in_outer  # noqa: E731
+    else:
+        first = lambda _o: 0  # noqa: E731
     ric = te.reduce_axis((0, in_outer), name="ric")
     rib = te.reduce_axis((0, block), name="rib")
     return te.compute(shape, lambda n, o, y, x, i: te.sum(
-        data[n, (o // outer_per_group) * in_outer + ric if groups > 1 else ric,
-             y * sh + rh * dh, x * sw + rw * dw, rib] * kernel[o, ric, rh, rw, rib, i],
+        data[n, first(o) + ric, y * sh + rh * dh, x * sw + rw * dw, rib] * kernel[o, ric, rh, rw, rib, i],
         axis=[ric, rh, rw, rib]), name="conv2d_NCHWc")
+
+
+def take_channels_nchwc(data: te.Tensor, indices: te.Tensor) -> te.Tensor:
+    """``take`` along C of NCHW{b}c data: output channel c is input channel ``indices[c]``, and
+    the lanes past the last index (the padding of the last block) are zeros."""
+    batch, _, height, width, block = (int(d) for d in data.shape)
+    channels = int(indices.shape[0])
+
+    def element(n, o, y, x, i):
+        source = indices[te.min(o * block + i, channels - 1)]
+        return te.if_then_else(o * block + i < channels, data[n, source // block, y, x, source % block],
+                               tvm.tirx.const(0.0, data.dtype))
+
+    return te.compute((batch, -(-channels // block), height, width, block), element, name="take_channels")
+
+
+def concat_channels_nchwc(parts: list[te.Tensor], channels: list[int]) -> te.Tensor:
+    """Concat along C of NCHW{b}c parts holding ``channels`` real channels each: every output
+    lane reads its part's channel, so no padding lands between real channels."""
+    batch, _, height, width, block = (int(d) for d in parts[0].shape)
+    total = sum(channels)
+
+    def element(n, o, y, x, i):
+        channel = o * block + i
+        value = tvm.tirx.const(0.0, parts[0].dtype)
+        for part, start, count in zip(parts, np.cumsum([0] + channels[:-1]), channels):  # the last part that starts at or before
+            local = te.min(te.max(channel - int(start), 0), count - 1)  # in bounds in every lane
+            value = te.if_then_else(channel >= int(start), part[n, local // block, y, x, local % block], value)
+        return te.if_then_else(channel < total, value, tvm.tirx.const(0.0, parts[0].dtype))
+
+    return te.compute((batch, -(-total // block), height, width, block), element, name="concat_channels")
 
 
 def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

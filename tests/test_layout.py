@@ -4,6 +4,7 @@ fallback on operators it does not know, idempotence; and the ResNet-50 layout th
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -11,7 +12,8 @@ from tvm.ir import GenericConst
 
 import compiler
 from compiler import frontend, pipeline
-from passes.layout import LayoutPass, blocked, block_constant, input_block, pack_conv_weight
+from passes.layout import (LayoutPass, blocked, block_constant, input_block, pack_conv_weight,
+                           pack_windowed_conv_weight, window_firsts)
 from passes.legalize import legalize_ops
 from tests import reference
 
@@ -131,8 +133,34 @@ def test_groups_narrower_than_a_block_merge_into_block_diagonal_groups(groups, p
                 assert not got.any(), f"out {o}, lane {i}: another group's weight is not zero"
 
 
-def test_grouped_conv_splitting_a_block_is_not_packed():
+def test_grouped_conv_splitting_a_block_is_not_packed_as_whole_groups():
     assert pack_conv_weight(np.zeros((48, 11, 1, 1), "float32"), 4, 8, 8) is None
+
+
+@pytest.mark.parametrize("out_channels, groups, in_per_group, firsts, width", [
+    (136, 4, 34, [0, 0, 0, 2, 2, 4, 4, 4, 4], 5),  # ShuffleNet: 34-channel groups; the last windows moved back
+    (48, 4, 11, [0, 0, 0], 3),  # 11 channels per group: a window as wide as the input, all from block 0
+    (64, 64, 1, [0, 1, 2, 3], 1),  # depthwise: one block each
+])
+def test_windows_cover_the_groups_of_each_output_block(out_channels, groups, in_per_group, firsts, width):
+    in_blocks = -(-groups * in_per_group // 16)
+    assert window_firsts(out_channels, groups, in_per_group, 16, in_blocks) == (firsts, width)
+
+
+def test_windowed_weights_sit_at_their_input_channels():
+    weight = RNG.standard_normal((48, 11, 3, 3)).astype("float32")
+    kernel = pack_windowed_conv_weight(weight, 4, 16, 3)
+    firsts, width = window_firsts(48, 4, 11, 16, 3)
+    assert kernel.shape == (3, width, 3, 3, 16, 16)
+    for o in range(48):
+        for i in range(width * 16):
+            channel = (firsts[o // 16] * 16) + i  # the input channel window position i reads
+            got = kernel[o // 16, i // 16, :, :, i % 16, o % 16]
+            group = o // 12
+            if group * 11 <= channel < (group + 1) * 11:
+                np.testing.assert_array_equal(got, weight[o, channel - group * 11])
+            else:
+                assert not got.any(), f"out {o}, input {channel}: outside the group but not zero"
 
 
 def test_per_channel_constants_are_blocked_with_their_pad_value():
@@ -221,12 +249,12 @@ def test_block_zero_leaves_the_module_alone():
     assert tvm_ffi.structural_equal(new, mod) and stats["block"] == 0 and stats["blocked_ops"] == 0
 
 
-def test_clip_stays_blocked_and_a_group_split_inside_a_block_falls_back():
+def test_clip_and_a_conv_with_groups_split_by_blocks_stay_blocked():
     art = compiler.compile(reference.branchy_cnn(), layout_block=8)
     report = art.report()["layout"]
-    # Clip (imported as TIR max/min) stays blocked; the 4-group conv with 11 channels per group and
-    # the channel softmax run in NCHW
-    assert report["standard_op_kinds"] == {"relax.nn.conv2d": 1, "relax.nn.softmax": 1}
+    # Clip (imported as TIR max/min) stays blocked, and so does the 4-group conv with 11 channels
+    # per group (windows of input blocks); only the channel softmax runs in NCHW
+    assert report["standard_op_kinds"] == {"relax.nn.softmax": 1}
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.branchy_cnn(), inputs))
 
@@ -249,15 +277,50 @@ def test_a_conv_with_groups_narrower_than_the_block_runs_blocked():
     reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
 
 
-def test_concat_of_padded_parts_repacks_without_padding_between_channels():
-    art = compiler.compile(reference.blocked_paths_cnn())
-    layout = art.module("layout")
-    concats = _calls(layout, "relax.concat")
-    padded_parts = [c for c in concats if any(int(f.ty.shape.values[1]) == 20 for f in c.args[0].fields)]
-    assert len(padded_parts) == 1 and len(padded_parts[0].ty.shape.values) == 4  # 32 + 20 real channels
-    assert any(len(c.ty.shape.values) == 5 for c in concats)  # whole blocks concatenate blocked
+def test_concat_after_whole_blocks_stays_blocked():
+    art = compiler.compile(reference.blocked_paths_cnn(), layout_block=16)
+    concats = _calls(art.module("layout"), "relax.concat")
+    # 32 + 20 channels: the padded part is last, its padding ends the concat
+    assert concats and all(len(c.ty.shape.values) == 5 for c in concats)
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.blocked_paths_cnn(), inputs))
+
+
+def _shufflenet_v2_unit(channels: int = 116) -> onnx.ModelProto:
+    """ShuffleNetV2's unit, as torchvision exports it: split the channels in half (58 and 58: not
+    whole 16-lane blocks), a conv on one half, concat, shuffle (reshape, transpose, reshape)."""
+    rng = np.random.default_rng(4)
+    half = channels // 2
+    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w1"], ["c"]),
+        onnx.helper.make_node("Slice", ["c", "zero", "half", "one"], ["a"]),
+        onnx.helper.make_node("Slice", ["c", "half", "all", "one"], ["b"]),
+        onnx.helper.make_node("Conv", ["b", "w2"], ["b2"]),
+        onnx.helper.make_node("Relu", ["b2"], ["b3"]),
+        onnx.helper.make_node("Concat", ["a", "b3"], ["cat"], axis=1),
+        onnx.helper.make_node("Reshape", ["cat", "split"], ["r"]),
+        onnx.helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3, 4]),
+        onnx.helper.make_node("Reshape", ["t", "merged"], ["y"]),
+    ]
+    inits = [reference._const("w1", rng.standard_normal((channels, 8, 1, 1))),
+             reference._const("w2", rng.standard_normal((half, half, 1, 1))),
+             ints("zero", [0]), ints("half", [half]), ints("all", [channels]), ints("one", [1]),
+             ints("split", [1, 2, half, 6, 6]), ints("merged", [1, channels, 6, 6])]
+    return reference._model(nodes, [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 6, 6])],
+                            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, channels, 6, 6])],
+                            inits)
+
+
+def test_channel_split_unaligned_concat_and_shuffle_stay_blocked():
+    model = _shufflenet_v2_unit()
+    art = compiler.compile(model, layout_block=16)
+    report = art.report()["layout"]
+    assert report["standard_op_kinds"] == {} and report["converters"] == 2  # the graph's input and output
+    text = art.ir("layout")
+    assert "take_channels" in text and "concat_channels" in text
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
 
 
 # --- the bundled ResNet-50 -------------------------------------------------------------------

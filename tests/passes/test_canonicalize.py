@@ -3,10 +3,10 @@
 import numpy as np
 import onnx
 import tvm
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from compiler import frontend
-from passes.canonicalize import ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
+from passes.canonicalize import ChannelShuffleToTake, ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
 
 
 def _imported(nodes, inputs, output_shape, initializers=()) -> tvm.IRModule:
@@ -48,7 +48,7 @@ def test_sum_that_broadcasts_keeps_the_broadcast():
 
 def test_a_reduction_that_is_not_an_nary_add_stays():
     mod = _imported([helper.make_node("ReduceSum", ["a", "axes"], ["y"], keepdims=0)], [("a", [2, 3])], [3],
-                    [onnx.numpy_helper.from_array(np.array([0], np.int64), "axes")])
+                    [numpy_helper.from_array(np.array([0], np.int64), "axes")])
     assert _ops(_rewritten(SumOfStackToAdd(), mod)) == _ops(mod)
 
 
@@ -59,8 +59,32 @@ def test_inference_dropout_is_its_input():
 
 
 def test_clip_call_tir_becomes_maximum_and_minimum():
-    bounds = [onnx.numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
     mod = _imported([helper.make_node("Clip", ["a", "lo", "hi"], ["y"])], [("a", [1, 4, 3, 3])], [1, 4, 3, 3], bounds)
     assert "relax.call_tir" in _ops(mod)
     ops = _ops(ClipFromTIR()(mod))
     assert "relax.call_tir" not in ops and "relax.maximum" in ops and "relax.minimum" in ops
+
+
+def _shuffle(split: list[int], perm: list[int]) -> tvm.IRModule:
+    shape = [1, 12, 2, 2]
+    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    return _imported([helper.make_node("Reshape", ["x", "split"], ["r"]),
+                      helper.make_node("Transpose", ["r"], ["t"], perm=perm),
+                      helper.make_node("Reshape", ["t", "back"], ["y"])],
+                     [("x", shape)], shape, [ints("split", split), ints("back", shape)])
+
+
+def test_channel_shuffle_becomes_a_take_of_the_permuted_channels():
+    mod = _rewritten(ChannelShuffleToTake(), _shuffle([1, 3, 4, 2, 2], [0, 2, 1, 3, 4]))
+    assert _ops(mod) == ["relax.take"]
+    x = np.arange(48, dtype="float32").reshape(1, 12, 2, 2)
+    expected = x.reshape(1, 3, 4, 2, 2).transpose(0, 2, 1, 3, 4).reshape(1, 12, 2, 2)
+    lib = tvm.compile(mod, target="llvm")
+    got = tvm.relax.VirtualMachine(lib, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_other_reshape_transposes_are_left_alone():
+    mod = _shuffle([1, 3, 4, 2, 2], [0, 1, 2, 4, 3])  # swaps the spatial axes: not a channel permutation
+    assert "relax.take" not in _ops(_rewritten(ChannelShuffleToTake(), mod))
