@@ -471,11 +471,14 @@ class _Rewriter(relax.PyExprMutator):
         are concatenated as they are; otherwise every output lane reads its part's channel
         (``concat_channels_nchwc``), so no padding lands between real channels."""
         parts = call.args[0]
-        if not isinstance(parts, relax.Tuple) or call.attrs.axis is None or int(call.attrs.axis) % 4 != 1:
+        if not isinstance(parts, relax.Tuple) or call.attrs.axis is None or int(call.attrs.axis) % 4 not in (1, 2, 3):
             return None
         values = [self._value(p) for p in parts.fields]
         if any(v is None for v in values) or not self._blocked_home(list(parts.fields)):
             return None
+        if int(call.attrs.axis) % 4 != 1:  # along H or W: the same axis of the blocked layout
+            return (relax.op.concat([self._get(p, self.layout) for p in parts.fields], axis=int(call.attrs.axis) % 4),
+                    self.layout, values[0].channels)
         channels = sum(v.channels for v in values)
         if any(v.channels % self.layout.block for v in values[:-1]):
             new = self.builder_.call_te(concat_channels_nchwc, [self._get(p, self.layout) for p in parts.fields],
@@ -515,12 +518,16 @@ class _Rewriter(relax.PyExprMutator):
         return self._alias(var, self.values[source], STANDARD)
 
     def _channel_slice(self, call: relax.Call):
-        """A slice of blocked data along C only (ShuffleNetV2's channel split): a blocked gather."""
+        """A slice of blocked data along H and W (the same slice of the blocked layout), or along C
+        only (ShuffleNetV2's channel split: a blocked gather)."""
         data, value = call.args[0], self._value(call.args[0])
         axes, begin, end, *strides = ([int(i) for i in arg.fields] if isinstance(arg, relax.Tuple) else None
                                       for arg in call.args[1:])
-        if value is None or not self._blocked_home([data]) or None in (axes, begin, end) \
-                or [a % 4 for a in axes] != [1] or strides and strides[0] != [1]:
+        if value is None or not self._blocked_home([data]) or None in (axes, begin, end):
+            return None
+        if all(a % 4 in (2, 3) for a in axes):  # along H and W: the same axes of the blocked layout
+            return self._rebuilt(call, [self._get(data, self.layout), *call.args[1:]]), self.layout, value.channels
+        if [a % 4 for a in axes] != [1] or strides and strides[0] != [1]:
             return None
         channels = np.arange(value.channels)[begin[0]:end[0]]
         new = self.builder_.call_te(take_channels_nchwc, self._get(data, self.layout),

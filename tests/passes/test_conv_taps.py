@@ -5,7 +5,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import compiler
-from passes.conv_taps import _Axis, _useful_taps
+from passes.conv_taps import _Axis, _input_share, _regions, _useful_taps
 from tests import reference
 
 
@@ -28,17 +28,25 @@ def test_useful_taps_of_aspp_rates_on_a_small_map():
     assert _useful_taps(_Axis(4, 2, 3, 1, 3, 2)) == (1, 1)  # the first rows are never read: a crop
 
 
-@pytest.mark.parametrize("size, channels, kernel, dilation, pads, stride, groups, dropped", [
-    (14, 16, 3, 24, [24, 24, 24, 24], 1, 1, 8),   # ASPP rate 24: a 1x1 conv is left
-    (14, 16, 3, 12, [12, 12, 12, 12], 1, 1, 0),   # rate 12: every tap reads something
-    (4, 8, 3, 3, [2, 2, 2, 2], 1, 1, 8),          # input cropped at both ends
-    (9, 8, 3, 6, [6, 6, 6, 0], 2, 1, 3),          # strided, asymmetric: the first column of taps goes
-    (6, 16, 5, 4, [8, 8, 8, 8], 1, 16, 16),       # depthwise 5x5, dilation 4: the middle 3x3 stays
+def test_rate_12_on_a_small_map_splits_into_runs_of_outputs_using_the_same_taps():
+    axis = _Axis(14, 14, 3, 1, 12, 12)
+    assert _regions(axis) == [(0, 2), (2, 10), (12, 2)]  # centre and below, centre, centre and above
+    assert _input_share(axis) == pytest.approx(18 / 42)
+
+
+@pytest.mark.parametrize("size, channels, kernel, dilation, pads, stride, groups, dropped, regions", [
+    (14, 16, 3, 24, [24, 24, 24, 24], 1, 1, 8, 0),     # ASPP rate 24: a 1x1 conv is left
+    (14, 16, 3, 12, [12, 12, 12, 12], 1, 1, 56, 9),    # rate 12: 3 x 3 regions, 25 of 81 taps kept
+    (4, 8, 3, 3, [2, 2, 2, 2], 1, 1, 8, 0),            # input cropped at both ends
+    (9, 8, 3, 6, [6, 6, 6, 0], 2, 1, 17, 3),           # strided, asymmetric: 3 row regions
+    (6, 16, 5, 4, [8, 8, 8, 8], 1, 16, 200, 9),        # depthwise 5x5, dilation 4
 ])
 def test_convolution_without_padding_taps_matches_onnxruntime(size, channels, kernel, dilation, pads, stride,
-                                                              groups, dropped):
+                                                              groups, dropped, regions):
     model = _conv_model(size, channels, kernel, dilation, pads, stride, groups)
     art = compiler.compile(model, target="cpu", tuning="off", validate_memory=True)
-    assert art.report()["conv_taps"]["taps_dropped"] == dropped
+    report = art.report()["conv_taps"]
+    assert (report["taps_dropped"], report["regions"]) == (dropped, regions)
+    assert art.report()["layout"]["standard_op_kinds"] == {}  # crops and concats along H, W stay blocked
     x = reference.random_inputs(art.inputs, seed=2)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
