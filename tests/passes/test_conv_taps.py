@@ -47,6 +47,8 @@ def test_convolution_without_padding_taps_matches_onnxruntime(size, channels, ke
     art = compiler.compile(model, target="cpu", tuning="off", validate_memory=True)
     report = art.report()["conv_taps"]
     assert (report["taps_dropped"], report["regions"]) == (dropped, regions)
-    assert art.report()["layout"]["standard_op_kinds"] == {}  # crops and concats along H, W stay blocked
+    # the regions' outputs are blocked, so are the concats along H and W (crops of the graph's NCHW
+    # input stay NCHW: the conv converts the crop)
+    assert set(art.report()["layout"]["standard_op_kinds"]) <= {"relax.strided_slice"}
     x = reference.random_inputs(art.inputs, seed=2)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
