@@ -52,3 +52,18 @@ def test_convolution_without_padding_taps_matches_onnxruntime(size, channels, ke
     assert set(art.report()["layout"]["standard_op_kinds"]) <= {"relax.strided_slice"}
     x = reference.random_inputs(art.inputs, seed=2)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+def test_regions_of_a_blocked_input_crop_and_concat_blocked():
+    """ASPP after a backbone conv: the crops of its blocked output and the concats stay blocked."""
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]),
+             helper.make_node("Conv", ["c", "w2"], ["y"], kernel_shape=[3, 3], dilations=[12, 12], pads=[12] * 4)]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 14, 14])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 14, 14])],
+                             [numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), "w1"),
+                              numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w2")])
+    art = compiler.compile(model, target="cpu", tuning="off")
+    assert art.report()["conv_taps"]["regions"] == 9 and art.report()["layout"]["standard_op_kinds"] == {}
+    x = reference.random_inputs(art.inputs, seed=3)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
