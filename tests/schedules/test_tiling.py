@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from tvm import s_tir, te, tirx
+from tvm import s_tir, te, tirx, topi
 from tvm.target import Target
 
 from schedules.cpu import Basic, Tiled, tiled
@@ -109,3 +109,28 @@ def test_a_read_indexed_by_every_tiled_axis_is_not_reused():
     out = te.compute((1, 4, 56, 56, 16), lambda n, o, y, x, i: te.max(data[n, o, y + kh, x + kw, i], axis=[kh, kw]),
                      name="conv")
     assert _accumulators(Tiled().apply(te.create_prim_func([data, out]), AVX512, False)) == (8, 16)
+
+
+def _padded_conv(depthwise: bool) -> tirx.PrimFunc:
+    """A 3x3 conv of a padded NCHW16c input: depthwise, or over all input channels."""
+    data = te.placeholder((1, 2, 14, 14, 16), name="data")
+    padded = topi.nn.pad(data, [0, 0, 1, 1, 0], [0, 0, 1, 1, 0], name="data_pad")
+    kh, kw = te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw")
+    if depthwise:
+        weight = te.placeholder((2, 3, 3, 16), name="weight")
+        out = te.compute((1, 2, 14, 14, 16), lambda n, o, y, x, i: te.sum(
+            padded[n, o, y + kh, x + kw, i] * weight[o, kh, kw, i], axis=[kh, kw]), name="conv")
+    else:
+        weight = te.placeholder((2, 2, 3, 3, 16, 16), name="weight")
+        ic, ib = te.reduce_axis((0, 2), "ic"), te.reduce_axis((0, 16), "ib")
+        out = te.compute((1, 2, 14, 14, 16), lambda n, o, y, x, i: te.sum(
+            padded[n, ic, y + kh, x + kw, ib] * weight[o, ic, kh, kw, ib, i], axis=[ic, kh, kw, ib]), name="conv")
+    return te.create_prim_func([data, weight, out])
+
+
+@pytest.mark.parametrize("depthwise", [True, False])
+def test_padding_is_inlined_into_depthwise_convs_only(depthwise):
+    """A depthwise conv reads each padded value once: the padding is tested in its loads. A conv
+    over input channels reuses each value many times: the padding stays a stage of its own."""
+    text = Tiled().apply(_padded_conv(depthwise), AVX512, False).mod.script()
+    assert ('T.sblock("data_pad")' in text) != depthwise
