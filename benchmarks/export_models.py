@@ -107,7 +107,10 @@ EXPORTS: dict[str, Export] = {
     "vit_b16": Export(_vit, dynamo=True),
     **{name: Export(_torchvision(name), dynamo=False) for name in (
         "efficientnet_b0", "mobilenet_v3_large", "convnext_tiny", "regnet_y_400mf", "shufflenet_v2_x1_0",
-        "resnet18", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large")},
+        "resnet18", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large",
+        # more of the same families: groups of 4 channels, inception concats, inverted residuals,
+        # RegNetX's group-16 convs, ShuffleNetV2's 24-channel halves
+        "resnext50_32x4d", "googlenet", "mobilenet_v2", "regnet_x_400mf", "shufflenet_v2_x0_5")},
 }
 
 
