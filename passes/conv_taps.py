@@ -14,7 +14,9 @@ convolution on its 14x14 map: 18 % of its multiply-adds read input) is dropped r
 the outputs split, per axis, into runs that use the same taps (rows 0-1 use the centre and the
 tap below, rows 2-11 only the centre, rows 12-13 the centre and the tap above), each pair of runs
 is a convolution of its own over a crop of the input with only its taps and no padding, and the
-pieces are concatenated back (``MAX_REGION_SHARE`` says when).
+pieces are concatenated back (``MAX_REGION_SHARE`` and ``MAX_REGIONS_PER_AXIS`` say when: a 7x7
+depthwise conv on a 7x7 map, as in ConvNeXt's last stage, has a different tap set at every output
+and would become 49 tiny convolutions).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from passes.ir import is_op, map_relax_functions, static_shape
 
 
 MAX_REGION_SHARE = 0.6  # split into regions when at most this share of the multiply-adds read input
+MAX_REGIONS_PER_AXIS = 3  # the borders and the interior; more runs are kernels too small to pay
 
 
 class _Axis(NamedTuple):
@@ -44,21 +47,22 @@ class _Axis(NamedTuple):
     pad: int  # before the input
 
 
+def _taps(axis: _Axis, o: int) -> tuple[int, ...]:
+    """The kernel indices that read an input element (not padding) at output ``o``."""
+    return tuple(t for t in range(axis.kernel) if 0 <= o * axis.stride - axis.pad + t * axis.dilation < axis.size)
+
+
 def _useful_taps(axis: _Axis) -> tuple[int, int]:
     """First and last kernel index that reads an input element (not padding) at some output."""
-    useful = [t for t in range(axis.kernel) if t * axis.dilation - axis.pad < axis.size
-              and (axis.out - 1) * axis.stride + t * axis.dilation - axis.pad >= 0]
-    return (useful[0], useful[-1]) if useful else (0, axis.kernel - 1)
+    useful = set().union(*(_taps(axis, o) for o in range(axis.out)))
+    return (min(useful), max(useful)) if useful else (0, axis.kernel - 1)
 
 
 def _regions(axis: _Axis) -> list[tuple[int, int]]:
     """The runs of outputs that use the same taps, as (first output, outputs in the run)."""
-    def taps(o: int) -> tuple[int, ...]:
-        return tuple(t for t in range(axis.kernel) if 0 <= o * axis.stride - axis.pad + t * axis.dilation < axis.size)
-
     runs: list[tuple[int, int]] = []
     for o in range(axis.out):
-        if runs and taps(o) == taps(runs[-1][0]):
+        if runs and _taps(axis, o) == _taps(axis, runs[-1][0]):
             runs[-1] = (runs[-1][0], runs[-1][1] + 1)
         else:
             runs.append((o, 1))
@@ -67,9 +71,7 @@ def _regions(axis: _Axis) -> list[tuple[int, int]]:
 
 def _input_share(axis: _Axis) -> float:
     """The share of this axis's (output, tap) pairs that read input rather than padding."""
-    reads = sum(0 <= o * axis.stride - axis.pad + t * axis.dilation < axis.size
-                for o in range(axis.out) for t in range(axis.kernel))
-    return reads / (axis.out * axis.kernel)
+    return sum(len(_taps(axis, o)) for o in range(axis.out)) / (axis.out * axis.kernel)
 
 
 def _region(axis: _Axis, start: int, count: int) -> _Axis:
@@ -110,7 +112,8 @@ class _DropTaps(relax.PyExprMutator):
         geometry = [_Axis(data_shape[2 + i], out_shape[2 + i], weight.shape[2 + i], int(attrs.strides[i]),
                           int(attrs.dilation[i]), int(attrs.padding[i])) for i in range(2)]
         regions = [_regions(axis) for axis in geometry]
-        if _input_share(geometry[0]) * _input_share(geometry[1]) <= MAX_REGION_SHARE and len(regions[0]) * len(regions[1]) > 1:
+        if _input_share(geometry[0]) * _input_share(geometry[1]) <= MAX_REGION_SHARE \
+                and 1 < len(regions[0]) * len(regions[1]) and max(map(len, regions)) <= MAX_REGIONS_PER_AXIS:
             self.stats["regions"] += len(regions[0]) * len(regions[1])
             rows = [self._concat([self._shrunk_conv(call, weight, [_region(geometry[0], *ry), _region(geometry[1], *rx)])
                                   for rx in regions[1]], axis=3) for ry in regions[0]]

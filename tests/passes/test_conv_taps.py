@@ -40,6 +40,7 @@ def test_rate_12_on_a_small_map_splits_into_runs_of_outputs_using_the_same_taps(
     (4, 8, 3, 3, [2, 2, 2, 2], 1, 1, 8, 0),            # input cropped at both ends
     (9, 8, 3, 6, [6, 6, 6, 0], 2, 1, 17, 3),           # strided, asymmetric: 3 row regions
     (6, 16, 5, 4, [8, 8, 8, 8], 1, 16, 200, 9),        # depthwise 5x5, dilation 4
+    (7, 16, 7, 1, [3, 3, 3, 3], 1, 16, 0, 0),          # ConvNeXt's last stage: 7 tap sets per axis, kept whole
 ])
 def test_convolution_without_padding_taps_matches_onnxruntime(size, channels, kernel, dilation, pads, stride,
                                                               groups, dropped, regions):
