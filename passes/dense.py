@@ -29,7 +29,7 @@ import tvm
 from tvm import relax, te
 from tvm.ir import GenericConst
 
-from passes.ir import is_op, static_shape
+from passes.ir import is_op, rewrite_emitting, static_shape
 from support.targets import accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
@@ -196,8 +196,4 @@ class PackDenseWeights:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_columns": 0, "padded_matmuls": 0}
-        rewriter = _Rewriter(mod.clone(), self.lanes, self.registers, self.stats)  # a copy: see passes/ir.py
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()  # with the dense_packed kernels it emitted
+        return rewrite_emitting(mod, _Rewriter(mod.clone(), self.lanes, self.registers, self.stats))

@@ -22,6 +22,15 @@ def map_relax_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], r
     return new
 
 
+def rewrite_emitting(mod: tvm.IRModule, rewriter: relax.PyExprMutator) -> tvm.IRModule:
+    """Every Relax function of ``mod`` rewritten by ``rewriter`` (built on ``mod.clone()``), with
+    the PrimFuncs it emitted through its builder (``call_te``) added to the module."""
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
+
+
 def is_op(expr: object, name: str) -> bool:
     """Whether ``expr`` is a call of the Relax operator ``name`` (e.g. ``"relax.add"``)."""
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name

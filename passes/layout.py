@@ -31,7 +31,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
-from passes.ir import static_shape
+from passes.ir import rewrite_emitting, static_shape
 from passes.legalize import concat_channels_nchwc, conv2d_nchwc, take_channels_nchwc
 
 
@@ -471,14 +471,14 @@ class _Rewriter(relax.PyExprMutator):
         are concatenated as they are; otherwise every output lane reads its part's channel
         (``concat_channels_nchwc``), so no padding lands between real channels."""
         parts = call.args[0]
-        if not isinstance(parts, relax.Tuple) or call.attrs.axis is None or int(call.attrs.axis) % 4 not in (1, 2, 3):
+        axis = None if call.attrs.axis is None else int(call.attrs.axis) % 4
+        if not isinstance(parts, relax.Tuple) or axis not in (1, 2, 3):
             return None
         values = [self._value(p) for p in parts.fields]
         if any(v is None for v in values) or not self._blocked_home(list(parts.fields)):
             return None
-        if int(call.attrs.axis) % 4 != 1:  # along H or W: the same axis of the blocked layout
-            return (relax.op.concat([self._get(p, self.layout) for p in parts.fields], axis=int(call.attrs.axis) % 4),
-                    self.layout, values[0].channels)
+        if axis != 1:  # along H or W: the same axis of the blocked layout
+            return relax.op.concat([self._get(p, self.layout) for p in parts.fields], axis=axis), self.layout, values[0].channels
         channels = sum(v.channels for v in values)
         if any(v.channels % self.layout.block for v in values[:-1]):
             new = self.builder_.call_te(concat_channels_nchwc, [self._get(p, self.layout) for p in parts.fields],
@@ -573,8 +573,5 @@ class LayoutPass:
         self.stats = LayoutStats(self.layout.block)
         if self.layout.standard:
             return mod
-        rewriter = _Rewriter(mod.clone(), self.layout, self.stats)  # a copy: see passes/ir.py
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())  # with its windowed convs
+        new = rewrite_emitting(mod, _Rewriter(mod.clone(), self.layout, self.stats))  # a copy: see passes/ir.py
+        return relax.transform.DeadCodeElimination()(new)

@@ -83,7 +83,7 @@ def concat_channels_nchwc(parts: list[te.Tensor], channels: list[int]) -> te.Ten
     def element(n, o, y, x, i):
         channel = o * block + i
         value = tvm.tirx.const(0.0, parts[0].dtype)
-        for part, start, count in zip(parts, np.cumsum([0] + channels[:-1]), channels):  # the last part that starts at or before
+        for part, start, count in zip(parts, np.cumsum([0] + channels[:-1]), channels):  # later parts override
             local = te.min(te.max(channel - int(start), 0), count - 1)  # in bounds in every lane
             value = te.if_then_else(channel >= int(start), part[n, local // block, y, x, local % block], value)
         return te.if_then_else(channel < total, value, tvm.tirx.const(0.0, parts[0].dtype))
