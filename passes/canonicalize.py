@@ -61,15 +61,15 @@ class _SumOfStack(relax.PyExprMutator):
 class _ChannelShuffle(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        permutation = _shuffle_permutation(call, self.lookup_binding)
-        if permutation is None:
+        shuffle = _channel_shuffle(call, self.lookup_binding)
+        if shuffle is None:
             return call
-        source = self.lookup_binding(self.lookup_binding(call.args[0]).args[0]).args[0]
+        source, permutation = shuffle
         return relax.op.take(source, relax.const(permutation, "int64"), axis=1)
 
 
-def _shuffle_permutation(call: relax.Call, lookup) -> np.ndarray | None:
-    """The channel permutation ``call`` computes if it ends a reshape-transpose-reshape shuffle."""
+def _channel_shuffle(call: relax.Call, lookup) -> tuple[relax.Expr, np.ndarray] | None:
+    """(shuffled tensor, channel permutation) if ``call`` ends a reshape-transpose-reshape shuffle."""
     if not is_op(call, "relax.reshape"):
         return None
     swapped = lookup(call.args[0]) if isinstance(call.args[0], relax.Var) else None
@@ -84,7 +84,7 @@ def _shuffle_permutation(call: relax.Call, lookup) -> np.ndarray | None:
             or inner != (source[0], inner[1], source[1] // inner[1], *source[2:]) or inner[1] * inner[2] != source[1]:
         return None
     groups, per_group = inner[1], inner[2]
-    return np.arange(source[1]).reshape(groups, per_group).T.reshape(-1)  # output channel -> input channel
+    return split.args[0], np.arange(source[1]).reshape(groups, per_group).T.reshape(-1)  # output -> input channel
 
 
 @relax.expr_functor.mutator
