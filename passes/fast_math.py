@@ -13,6 +13,10 @@ Accuracy, measured against numpy in float64 over every float32 bit pattern class
 ``tests/passes/test_fast_math.py`` asserts the bounds):
 - exp: Cephes' degree-6 polynomial on the reduced argument, the power of two applied as two
   exponent-field scalings so that overflow gives inf and underflow gives subnormals then 0;
+- sigmoid: on -|x| (XNNPACK's form), exp of a non-positive argument with one exponent-field scaling,
+  then e / (1 + e) by Newton-Raphson from a linear estimate (the denominator lies in [1, 2]) with a
+  final correction of the quotient, and 1 - that for positive x: no division instruction (a vector
+  division costs several times an FMA); 0 below ln(FLT_MIN), where the result is subnormal;
 - tanh: Eigen's rational approximation (odd degree 13 / even degree 6), clamped to +-7.905;
   |x| < 4e-4 returns x and |x| > 9 returns +-1;
 - erf: Eigen's rational approximation (degree 13 / degree 8), clamped to +-4;
@@ -34,6 +38,10 @@ LN2_HI = 0.693359375  # ln 2 split in two so that n * LN2_HI is exact
 LN2_LO = -2.12194440e-4
 EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 EXP_LOW, EXP_HIGH = -104.0, 88.8  # exp(-104) rounds to 0, exp(88.8) overflows: clamping changes neither
+
+SIGMOID_LOW = -87.33654475  # ln(FLT_MIN): sigmoid below it is subnormal (flushed to 0), above it exp stays normal
+RECIPROCAL_ESTIMATE = (24.0 / 17.0, -8.0 / 17.0)  # 1/d on [1, 2] within 1/17 (the minimax line)
+NEWTON_STEPS = 2  # relative error 1/17 -> 3.5e-3 -> 1.2e-5, then the quotient's correction squares it
 
 TANH_CLAMP = 7.90531110763549805
 TANH_TINY = 4e-4
@@ -88,14 +96,38 @@ def _power_of_two(n: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
     return tirx.reinterpret(f"float32{suffix}", (n.astype(f"int32{suffix}") + 127) * (1 << 23))
 
 
+def _exp_reduced(x: tirx.PrimExpr) -> tuple[tirx.PrimExpr, tirx.PrimExpr]:
+    """(n, p) with exp(x) = p * 2**n: n = round(x log2 e), p the polynomial on the remainder."""
+    n = tirx.floor(x * LOG2E + 0.5)
+    r = x - n * LN2_HI - n * LN2_LO
+    return n, _horner(r, EXP_POLY) * r * r + r + 1.0
+
+
 def exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
     lanes = _lanes(x)
-    clamped = _clamp(x, EXP_LOW, EXP_HIGH)
-    n = tirx.floor(clamped * LOG2E + 0.5)
-    r = clamped - n * LN2_HI - n * LN2_LO
-    p = _horner(r, EXP_POLY) * r * r + r + 1.0
+    n, p = _exp_reduced(_clamp(x, EXP_LOW, EXP_HIGH))
     half = tirx.floor(n * 0.5)  # two factors of 2**(n/2): both stay normal from 2**-150 to 2**128
     return _keep_nan(x, p * _power_of_two(half, lanes) * _power_of_two(n - half, lanes))
+
+
+def _quotient(e: tirx.PrimExpr, d: tirx.PrimExpr) -> tirx.PrimExpr:
+    """e / d for d in [1, 2] without a division: Newton-Raphson on 1/d, then one correction of the
+    quotient itself (Markstein), which makes it as accurate as the division."""
+    y = _like(d, RECIPROCAL_ESTIMATE[0]) + d * RECIPROCAL_ESTIMATE[1]
+    for _ in range(NEWTON_STEPS):
+        y = y + y * (1.0 - d * y)
+    q = e * y
+    return q + y * (e - d * q)
+
+
+def sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    negative = -tirx.abs(x)
+    z = tirx.Select(negative < SIGMOID_LOW, _like(x, SIGMOID_LOW), negative)  # a select keeps NaN
+    n, p = _exp_reduced(z)
+    e = p * _power_of_two(n, _lanes(x))  # z >= ln(FLT_MIN): 2**n is normal
+    f = _quotient(e, e + 1.0)  # sigmoid(-|x|)
+    result = tirx.Select(x > 0.0, 1.0 - f, f)
+    return tirx.Select(x < SIGMOID_LOW, _like(x, 0.0), result)
 
 
 def tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -143,15 +175,16 @@ def _pow_rule(fallback) -> Callable:
 
 
 def _default_rule(op: str) -> Callable:
-    """TVM's own lowering of ``op`` for LLVM, which other dtypes keep."""
-    return tvm.ir.Op.get(op).get_attr("llvm.FLowerIntrinsic") or tvm.ir.Op.get(op).get_attr("default.FLowerIntrinsic")
+    """TVM's own lowering (or, for sigmoid, legalisation) of ``op`` for LLVM, which other dtypes keep."""
+    attrs = ("llvm.FLowerIntrinsic", "default.FLowerIntrinsic", "default.FLegalize")
+    return next(rule for rule in map(tvm.ir.Op.get(op).get_attr, attrs) if rule is not None)
 
 
 def register() -> None:
-    """Make these the LLVM lowering of exp, tanh, erf and pow (idempotent)."""
+    """Make these the LLVM lowering of exp, tanh, erf, sigmoid and pow (idempotent)."""
     if getattr(register, "done", False):
         return
-    for op, function in (("tirx.exp", exp), ("tirx.tanh", tanh), ("tirx.erf", erf)):
+    for op, function in (("tirx.exp", exp), ("tirx.tanh", tanh), ("tirx.erf", erf), ("tirx.sigmoid", sigmoid)):
         tirx.register_intrin_lowering(op, "llvm", f=_rule(function, _default_rule(op)), level=PRIORITY)
     tirx.register_intrin_lowering("tirx.pow", "llvm", f=_pow_rule(_default_rule("tirx.pow")), level=PRIORITY)
     register.done = True

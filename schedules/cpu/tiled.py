@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
@@ -27,6 +29,7 @@ MAX_TILE = 8  # register tile along the output row: 8 accumulators + 1 weight ve
 MIN_ACCUMULATORS = 4  # fewer cannot hide the FMA latency
 MIN_PARALLEL_ROWS = 16  # fewer rows than this: one flat parallel loop balances better
 MAX_WHOLE_ROW = 14  # a short row with no good factor (13) is tiled whole: 13 accumulators still fit
+TRANSCENDENTAL = {"tirx.exp", "tirx.sigmoid", "tirx.tanh", "tirx.erf", "tirx.pow", "tirx.log"}
 
 
 def loop_extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
@@ -115,15 +118,58 @@ def _inline_lane_padding(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[
     return blocks
 
 
+def _points(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
+    """How many points the block's spatial iterators cover (None if not static)."""
+    extents = [v.dom.extent for v in sch.get(block).iter_vars if v.iter_type == tirx.IterVar.DataPar]
+    return math.prod(int(e) for e in extents) if all(isinstance(e, tirx.IntImm) for e in extents) else None
+
+
+def broadcasts(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, producer: s_tir.schedule.SBlockRV) -> bool:
+    """Whether ``block`` runs over more points than its ``producer`` computes: it broadcasts the
+    producer's result (a squeeze-excitation scale applied to a whole feature map). Inlined there,
+    the producer's work (a sigmoid) is redone at every point; computed in a reduction's tile loop,
+    the block runs on as many threads as the reduction has tiles, often one: EfficientNet's
+    excitation conv with its 56 x 56 x 144 multiply took 0.15 ms that way."""
+    sizes = _points(sch, block), _points(sch, producer)
+    return None not in sizes and sizes[0] > sizes[1]
+
+
+def _costly(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block evaluates a transcendental function (tens of instructions per value)."""
+    calls = []
+    tvm_ffi.structural_map(sch.get(block).body, (tvm.ir.Call, lambda call: calls.append(call.op) or call))
+    return any(getattr(op, "name", None) in TRANSCENDENTAL for op in calls)
+
+
+def _inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
+    """Whether inlining ``block`` redoes no costly work: a transcendental stays out of consumers
+    that broadcast it (a copy or cast may be redone, and is: a buffer of booleans between two
+    stages meets a TVM 0.27 code generation bug, BERT's attention mask)."""
+    return not (_costly(sch, block.block_rv)
+                and any(broadcasts(sch, c, block.block_rv) for c in sch.get_consumers(block.block_rv)))
+
+
+def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
+    """Whether ``block`` is the only reader of its one producer, and does not broadcast it (TVM
+    0.27's reverse_compute_inline fails internally, not with a ScheduleError, on a broadcast).
+    Without the first check, reverse_compute_inline leaves other readers reading a buffer nobody
+    writes (ill-formed TIR; the fuzzer found it with a Split after a LeakyRelu, whose Select passes
+    for padding)."""
+    producers = sch.get_producers(block.block_rv)
+    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1 \
+        and not broadcasts(sch, block.block_rv, producers[0])
+
+
 def inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
-    """Inline spatial blocks into their neighbours; padding, and blocks the legalisation marked
-    (``STAGE_ATTR``: a separable resize's first pass), stay stages of their own."""
+    """Inline spatial blocks into their neighbours, but not into consumers that broadcast them;
+    padding, and blocks the legalisation marked (``STAGE_ATTR``: a separable resize's first pass),
+    stay stages of their own."""
     keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)
             or STAGE_ATTR in sch.get(b.block_rv).annotations]
     remaining = [b for b in blocks if b not in keep]
     while True:  # as dl.try_inline: into consumers while any block can, then into a producer
-        inlined = next((b for b in remaining if _try(sch.compute_inline, b)), None) or \
-            next((b for b in remaining if _sole_consumer(sch, b) and _try(sch.reverse_compute_inline, b)), None)
+        inlined = next((b for b in remaining if _inlinable(sch, b) and _try(sch.compute_inline, b)), None) or \
+            next((b for b in remaining if _reverse_inlinable(sch, b) and _try(sch.reverse_compute_inline, b)), None)
         if inlined is None:
             break
         remaining.remove(inlined)
@@ -137,14 +183,6 @@ def _try(primitive, block: SBlockInfo) -> bool:
         return True
     except s_tir.schedule.ScheduleError:
         return False
-
-
-def _sole_consumer(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
-    """Whether ``block`` is the only reader of its one producer. TVM 0.27's reverse_compute_inline
-    does not check this and leaves other readers reading a buffer nobody writes (ill-formed TIR;
-    the fuzzer found it with a Split after a LeakyRelu, whose Select passes for padding)."""
-    producers = sch.get_producers(block.block_rv)
-    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1
 
 
 def schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
@@ -269,14 +307,15 @@ def _tiled(func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
     if not all(_spatial_then_reduction(b) for b in blocks if b.is_reduction()):
         return None
     blocks = _inline_lane_padding(sch, blocks)
-    anchor = write_back = None
+    anchor = write_back = reduction = None
     epilogue, apart = False, False  # blocks after the reduction computed in its tile, and not
     for info in blocks:
         block = info.block_rv
         if info.is_reduction():
             apart = apart or anchor is not None  # a second reduction: keep the first one's buffer
             anchor, write_back = _schedule_reduction(sch, info, unit)
-        elif anchor is not None and try_attach(sch, block, anchor):
+            reduction = block
+        elif anchor is not None and not broadcasts(sch, block, reduction) and try_attach(sch, block, anchor):
             epilogue = True
             vectorize_innermost(sch, block, lanes)
         else:

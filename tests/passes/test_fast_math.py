@@ -64,3 +64,11 @@ def test_no_scalar_calls_left_in_the_machine_code():
     for fn in (te.exp, te.tanh, te.erf, te.sigmoid):
         asm = measure.kernel(fn, 4096, TARGET, LANES).mod.inspect_source("asm")
         assert not any(name in asm for name in ("expf", "erff", "tanhf")), fn.__name__
+
+
+def test_sigmoid_divides_without_a_division_instruction():
+    """Its quotient is Newton-Raphson FMAs: a vector division costs several times an FMA, and
+    swish epilogues (EfficientNet) evaluate a sigmoid for every output."""
+    fast_math.register()
+    asm = measure.kernel(te.sigmoid, 4096, TARGET, LANES).mod.inspect_source("asm")
+    assert "vfmadd" in asm and "vdivps" not in asm

@@ -134,3 +134,27 @@ def test_padding_is_inlined_into_depthwise_convs_only(depthwise):
     over input channels reuses each value many times: the padding stays a stage of its own."""
     text = Tiled().apply(_padded_conv(depthwise), AVX512, False).mod.script()
     assert ('T.sblock("data_pad")' in text) != depthwise
+
+
+def _excitation() -> tirx.PrimFunc:
+    """A squeeze-excitation tail in NCHW16c: a 1x1 conv of the pooled 1x1 map, sigmoid, and the
+    channel-wise multiply of a 28x28 feature map."""
+    pooled = te.placeholder((1, 1, 1, 1, 16), name="pooled")
+    weight = te.placeholder((4, 1, 1, 1, 16, 16), name="weight")
+    features = te.placeholder((1, 4, 28, 28, 16), name="features")
+    ib = te.reduce_axis((0, 16), "ib")
+    conv = te.compute((1, 4, 1, 1, 16), lambda n, o, y, x, i: te.sum(pooled[n, 0, y, x, ib] * weight[o, 0, 0, 0, ib, i],
+                                                                     axis=ib), name="conv")
+    scale = te.compute(conv.shape, lambda *i: te.sigmoid(conv(*i)), name="scale")
+    out = te.compute(features.shape, lambda n, o, y, x, i: features[n, o, y, x, i] * scale[n, o, 0, 0, i], name="out")
+    return te.create_prim_func([pooled, weight, features, out])
+
+
+def test_an_epilogue_that_broadcasts_the_reduction_runs_apart_and_in_parallel():
+    """The sigmoid runs once per channel with the conv, not at every point of the map it scales,
+    and the multiply runs in a parallel loop of its own, not in the conv's single tile."""
+    sch = Tiled().apply(_excitation(), AVX512, False)
+    multiply = sch.get(sch.get_sblock("out"))
+    assert "sigmoid" not in str(multiply.body)
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("out"))]
+    assert loops[0].kind == tirx.ForKind.PARALLEL and int(loops[0].extent) > 1
