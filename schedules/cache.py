@@ -154,15 +154,47 @@ class RecordStore:
     def database(self, writable: bool):
         """The MetaSchedule database. Writable: the files themselves (hold ``lock()``). Read-only: the
         files too when every line parses, else a clean copy in a temporary directory, so a reader never
-        changes the store (JSONDatabase reads its files when constructed, so the copy can go)."""
+        changes the store (JSONDatabase reads its files when constructed, so the copy can go).
+
+        MetaSchedule can write a record whose trace it then cannot apply (TVM 0.27, a ``mean``'s
+        RFactor records: 61 of them after tuning EfficientNet-B0), and one such line makes
+        JSONDatabase refuse the whole store. Then the records are checked one by one, those that do
+        not apply are dropped with a warning (from the files themselves when writable), and the rest
+        is loaded."""
         if writable:
             os.makedirs(self.dir, exist_ok=True)
             self.repair()
-            return json_database(self.dir)
+            try:
+                return json_database(self.dir)
+            except RuntimeError:
+                clean = self._applicable(self._clean()[0])
+                for name, lines in clean.items():
+                    atomic_write(os.path.join(self.dir, name), "".join(lines))
+                return json_database(self.dir)
         clean, skipped = self._clean()
-        if not skipped:
-            return json_database(self.dir, allow_missing=False)
-        return _database_of(clean)
+        try:
+            return json_database(self.dir, allow_missing=False) if not skipped else _database_of(clean)
+        except RuntimeError:
+            return _database_of(self._applicable(clean))
+
+    def _applicable(self, files: dict[str, list[str]]) -> dict[str, list[str]]:
+        """``files`` without the records MetaSchedule cannot apply to their workload (each warned about)."""
+        from tvm.s_tir import meta_schedule as ms
+
+        workloads = [json.loads(line) for line in files[DATABASE_FILES[0]]]
+        parsed: dict[int, object] = {}
+        kept = []
+        for number, line in enumerate(files[DATABASE_FILES[1]], 1):
+            index, record = json.loads(line)
+            try:
+                if index not in parsed:
+                    parsed[index] = ms.database.Workload.from_json(workloads[index])
+                ms.database.TuningRecord.from_json(record, parsed[index])
+                kept.append(line)
+            except Exception:  # noqa: BLE001 - whatever TVM raises, the record cannot be used
+                log.warning("%s record %d does not apply to its kernel; dropped",
+                            os.path.join(self.dir, DATABASE_FILES[1]), number)
+        return {**files, DATABASE_FILES[1]: kept}
 
     def records_of(self, hashes) -> dict[str, list[str]]:
         """The record lines of each workload in ``hashes`` (see ``workload_hash``) that has any.

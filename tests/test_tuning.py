@@ -189,6 +189,28 @@ def test_corrupted_lines_are_skipped_with_a_warning(tuned, tmp_path, caplog):
     assert records.read_text().startswith('{"truncated"')  # a reader never rewrites the store
 
 
+def test_records_that_do_not_apply_are_dropped_instead_of_refusing_the_store(tuned, tmp_path, caplog):
+    """MetaSchedule can write a record whose trace it cannot apply again (TVM 0.27: RFactor records
+    of a mean), and JSONDatabase then refuses every record of the store."""
+    log_dir, _ = tuned
+    copy = tmp_path / "copy"
+    shutil.copytree(log_dir, copy)
+    store = RecordStore.of(str(copy), targets.resolve("cpu"))
+    records = copy / os.path.basename(store.dir) / "database_tuning_record.json"
+    lines = records.read_text().splitlines(keepends=True)
+    broken = lines[0].replace('["GetSBlock",[],["', '["GetSBlock",[],["no_such_block_', 1)
+    assert broken != lines[0]
+    records.write_text("".join(lines) + broken)
+    with pytest.raises(RuntimeError):
+        cache.json_database(store.dir, allow_missing=False)
+    with caplog.at_level("WARNING", logger="relaxc"):
+        assert len(store.database(writable=False).get_all_tuning_records()) == len(lines)
+    assert f"record {len(lines) + 1} does not apply to its kernel; dropped" in caplog.text
+    assert records.read_text().endswith(broken)  # a reader never rewrites the store
+    assert len(store.database(writable=True).get_all_tuning_records()) == len(lines)
+    assert records.read_text() == "".join(lines)  # a writer (tuning) drops it for good
+
+
 def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
     log_dir, _ = tuned
     archive = compiler.save_cache(str(tmp_path / "records.tar.gz"), cache_dir=str(log_dir))
