@@ -124,7 +124,7 @@ def _points(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
     return math.prod(int(e) for e in extents) if all(isinstance(e, tirx.IntImm) for e in extents) else None
 
 
-def broadcasts(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, producer: s_tir.schedule.SBlockRV) -> bool:
+def _broadcasts(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, producer: s_tir.schedule.SBlockRV) -> bool:
     """Whether ``block`` runs over more points than its ``producer`` computes: it broadcasts the
     producer's result (a squeeze-excitation scale applied to a whole feature map). Inlined there,
     the producer's work (a sigmoid) is redone at every point; computed in a reduction's tile loop,
@@ -143,10 +143,10 @@ def _costly(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
 
 def _inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
     """Whether inlining ``block`` redoes no costly work: a transcendental stays out of consumers
-    that broadcast it (a copy or cast may be redone, and is: a buffer of booleans between two
-    stages meets a TVM 0.27 code generation bug, BERT's attention mask)."""
+    that broadcast it. A copy or cast is still inlined into them: kept apart, a buffer of booleans
+    between two stages meets a TVM 0.27 code generation bug (BERT's attention mask)."""
     return not (_costly(sch, block.block_rv)
-                and any(broadcasts(sch, c, block.block_rv) for c in sch.get_consumers(block.block_rv)))
+                and any(_broadcasts(sch, c, block.block_rv) for c in sch.get_consumers(block.block_rv)))
 
 
 def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
@@ -157,7 +157,7 @@ def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
     for padding)."""
     producers = sch.get_producers(block.block_rv)
     return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1 \
-        and not broadcasts(sch, block.block_rv, producers[0])
+        and not _broadcasts(sch, block.block_rv, producers[0])
 
 
 def inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
@@ -315,7 +315,7 @@ def _tiled(func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
             apart = apart or anchor is not None  # a second reduction: keep the first one's buffer
             anchor, write_back = _schedule_reduction(sch, info, unit)
             reduction = block
-        elif anchor is not None and not broadcasts(sch, block, reduction) and try_attach(sch, block, anchor):
+        elif anchor is not None and not _broadcasts(sch, block, reduction) and try_attach(sch, block, anchor):
             epilogue = True
             vectorize_innermost(sch, block, lanes)
         else:
