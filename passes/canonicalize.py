@@ -11,6 +11,9 @@ its output is replaced by its input (the mask, if anything reads it, is left to 
 A channel shuffle (ShuffleNet: ``reshape`` to N x g x C/g x H x W, swap the two channel axes,
 ``reshape`` back) is a permutation of the channels: it becomes ``take`` along C with the permutation
 as a constant, which the layout pass runs on blocked data instead of converting to NCHW and back.
+A slice of such a take is a take of the sliced indices: ShuffleNetV2 chunks each shuffle's output
+in two halves, which then gather straight from the shuffle's input, and the shuffle itself goes
+(one pass over the feature map fewer per unit).
 
 The importer also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
 scalar bound), which no Relax pass can see through; those calls become ``R.maximum`` and
@@ -24,7 +27,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from passes.ir import is_op, map_relax_functions, static_shape
+from passes.ir import constant_array, is_op, map_relax_functions, static_shape
 
 
 @relax.expr_functor.mutator
@@ -62,10 +65,33 @@ class _ChannelShuffle(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         shuffle = _channel_shuffle(call, self.lookup_binding)
-        if shuffle is None:
-            return call
-        source, permutation = shuffle
-        return relax.op.take(source, relax.const(permutation, "int64"), axis=1)
+        if shuffle is not None:
+            source, permutation = shuffle
+            return relax.op.take(source, relax.const(permutation, "int64"), axis=1)
+        sliced = _slice_of_take(call, self.lookup_binding)
+        if sliced is not None:
+            source, indices, axis = sliced
+            return relax.op.take(source, relax.const(indices, "int64"), axis=axis)
+        return call
+
+
+def _slice_of_take(call: relax.Call, lookup) -> tuple[relax.Expr, np.ndarray, int] | None:
+    """(source, indices, axis) if ``call`` slices a ``take`` of constant indices along the take's
+    axis only: the slice is a take of the sliced indices from the take's source."""
+    if not is_op(call, "relax.strided_slice"):
+        return None
+    taken = lookup(call.args[0]) if isinstance(call.args[0], relax.Var) else None
+    shape = static_shape(taken) if is_op(taken, "relax.take") else None
+    indices = constant_array(taken.args[1]) if shape is not None else None
+    if indices is None or taken.attrs.axis is None:
+        return None
+    axis = int(taken.attrs.axis) % len(shape)
+    axes, begin, end, *strides = ([int(i) for i in arg.fields] if isinstance(arg, relax.Tuple) else None
+                                  for arg in call.args[1:])
+    if indices.ndim != 1 or None in (axes, begin, end) or [a % len(shape) for a in axes] != [axis]:
+        return None
+    step = strides[0][0] if strides and strides[0] is not None else 1
+    return taken.args[0], indices[begin[0]:end[0]:step], axis
 
 
 def _channel_shuffle(call: relax.Call, lookup) -> tuple[relax.Expr, np.ndarray] | None:
@@ -107,7 +133,8 @@ class SumOfStackToAdd:
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.ChannelShuffleToTake")
 class ChannelShuffleToTake:
-    """A reshape-transpose-reshape channel shuffle to ``take`` of the permuted channels."""
+    """A reshape-transpose-reshape channel shuffle to ``take`` of the permuted channels; slices of a
+    constant-index take to takes of the sliced indices."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return map_relax_functions(mod, _ChannelShuffle(mod).visit_expr)

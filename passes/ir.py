@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import tvm
 from tvm import relax
+from tvm.ir import GenericConst
 
 
 def map_relax_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], relax.Function]) -> tvm.IRModule:
@@ -45,3 +47,8 @@ def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
         return None
     return tuple(int(d) for d in dims)
+
+
+def constant_array(expr: relax.Expr) -> np.ndarray | None:
+    """The value of a Relax constant as numpy, None for any other expression."""
+    return expr.value.numpy() if isinstance(expr, GenericConst) else None

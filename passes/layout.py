@@ -29,9 +29,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.ir import GenericConst
 
-from passes.ir import rewrite_emitting, static_shape
+from passes.ir import constant_array, rewrite_emitting, static_shape
 from passes.legalize import concat_channels_nchwc, conv2d_nchwc, take_channels_nchwc
 
 
@@ -237,10 +236,6 @@ def _flat(exprs: list[relax.Expr]) -> list[relax.Expr]:
     return [e for expr in exprs for e in (_flat(expr.fields) if isinstance(expr, relax.Tuple) else [expr])]
 
 
-def _constant(expr: relax.Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, GenericConst) else None
-
-
 def _same_map(index_map: tvm.tirx.IndexMap, func: Callable) -> bool:
     return tvm_ffi.structural_equal(index_map, tvm.tirx.IndexMap.from_func(func), map_free_vars=True)
 
@@ -273,6 +268,7 @@ class _Rewriter(relax.PyExprMutator):
         self.handlers.update({op: self._pool for op in _POOLS})
         self.handlers.update({op: self._spatial_reduction for op in _SPATIAL_REDUCTIONS})
         self.unsliced: dict[relax.Var, relax.Var] = {}  # to-standard result still padded -> its source
+        self.concats: dict[relax.Var, tuple[list[relax.Expr], list[int]]] = {}  # blocked parts, channels
 
     # --- values and converters -------------------------------------------------------------
     def _value(self, expr: relax.Expr) -> _Value | None:
@@ -375,7 +371,7 @@ class _Rewriter(relax.PyExprMutator):
         if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
             return None
         data, weight = call.args
-        value, array = self._value(data), _constant(weight)
+        value, array = self._value(data), constant_array(weight)
         if value is None or array is None:
             return None
         in_layout = value.home if not value.home.standard else blocked(input_block(value.channels, self.layout.block))
@@ -409,12 +405,19 @@ class _Rewriter(relax.PyExprMutator):
         return new, self.layout, out_channels
 
     def _take(self, call: relax.Call, _var: relax.Var):
-        """Constant channels taken from blocked data (a channel shuffle): a blocked gather."""
+        """Constant channels taken from blocked data (a channel shuffle): a blocked gather; from a
+        concat along C, a gather from its parts (ShuffleNetV2's halves of a shuffled concat: the
+        concat itself is then dead, one pass over the feature map fewer)."""
         data, indices = call.args
-        array = _constant(indices)
+        array = constant_array(indices)
         if call.attrs.axis is None or int(call.attrs.axis) % 4 != 1 or array is None or array.ndim != 1 \
                 or not self._blocked_home([data]):
             return None
+        if data in self.concats:
+            parts, channels = self.concats[data]
+            new = self.builder_.call_te(concat_channels_nchwc, parts, channels, indices,
+                                        primfunc_name_hint="take_concat_channels")
+            return new, self.layout, len(array)
         new = self.builder_.call_te(take_channels_nchwc, self._get(data, self.layout), indices,
                                     primfunc_name_hint="take_channels")
         return new, self.layout, len(array)
@@ -434,7 +437,7 @@ class _Rewriter(relax.PyExprMutator):
         pad_value = _BINARY[call.op.name]
         args = []
         for index, arg in enumerate(call.args):
-            value, array = self._value(arg), _constant(arg)
+            value, array = self._value(arg), constant_array(arg)
             if value is not None and value.channels == channels and (index == 0 or pad_value == 0.0):
                 args.append(self._get(arg, self.layout))
             elif array is not None and (laid := block_constant(array, channels, self.layout, pad_value)) is not None:
@@ -466,7 +469,7 @@ class _Rewriter(relax.PyExprMutator):
         new = _SPATIAL_REDUCTIONS[call.op.name](self._get(call.args[0], self.layout), axis=[2, 3], keepdims=True)
         return new, self.layout, value.channels
 
-    def _concat(self, call: relax.Call, _var: relax.Var):
+    def _concat(self, call: relax.Call, var: relax.Var):
         """Concat along C stays blocked. Parts whose channels fill whole blocks (all but the last)
         are concatenated as they are; otherwise every output lane reads its part's channel
         (``concat_channels_nchwc``), so no padding lands between real channels."""
@@ -480,11 +483,13 @@ class _Rewriter(relax.PyExprMutator):
         if axis != 1:  # along H or W: the same axis of the blocked layout
             return relax.op.concat([self._get(p, self.layout) for p in parts.fields], axis=axis), self.layout, values[0].channels
         channels = sum(v.channels for v in values)
+        blocked_parts = [self._get(p, self.layout) for p in parts.fields]
+        self.concats[var] = blocked_parts, [v.channels for v in values]
         if any(v.channels % self.layout.block for v in values[:-1]):
-            new = self.builder_.call_te(concat_channels_nchwc, [self._get(p, self.layout) for p in parts.fields],
-                                        [v.channels for v in values], primfunc_name_hint="concat_channels")
+            new = self.builder_.call_te(concat_channels_nchwc, blocked_parts, [v.channels for v in values],
+                                        primfunc_name_hint="concat_channels")
             return new, self.layout, channels
-        return relax.op.concat([self._get(p, self.layout) for p in parts.fields], axis=1), self.layout, channels
+        return relax.op.concat(blocked_parts, axis=1), self.layout, channels
 
     def _layout_transform(self, call: relax.Call, var: relax.Var):
         """A converter already in the graph: its result is an alias of the value it converts."""

@@ -74,19 +74,21 @@ def take_channels_nchwc(data: te.Tensor, indices: te.Tensor) -> te.Tensor:
     return te.compute((batch, -(-channels // block), height, width, block), element, name="take_channels")
 
 
-def concat_channels_nchwc(parts: list[te.Tensor], channels: list[int]) -> te.Tensor:
+def concat_channels_nchwc(parts: list[te.Tensor], channels: list[int], indices: te.Tensor | None = None) -> te.Tensor:
     """Concat along C of NCHW{b}c parts holding ``channels`` real channels each: every output
-    lane reads its part's channel, so no padding lands between real channels."""
+    lane reads its part's channel, so no padding lands between real channels. With ``indices``,
+    ``take`` along C of that concat without making it: output channel c is concatenated channel
+    ``indices[c]``."""
     batch, _, height, width, block = (int(d) for d in parts[0].shape)
-    total = sum(channels)
+    total = sum(channels) if indices is None else int(indices.shape[0])
 
     def element(n, o, y, x, i):
-        channel = o * block + i
+        channel = o * block + i if indices is None else indices[te.min(o * block + i, total - 1)]
         value = tvm.tirx.const(0.0, parts[0].dtype)
         for part, start, count in zip(parts, np.cumsum([0] + channels[:-1]), channels):  # later parts override
             local = te.min(te.max(channel - int(start), 0), count - 1)  # in bounds in every lane
             value = te.if_then_else(channel >= int(start), part[n, local // block, y, x, local % block], value)
-        return te.if_then_else(channel < total, value, tvm.tirx.const(0.0, parts[0].dtype))
+        return te.if_then_else(o * block + i < total, value, tvm.tirx.const(0.0, parts[0].dtype))
 
     return te.compute((batch, -(-total // block), height, width, block), element, name="concat_channels")
 

@@ -14,6 +14,7 @@ import compiler
 from compiler import frontend, pipeline
 from passes.layout import (LayoutPass, blocked, block_constant, input_block, pack_conv_weight,
                            pack_windowed_conv_weight, window_firsts)
+from passes.ir import static_shape
 from passes.legalize import legalize_ops
 from tests import reference
 
@@ -286,9 +287,10 @@ def test_concat_after_whole_blocks_stays_blocked():
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.blocked_paths_cnn(), inputs))
 
 
-def _shufflenet_v2_unit(channels: int = 116) -> onnx.ModelProto:
+def _shufflenet_v2_unit(channels: int = 116, chunked: bool = False) -> onnx.ModelProto:
     """ShuffleNetV2's unit, as torchvision exports it: split the channels in half (58 and 58: not
-    whole 16-lane blocks), a conv on one half, concat, shuffle (reshape, transpose, reshape)."""
+    whole 16-lane blocks), a conv on one half, concat, shuffle (reshape, transpose, reshape);
+    ``chunked``: then the next unit's split of the shuffled channels, the halves subtracted."""
     rng = np.random.default_rng(4)
     half = channels // 2
     ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
@@ -301,14 +303,19 @@ def _shufflenet_v2_unit(channels: int = 116) -> onnx.ModelProto:
         onnx.helper.make_node("Concat", ["a", "b3"], ["cat"], axis=1),
         onnx.helper.make_node("Reshape", ["cat", "split"], ["r"]),
         onnx.helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3, 4]),
-        onnx.helper.make_node("Reshape", ["t", "merged"], ["y"]),
+        onnx.helper.make_node("Reshape", ["t", "merged"], ["shuffled" if chunked else "y"]),
     ]
+    if chunked:
+        nodes += [onnx.helper.make_node("Slice", ["shuffled", "zero", "half", "one"], ["first"]),
+                  onnx.helper.make_node("Slice", ["shuffled", "half", "all", "one"], ["second"]),
+                  onnx.helper.make_node("Sub", ["second", "first"], ["y"])]
     inits = [reference._const("w1", rng.standard_normal((channels, 8, 1, 1))),
              reference._const("w2", rng.standard_normal((half, half, 1, 1))),
              ints("zero", [0]), ints("half", [half]), ints("all", [channels]), ints("one", [1]),
              ints("split", [1, 2, half, 6, 6]), ints("merged", [1, channels, 6, 6])]
     return reference._model(nodes, [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 6, 6])],
-                            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, channels, 6, 6])],
+                            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT,
+                                                                [1, half if chunked else channels, 6, 6])],
                             inits)
 
 
@@ -319,6 +326,20 @@ def test_channel_split_unaligned_concat_and_shuffle_stay_blocked():
     assert report["standard_op_kinds"] == {} and report["converters"] == 2  # the graph's input and output
     text = art.ir("layout")
     assert "take_channels" in text and "concat_channels" in text
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+
+
+def test_halves_of_a_shuffled_concat_gather_from_its_parts():
+    """The next unit's halves read the concat's parts directly: neither the concat nor the shuffle
+    is computed (each was a pass over the feature map)."""
+    model = _shufflenet_v2_unit(chunked=True)
+    art = compiler.compile(model, layout_block=16)
+    kernels = [gv.name_hint for gv in art.module("final").get_global_vars()]
+    assert any(name.startswith("take_concat_channels") for name in kernels)  # one kernel, called for each half
+    assert not any(name.startswith("concat_channels") for name in kernels)
+    shuffles = [call for call in _calls(art.module("simplify"), "relax.take") if static_shape(call)[1] == 116]
+    assert shuffles == []  # only the halves are taken (the unit's own split is a take of 58 channels too)
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
 

@@ -85,6 +85,27 @@ def test_channel_shuffle_becomes_a_take_of_the_permuted_channels():
     np.testing.assert_array_equal(got, expected)
 
 
+def test_halves_of_a_shuffle_gather_from_its_input_and_the_shuffle_goes():
+    """ShuffleNetV2 chunks each shuffle's output in two: each half is a take of the input."""
+    shape = [1, 12, 2, 2]
+    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Reshape", ["x", "split"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t", "back"], ["s"]),
+             helper.make_node("Slice", ["s", "zero", "six", "one"], ["a"]),
+             helper.make_node("Slice", ["s", "six", "twelve", "one"], ["b"]),
+             helper.make_node("Sub", ["b", "a"], ["y"])]  # both halves used, in an order the shuffle hides
+    constants = [ints("split", [1, 2, 6, 2, 2]), ints("back", shape), ints("zero", [0]), ints("six", [6]),
+                 ints("twelve", [12]), ints("one", [1])]
+    mod = _rewritten(ChannelShuffleToTake(), _imported(nodes, [("x", shape)], [1, 6, 2, 2], constants))
+    assert sorted(_ops(mod)) == ["relax.subtract", "relax.take", "relax.take"]
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    shuffled = x.reshape(1, 2, 6, 2, 2).transpose(0, 2, 1, 3, 4).reshape(shape)
+    lib = tvm.compile(mod, target="llvm")
+    got = tvm.relax.VirtualMachine(lib, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, shuffled[:, 6:] - shuffled[:, :6])
+
+
 def test_other_reshape_transposes_are_left_alone():
     mod = _shuffle([1, 3, 4, 2, 2], [0, 1, 2, 4, 3])  # swaps the spatial axes: not a channel permutation
     assert "relax.take" not in _ops(_rewritten(ChannelShuffleToTake(), mod))

@@ -1,9 +1,10 @@
 """passes/ir.py: the helpers every pass uses."""
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from passes.ir import is_op, map_relax_functions, static_shape
+from passes.ir import constant_array, is_op, map_relax_functions, static_shape
 
 
 def test_static_shape_is_none_when_any_dim_is_symbolic():
@@ -29,3 +30,8 @@ def test_map_relax_functions_leaves_its_input_untouched():
     before = mod["main"]
     new = map_relax_functions(mod, lambda f: relax.Function(f.params, relax.op.negative(f.body), f.ret_ty))
     assert mod["main"].same_as(before) and not new["main"].same_as(before)
+
+
+def test_constant_array_reads_constants_only():
+    assert constant_array(relax.const(np.arange(3, dtype="int64"))).tolist() == [0, 1, 2]
+    assert constant_array(relax.Var("x", relax.TensorType((3,), "int64"))) is None
