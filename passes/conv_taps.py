@@ -26,9 +26,8 @@ from typing import NamedTuple
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.ir import GenericConst
 
-from passes.ir import is_op, map_relax_functions, static_shape
+from passes.ir import constant_array, is_op, map_relax_functions, static_shape
 
 
 MAX_REGION_SHARE = 0.6  # split into regions when at most this share of the multiply-adds read input
@@ -102,13 +101,15 @@ class _DropTaps(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        if not is_op(call, "relax.nn.conv2d") or not isinstance(call.args[1], GenericConst):
+        if not is_op(call, "relax.nn.conv2d"):
             return call
         attrs = call.attrs
         data_shape, out_shape = static_shape(call.args[0]), static_shape(call)
         if data_shape is None or out_shape is None or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
             return call
-        weight = call.args[1].value.numpy()
+        weight = constant_array(call.args[1])
+        if weight is None:
+            return call
         geometry = [_Axis(data_shape[2 + i], out_shape[2 + i], weight.shape[2 + i], int(attrs.strides[i]),
                           int(attrs.dilation[i]), int(attrs.padding[i])) for i in range(2)]
         regions = [_regions(axis) for axis in geometry]

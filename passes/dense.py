@@ -27,9 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 from tvm import relax, te
-from tvm.ir import GenericConst
 
-from passes.ir import is_op, rewrite_emitting, static_shape
+from passes.ir import constant_array, is_op, rewrite_emitting, static_shape
 from support.targets import accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
@@ -134,9 +133,9 @@ class _Rewriter(relax.PyExprMutator):
         shape = static_shape(data)
         if shape is None or len(shape) < 2 or data.ty.dtype != "float32":
             return call
-        if not isinstance(weight, GenericConst):
+        w = constant_array(weight)
+        if w is None:
             return self._pad(call, shape, static_shape(weight))
-        w = weight.value.numpy()
         if w.dtype != np.float32 or w.ndim != 2:
             return call
         depth, columns = w.shape

@@ -69,6 +69,11 @@ def _lanes(x: tirx.PrimExpr) -> int:
     return tvm.DataType(str(x.ty.dtype)).lanes
 
 
+def _vector(scalar: str, lanes: int) -> str:
+    """The dtype of ``lanes`` values of ``scalar`` (the scalar itself for one lane)."""
+    return scalar if lanes == 1 else f"{scalar}x{lanes}"
+
+
 def _is_float32(x: tirx.PrimExpr) -> bool:
     dtype = tvm.DataType(str(x.ty.dtype))
     return dtype.type_code == tvm.DataTypeCode.FLOAT and dtype.bits == 32
@@ -98,8 +103,7 @@ def _keep_nan(x: tirx.PrimExpr, result: tirx.PrimExpr) -> tirx.PrimExpr:
 
 def _power_of_two(n: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
     """2**n as float32 for integer-valued n in [-126, 127], built in the exponent field."""
-    suffix = "" if lanes == 1 else f"x{lanes}"
-    return tirx.reinterpret(f"float32{suffix}", (n.astype(f"int32{suffix}") + 127) * (1 << 23))
+    return tirx.reinterpret(_vector("float32", lanes), (n.astype(_vector("int32", lanes)) + 127) * (1 << 23))
 
 
 def exp(x: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -124,9 +128,9 @@ def _quotient(e: tirx.PrimExpr, d: tirx.PrimExpr) -> tirx.PrimExpr:
 
 def _exp_nonpositive(z: tirx.PrimExpr) -> tirx.PrimExpr:
     """exp(z) for z in [ln(FLT_MIN), 0] (below, garbage the caller masks)."""
-    suffix = "" if _lanes(z) == 1 else f"x{_lanes(z)}"
+    lanes = _lanes(z)
     biased = z * LOG2E + MAGIC_BIAS
-    scale = tirx.reinterpret(f"float32{suffix}", tirx.reinterpret(f"int32{suffix}", biased) << 23)  # 2**n
+    scale = tirx.reinterpret(_vector("float32", lanes), tirx.reinterpret(_vector("int32", lanes), biased) << 23)  # 2**n
     n = biased - MAGIC_BIAS
     r = z - n * LN2_HI - n * LN2_LO
     return (r * scale) * _horner(r, EXP_POLY + (1.0,)) + scale

@@ -13,10 +13,9 @@ from typing import Callable
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.ir import GenericConst
 from tvm.tirx import FloatImm, IntImm
 
-from passes.ir import map_relax_functions
+from passes.ir import constant_array, map_relax_functions
 
 _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "relax.add": np.add,
@@ -37,8 +36,8 @@ _RESHAPING = {"relax.reshape", "relax.broadcast_to", "relax.expand_dims", "relax
 
 
 def _value(arg: relax.Expr) -> np.ndarray | float | tuple | None:
-    if isinstance(arg, GenericConst):
-        return arg.value.numpy()
+    if (array := constant_array(arg)) is not None:
+        return array
     if isinstance(arg, relax.ShapeExpr) and all(isinstance(v, IntImm) for v in arg.values):
         return tuple(int(v) for v in arg.values)
     if isinstance(arg, (FloatImm, IntImm)):

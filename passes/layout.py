@@ -480,16 +480,15 @@ class _Rewriter(relax.PyExprMutator):
         values = [self._value(p) for p in parts.fields]
         if any(v is None for v in values) or not self._blocked_home(list(parts.fields)):
             return None
-        if axis != 1:  # along H or W: the same axis of the blocked layout
-            return relax.op.concat([self._get(p, self.layout) for p in parts.fields], axis=axis), self.layout, values[0].channels
-        channels = sum(v.channels for v in values)
         blocked_parts = [self._get(p, self.layout) for p in parts.fields]
-        self.concats[var] = blocked_parts, [v.channels for v in values]
-        if any(v.channels % self.layout.block for v in values[:-1]):
-            new = self.builder_.call_te(concat_channels_nchwc, blocked_parts, [v.channels for v in values],
-                                        primfunc_name_hint="concat_channels")
-            return new, self.layout, channels
-        return relax.op.concat(blocked_parts, axis=1), self.layout, channels
+        if axis != 1:  # along H or W: the same axis of the blocked layout
+            return relax.op.concat(blocked_parts, axis=axis), self.layout, values[0].channels
+        channels = [v.channels for v in values]
+        self.concats[var] = blocked_parts, channels  # a take from it gathers from the parts (_take)
+        if any(c % self.layout.block for c in channels[:-1]):
+            new = self.builder_.call_te(concat_channels_nchwc, blocked_parts, channels, primfunc_name_hint="concat_channels")
+            return new, self.layout, sum(channels)
+        return relax.op.concat(blocked_parts, axis=1), self.layout, sum(channels)
 
     def _layout_transform(self, call: relax.Call, var: relax.Var):
         """A converter already in the graph: its result is an alias of the value it converts."""

@@ -145,8 +145,8 @@ def _inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
     """Whether inlining ``block`` redoes no costly work: a transcendental stays out of consumers
     that broadcast it. A copy or cast is still inlined into them: kept apart, a buffer of booleans
     between two stages meets a TVM 0.27 code generation bug (BERT's attention mask)."""
-    return not (_costly(sch, block.block_rv)
-                and any(_broadcasts(sch, c, block.block_rv) for c in sch.get_consumers(block.block_rv)))
+    return not (any(_broadcasts(sch, c, block.block_rv) for c in sch.get_consumers(block.block_rv))
+                and _costly(sch, block.block_rv))
 
 
 def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
@@ -161,8 +161,8 @@ def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
 
 
 def inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
-    """Inline spatial blocks into their neighbours, but not into consumers that broadcast them;
-    padding, and blocks the legalisation marked (``STAGE_ATTR``: a separable resize's first pass),
+    """Inline spatial blocks into their neighbours, but not a transcendental into a consumer that
+    broadcasts it; padding, and blocks the legalisation marked (``STAGE_ATTR``: a separable resize's first pass),
     stay stages of their own."""
     keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)
             or STAGE_ATTR in sch.get(b.block_rv).annotations]
