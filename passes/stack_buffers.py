@@ -1,4 +1,5 @@
-"""Small kernel-local buffers on the stack, not in TVM's workspace pool: the ``relaxc`` TIR pipeline.
+"""Small kernel-local buffers on the stack, not in TVM's workspace pool (a pass of the ``relaxc`` TIR
+pipeline, ``passes/tir_pipeline.py``).
 
 TVM 0.27's ``LowerTVMBuiltin`` puts a buffer on the stack only if its scope is ``global`` and it
 holds under 1 KiB; every other allocation becomes a ``TVMBackendAllocWorkspace`` /
@@ -11,8 +12,7 @@ EfficientNet depthwise conv 0.137 -> 0.057 ms, a 1x1 conv 0.30 -> 0.19 ms when o
 The pass marks every allocation of constant size up to ``MAX_STACK_BYTES`` with TVM's
 ``disable_lower_builtin`` annotation, which ``LowerTVMBuiltin`` leaves to LLVM's code generator: an
 ``alloca`` in the function's entry block (the parallel body's, for buffers declared in it), which
-LLVM promotes to registers where it can. Bigger or dynamic buffers keep the workspace pool. CPU
-only: ``pipeline(target)`` names TVM's default pipeline for other targets.
+LLVM promotes to registers where it can. Bigger or dynamic buffers keep the workspace pool.
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ import math
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import pipeline as s_tir_pipeline
-from tvm.target import Target
 
-PIPELINE = "relaxc"
 MAX_STACK_BYTES = 16 * 1024  # far below a thread's stack (8 MiB) even with several such buffers live
 DISABLE_LOWER_BUILTIN = "disable_lower_builtin"  # TVM's transform::kDisableLowerTVMBuiltin
 
@@ -51,16 +48,3 @@ def _on_stack(alloc: tirx.AllocBuffer) -> tirx.AllocBuffer:
 def StackBuffers(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tirx.PrimFunc:
     """Small constant-size allocations become stack allocations (see the module docstring)."""
     return tvm_ffi.structural_map(func, (tirx.AllocBuffer, _on_stack))
-
-
-def _relaxc_pipeline():
-    lower, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
-    return tvm.transform.Sequential([lower, StackBuffers]), finalize_host, finalize_device
-
-
-def pipeline(target: Target) -> str:
-    """The TIR pipeline to build ``target``'s kernels with (registered on first use)."""
-    if target.kind.name != "llvm":
-        return "default"
-    tvm.tirx.compilation_pipeline.register_tir_pipeline(PIPELINE, _relaxc_pipeline)
-    return PIPELINE

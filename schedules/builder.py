@@ -19,9 +19,9 @@ def build(mod: tvm.IRModule, target: Target, _params) -> tvm.runtime.Module:
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from passes import fast_math, stack_buffers
+    from passes import fast_math, tir_pipeline
 
     fast_math.register()
 
     return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target,
-                     pipeline=stack_buffers.pipeline(Target(target)))
+                     pipeline=tir_pipeline.pipeline(Target(target)))

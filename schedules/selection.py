@@ -34,7 +34,7 @@ from tvm.s_tir.schedule import Trace
 from tvm.target import Target
 from tqdm import tqdm
 
-from passes import stack_buffers
+from passes import tir_pipeline
 from schedules.cache import RecordStore, mean_seconds, workload_hash
 from schedules.default import default_schedule
 from support import tvm_log
@@ -139,7 +139,7 @@ def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds:
     for candidate in found:
         start = time.perf_counter()
         try:
-            lib = tvm.compile(candidate.schedule.mod, target=target, tir_pipeline=stack_buffers.pipeline(target))
+            lib = tvm.compile(candidate.schedule.mod, target=target, tir_pipeline=tir_pipeline.pipeline(target))
             lib.mod.get_function("main")  # LLVM generates the machine code when a function is first looked up
         except Exception as err:  # noqa: BLE001 - one candidate failing to build drops that candidate only
             log.warning("%s does not build (%s); dropped", candidate.label, str(err).splitlines()[0])

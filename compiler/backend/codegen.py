@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from passes import stack_buffers
+from passes import tir_pipeline
 from support import tvm_internals
 from support.threads import physical_cores
 
@@ -32,7 +32,7 @@ def build(mod: tvm.IRModule, target: Target, jobs: int | None = None) -> relax.V
     jobs = jobs or physical_cores()
     kernels = [gv for gv, func in mod.functions.items() if isinstance(func, tvm.tirx.PrimFunc)]
     if target.kind.name != "llvm" or jobs < 2 or len(kernels) < 2:
-        return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=stack_buffers.pipeline(target))
+        return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=tir_pipeline.pipeline(target))
     attrs = dict(mod.attrs) if mod.attrs else {}
     builder = relax.ExecBuilder()
     tir = tvm_internals.kernels_only(tvm_internals.vm_codegen(builder, mod))
@@ -53,6 +53,6 @@ def kernel_groups(tir: tvm.IRModule, jobs: int) -> list[tvm.IRModule]:
 
 
 def _build_group(group: tvm.IRModule, target: Target) -> tvm.runtime.Module:
-    lib = tvm.tirx.build(group, target=target, pipeline=stack_buffers.pipeline(target))
+    lib = tvm.tirx.build(group, target=target, pipeline=tir_pipeline.pipeline(target))
     lib.get_function(group.get_global_vars()[0].name_hint)  # LLVM emits machine code at the first lookup
     return lib

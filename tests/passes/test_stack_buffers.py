@@ -1,13 +1,12 @@
 """passes/stack_buffers.py: small kernel-local buffers on the stack, big ones in TVM's workspace pool."""
 
 import numpy as np
-import pytest
 import tvm
 import tvm_ffi
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from passes import stack_buffers
+from passes import stack_buffers, tir_pipeline
 from schedules.cpu import Tiled
 from tests.schedules.test_tiling import _blocked_conv
 
@@ -29,7 +28,7 @@ def _build(func, pipeline: str) -> tvm.runtime.Module:
 
 def test_register_tile_accumulators_leave_the_workspace_pool_and_results_stay():
     func = Tiled().apply(_blocked_conv(), TARGET, False).mod["main"]
-    default, stacked = _build(func, "default"), _build(func, stack_buffers.pipeline(TARGET))
+    default, stacked = _build(func, "default"), _build(func, tir_pipeline.pipeline(TARGET))
     assert _uses_workspace(default), "TVM puts the local accumulators in its workspace pool"
     assert not _uses_workspace(stacked)
     rng = np.random.default_rng(0)
@@ -69,7 +68,3 @@ def test_only_buffers_up_to_the_limit_move_to_the_stack():
     assert sizes == {8192: False, 256: True}
     assert 8192 * 4 > stack_buffers.MAX_STACK_BYTES >= 256 * 4
 
-
-@pytest.mark.parametrize("kind", ["cuda", "rocm"])
-def test_gpu_targets_keep_tvms_pipeline(kind):
-    assert stack_buffers.pipeline(Target(kind)) == "default"

@@ -1,0 +1,35 @@
+"""The TIR pipeline relaxc builds CPU kernels with (``relaxc``): TVM's default lowering, then
+relaxc's kernel-level passes, in this order:
+
+1. ``StackBuffers`` (``passes/stack_buffers.py``): small kernel-local buffers on the stack instead
+   of TVM's workspace pool;
+2. ``Avx512Sigmoid`` (``passes/avx512_math.py``): AVX-512 kernels' vectorised sigmoid in AVX-512
+   instructions (it needs the vectorised calls and each kernel's target, which this point has).
+
+Every CPU build goes through it: the model's code generation, the tuning builder and the schedule
+selection, so that what is measured is what ships. Other targets use TVM's default pipeline.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import pipeline as s_tir_pipeline
+from tvm.target import Target
+
+from passes.avx512_math import Avx512Sigmoid
+from passes.stack_buffers import StackBuffers
+
+NAME = "relaxc"
+
+
+def _relaxc_pipeline():
+    lower, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
+    return tvm.transform.Sequential([lower, StackBuffers, Avx512Sigmoid]), finalize_host, finalize_device
+
+
+def pipeline(target: Target) -> str:
+    """The TIR pipeline to build ``target``'s kernels with (registered on first use)."""
+    if target.kind.name != "llvm":
+        return "default"
+    tvm.tirx.compilation_pipeline.register_tir_pipeline(NAME, _relaxc_pipeline)
+    return NAME
