@@ -35,7 +35,8 @@ from compiler.instrument import PhaseRecorder
 from compiler.options import Config, Options
 from passes import fast_math
 from passes.dense import PackDenseWeights
-from passes.canonicalize import ChannelShuffleToTake, ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
+from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
+                                 SumOfStackToAdd)
 from passes.conv_taps import DropPaddingTaps
 from passes.fold_constants import FoldConstantsNumpy
 from passes.layout import LayoutPass
@@ -85,6 +86,7 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
         ChannelShuffleToTake(),
         ClipFromTIR(),
         DropoutToIdentity(),
+        DivideByConstantToMultiply(),
         relax.transform.EliminateCommonSubexpr(),
         relax.transform.CanonicalizeBindings(),
         relax.transform.DeadCodeElimination(),

@@ -6,7 +6,8 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import frontend
-from passes.canonicalize import ChannelShuffleToTake, ClipFromTIR, DropoutToIdentity, SumOfStackToAdd
+from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
+                                 SumOfStackToAdd)
 
 
 def _imported(nodes, inputs, output_shape, initializers=()) -> tvm.IRModule:
@@ -64,6 +65,27 @@ def test_clip_call_tir_becomes_maximum_and_minimum():
     assert "relax.call_tir" in _ops(mod)
     ops = _ops(ClipFromTIR()(mod))
     assert "relax.call_tir" not in ops and "relax.maximum" in ops and "relax.minimum" in ops
+
+
+def _divided_by(divisor: np.ndarray) -> tvm.IRModule:
+    return _imported([helper.make_node("Div", ["x", "c"], ["y"])], [("x", [2, 3])], [2, 3],
+                     [numpy_helper.from_array(divisor.astype(np.float32), "c")])
+
+
+def test_division_by_a_constant_becomes_multiplication_by_its_reciprocal():
+    divisor = np.array([6.0, 0.5, np.sqrt(2.0)])
+    mod = DivideByConstantToMultiply()(_divided_by(divisor))
+    assert _ops(mod) == ["relax.multiply"]
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype("float32") * 100
+    got = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    want = x / divisor.astype(np.float32)
+    np.testing.assert_array_equal(got[:, 1], want[:, 1])  # a power of two: exact
+    assert (np.abs(got - want) <= np.spacing(np.abs(want))).all()  # otherwise within an ulp
+
+
+def test_division_by_zero_or_a_tiny_constant_stays_a_division():
+    for divisor in ([1.0, 0.0, 2.0], [1.0, 1e38, 2.0], [1.0, np.inf, 2.0]):  # 1/1e38 is subnormal
+        assert _ops(DivideByConstantToMultiply()(_divided_by(np.array(divisor)))) == ["relax.divide"]
 
 
 def _shuffle(split: list[int], perm: list[int]) -> tvm.IRModule:
