@@ -35,6 +35,7 @@ from compiler.instrument import PhaseRecorder
 from compiler.options import Config, Options
 from passes import fast_math
 from passes.dense import PackDenseWeights
+from passes.channels_last import ChannelsLastToNCHW
 from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)
 from passes.conv_taps import DropPaddingTaps
@@ -87,6 +88,7 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
         ClipFromTIR(),
         DropoutToIdentity(),
         DivideByConstantToMultiply(),
+        ChannelsLastToNCHW(),
         relax.transform.EliminateCommonSubexpr(),
         relax.transform.CanonicalizeBindings(),
         relax.transform.DeadCodeElimination(),

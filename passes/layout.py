@@ -241,7 +241,7 @@ def _same_map(index_map: tvm.tirx.IndexMap, func: Callable) -> bool:
 
 
 _ALIAS = object()  # a handler's answer: the var is another name of a value already tracked
-_UNARY = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
+_UNARY = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.nn.silu",
           "relax.nn.leakyrelu"}
 # Binary pointwise ops and the value padded channels of a constant operand get.
 _BINARY = {"relax.add": 0.0, "relax.subtract": 0.0, "relax.multiply": 0.0, "relax.maximum": 0.0,
@@ -262,7 +262,8 @@ class _Rewriter(relax.PyExprMutator):
         self.origin: dict[relax.Var, Layout] = {}  # the layout each var had in the input graph
         self.handlers = {"relax.nn.conv2d": self._conv2d, "relax.concat": self._concat,
                          "relax.layout_transform": self._layout_transform,
-                         "relax.strided_slice": self._strided_slice, "relax.take": self._take}
+                         "relax.strided_slice": self._strided_slice, "relax.take": self._take,
+                         "relax.nn.layer_norm": self._layer_norm}
         self.handlers.update({op: self._unary for op in _UNARY})
         self.handlers.update({op: self._binary for op in _BINARY})
         self.handlers.update({op: self._pool for op in _POOLS})
@@ -445,6 +446,21 @@ class _Rewriter(relax.PyExprMutator):
             else:
                 return None
         return self._rebuilt(call, args), self.layout, channels
+
+    def _layer_norm(self, call: relax.Call, _var: relax.Var):
+        """LayerNorm over C (ConvNeXt's, once ``passes/channels_last.py`` has put it in NCHW) over
+        the channel blocks and their lanes, gamma and beta blocked alike; only where the channels
+        fill whole blocks (padded lanes would count in the mean)."""
+        attrs, (data, gamma, beta) = call.attrs, call.args
+        value, scale, shift = self._value(data), constant_array(gamma), constant_array(beta)
+        if value is None or scale is None or shift is None or [int(a) % 4 for a in attrs.axes] != [1] \
+                or value.channels % self.layout.block or not self._blocked_home([data]):
+            return None
+        blocks = (value.channels // self.layout.block, self.layout.block)
+        new = relax.op.nn.layer_norm(self._get(data, self.layout), relax.const(scale.reshape(blocks)),
+                                     relax.const(shift.reshape(blocks)), axes=[1, 4], epsilon=attrs.epsilon,
+                                     center=attrs.center, scale=attrs.scale)
+        return new, self.layout, value.channels
 
     def _pool(self, call: relax.Call, _var: relax.Var):
         attrs = call.attrs

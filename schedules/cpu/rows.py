@@ -10,6 +10,12 @@ divides them; others (ViT's 197 tokens) are left to LLVM's loop vectoriser, whic
 The reductions themselves run in ``lanes`` partial results, one vector, when the row divides into
 vectors (rfactor), so a sum or max is not one long chain of dependent scalar operations. Kernels of
 any other shape answer None.
+
+A row may also span several axes that are not innermost in memory: a LayerNorm over the channels
+of blocked NCHW{b}c data (ConvNeXt's) reduces over the channel blocks and their lanes at each
+pixel. Its partial results are the lanes themselves (one vector added per channel block), and the
+output loops over the pixels outside and over the row's axes inside (the ``Tiled`` rule vectorised
+such a kernel along the row of pixels, 16 floats apart: ConvNeXt-T's took 22 ms).
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from support.targets import VectorUnit
 
 
 def _row_reduction(info: SBlockInfo) -> bool:
-    """Spatial loops then exactly one reduction loop: a reduction over the innermost axis."""
-    kinds = info.dom_kind()
-    return len(kinds) >= 2 and kinds[-1] == "R" and set(kinds[:-1]) == {"S"}
+    """Spatial loops then reduction loops, the innermost (contiguous) axis among the reduced ones."""
+    kinds = info.dom_kind().rstrip("R")
+    return 1 <= len(kinds) < len(info.dom_kind()) and set(kinds) == {"S"}
 
 
 def is_product_sum(block: s_tir.SBlock) -> bool:
@@ -58,11 +64,10 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     _inline_single_use(sch, blocks)
     partials = [_partial_sums(sch, b.block_rv, lanes) for b in reductions]  # before compute_at: rfactor needs root blocks
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    anchor = blocks[-1]
-    loops = sch.get_loops(anchor)
-    if len(loops) < 2:
+    rows = _row_loops(sch, blocks[-1], reductions)
+    if rows is None:
         return None
-    row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
     sch.parallel(row)
     for block in reversed(blocks[:-1]):
         sch.compute_at(block, row, preserve_unit_loops=True)
@@ -72,6 +77,29 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     for partial in filter(None, partials):
         _vectorize_partial(sch, partial)
     return sch
+
+
+def _row_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
+               reductions: list[SBlockInfo]) -> list[s_tir.schedule.LoopRV] | None:
+    """The anchor's loops over rows, moved outside its loops along a row (None if it has none of
+    either). A reduction's rows are its spatial loops; an elementwise anchor's are the loops whose
+    variables index its reads of the reductions' results (per pixel for a blocked LayerNorm)."""
+    loops = sch.get_loops(anchor)
+    block = sch.get(anchor)
+    if any(v.iter_type == tirx.IterVar.CommReduce for v in block.iter_vars):
+        spatial = [loop for loop, v in zip(loops, block.iter_vars) if v.iter_type == tirx.IterVar.DataPar]
+        return spatial if len(spatial) < len(loops) else None
+    results = [sch.get(r.block_rv).writes[0].source for r in reductions]
+    used: set[str] = set()
+    for read in block.reads:
+        if any(read.source.same_as(result) for result in results):
+            used |= {v.name for region in read.region for v in tirx.analysis.undefined_vars(region.min)}
+    outer = [loop for loop, v in zip(loops, block.iter_vars) if v.var.name in used]
+    inner = [loop for loop, v in zip(loops, block.iter_vars) if v.var.name not in used]
+    if not outer or not inner:
+        return None
+    sch.reorder(*outer, *inner)
+    return outer
 
 
 def _inline_single_use(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> None:
@@ -89,8 +117,11 @@ def _inline_single_use(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> None:
 def _partial_sums(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> s_tir.schedule.SBlockRV | None:
     """Split a reduction whose row divides into vectors into ``lanes`` partial results (rfactor):
     returns the block computing them, or None (the row stays one scalar chain)."""
-    inner = sch.get_loops(block)[-1]
-    extent = loop_extent(sch, inner)
+    loops = sch.get_loops(block)
+    reduced = sum(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars)
+    inner, extent = loops[-1], loop_extent(sch, loops[-1])
+    if extent == lanes and reduced > 1:  # a channel block's lanes: the partial results as they are
+        return sch.rfactor(inner, 0)
     if extent is None or extent % lanes or extent == lanes:
         return None
     _, vector = sch.split(inner, factors=[None, lanes])
