@@ -263,7 +263,7 @@ class _Rewriter(relax.PyExprMutator):
         self.handlers = {"relax.nn.conv2d": self._conv2d, "relax.concat": self._concat,
                          "relax.layout_transform": self._layout_transform,
                          "relax.strided_slice": self._strided_slice, "relax.take": self._take,
-                         "relax.nn.layer_norm": self._layer_norm}
+                         "relax.nn.layer_norm": self._layer_norm, "relax.image.resize2d": self._resize2d}
         self.handlers.update({op: self._unary for op in _UNARY})
         self.handlers.update({op: self._binary for op in _BINARY})
         self.handlers.update({op: self._pool for op in _POOLS})
@@ -460,6 +460,21 @@ class _Rewriter(relax.PyExprMutator):
         new = relax.op.nn.layer_norm(self._get(data, self.layout), relax.const(scale.reshape(blocks)),
                                      relax.const(shift.reshape(blocks)), axes=[1, 4], epsilon=attrs.epsilon,
                                      center=attrs.center, scale=attrs.scale)
+        return new, self.layout, value.channels
+
+    def _resize2d(self, call: relax.Call, var: relax.Var):
+        """A resize inside the graph runs blocked (each output pixel mixes whole vectors of
+        channels: LR-ASPP's upsampled 28 x 28 branch kept a converter pair). One whose result
+        leaves the function stays NCHW: converting before an upsampling moves fewer bytes."""
+        attrs = call.attrs
+        if attrs.layout != "NCHW" or not isinstance(var, relax.DataflowVar) or not self._blocked_home(call.args[:1]):
+            return None
+        value = self._value(call.args[0])
+        new = relax.op.image.resize2d(
+            self._get(call.args[0], self.layout), call.args[1], tuple(float(v) for v in attrs.roi), self.layout.name,
+            attrs.method,
+            attrs.coordinate_transformation_mode, attrs.rounding_method, attrs.cubic_alpha, attrs.cubic_exclude,
+            attrs.extrapolation_value, attrs.out_dtype)
         return new, self.layout, value.channels
 
     def _pool(self, call: relax.Call, _var: relax.Var):

@@ -221,13 +221,33 @@ def test_inverse_converter_pairs_cancel():
 
 
 def test_unknown_operator_gets_standard_unpadded_data():
-    mod = _conv_module(20, consumers=("resize",))
+    mod = _conv_module(20, consumers=("channel_mean",))
     new, stats = _apply(mod)
-    (resize,) = _calls(new, "relax.image.resize2d")
-    assert [int(d) for d in resize.args[0].ty.shape.values] == [1, 20, 8, 8]
-    assert stats["standard_op_kinds"] == {"relax.image.resize2d": 1}
+    (mean,) = _calls(new, "relax.mean")
+    assert [int(d) for d in mean.args[0].ty.shape.values] == [1, 20, 8, 8]
+    assert stats["standard_op_kinds"] == {"relax.mean": 1}
     x = RNG.standard_normal((1, 20, 8, 8)).astype("float32")
     np.testing.assert_allclose(_run(new, x)[0], _run(mod, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_resize_inside_the_graph_runs_blocked_and_one_that_leaves_it_stays_nchw():
+    def then_conv(bb, x):  # the resize's result feeds a conv: it stays inside the graph
+        weight = relax.const(RNG.standard_normal((20, 20, 1, 1)).astype("float32"))
+        return bb.emit(relax.op.nn.conv2d(bb.emit(relax.op.image.resize2d(x, (8, 8))), weight))
+
+    inner = _conv_module(20, prefix=lambda bb, x: then_conv(bb, bb.emit(relax.op.nn.conv2d(
+        x, relax.const(RNG.standard_normal((20, 20, 1, 1)).astype("float32")), data_layout="NCHW"))))
+    new, stats = _apply(inner)
+    (resize,) = _calls(new, "relax.image.resize2d")
+    assert resize.attrs.layout == "NCHW8c" and "relax.image.resize2d" not in stats["standard_op_kinds"]
+    x = RNG.standard_normal((1, 20, 8, 8)).astype("float32")
+    reference.assert_matches(_run(new, x), _run(inner, x))  # three convs summed in other orders, then a softmax
+    # the function's output (bound to it directly, as simplify leaves it): converted before the upsampling
+    leaving = relax.transform.CanonicalizeBindings()(_conv_module(20, consumers=("resize",)))
+    new, stats = _apply(leaving)
+    (resize,) = _calls(new, "relax.image.resize2d")
+    assert resize.attrs.layout == "NCHW" and [int(d) for d in resize.args[0].ty.shape.values] == [1, 20, 8, 8]
+    np.testing.assert_allclose(_run(new, x)[0], _run(leaving, x)[0], rtol=1e-5, atol=1e-6)
 
 
 def _simplified(model) -> tvm.IRModule:
