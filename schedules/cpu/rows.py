@@ -30,10 +30,24 @@ from schedules.cpu.tiled import loop_extent, vectorize_innermost
 from support.targets import VectorUnit
 
 
-def _row_reduction(info: SBlockInfo) -> bool:
-    """Spatial loops then reduction loops, the innermost (contiguous) axis among the reduced ones."""
-    kinds = info.dom_kind().rstrip("R")
-    return 1 <= len(kinds) < len(info.dom_kind()) and set(kinds) == {"S"}
+def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
+    """Spatial loops then one reduction loop, or several whose innermost indexes the innermost
+    (contiguous) axis of what it reads (a blocked LayerNorm's lanes; not a pool's window)."""
+    kinds = info.dom_kind()
+    spatial = kinds.rstrip("R")
+    if not (1 <= len(spatial) < len(kinds) and set(spatial) == {"S"}):
+        return False
+    if len(kinds) - len(spatial) == 1:
+        return True
+    block = sch.get(info.block_rv)
+    reduced = {v.var.name for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce}
+    innermost = block.iter_vars[-1].var.name
+
+    def indices(region) -> set[str]:
+        return {v.name for v in tirx.analysis.undefined_vars(region.min)}
+
+    reads = [read for read in block.reads if any(indices(r) & reduced for r in read.region)]
+    return bool(reads) and all(innermost in indices(read.region[-1]) for read in reads)
 
 
 def is_product_sum(block: s_tir.SBlock) -> bool:
@@ -59,7 +73,7 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     if blocks is None:
         return None
     reductions = [b for b in blocks if b.is_reduction()]
-    if not reductions or not all(_row_reduction(b) and not is_product_sum(sch.get(b.block_rv)) for b in reductions):
+    if not reductions or not all(_row_reduction(sch, b) and not is_product_sum(sch.get(b.block_rv)) for b in reductions):
         return None
     _inline_single_use(sch, blocks)
     partials = [_partial_sums(sch, b.block_rv, lanes) for b in reductions]  # before compute_at: rfactor needs root blocks
