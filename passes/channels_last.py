@@ -55,12 +55,11 @@ class _Stretches:
         self.starts: set[relax.Var] = set()
         self.ends: set[relax.Var] = set()
         bad: set[relax.Var] = set()
-        outputs: list[relax.Var] = []
         for block in func.body.blocks:
             for binding in block.bindings:
-                self._visit(binding, bad, outputs, isinstance(block, relax.DataflowBlock))
-        outputs += [v for v in relax.analysis.free_vars(func.body.body)]
-        bad |= {self._root(v) for v in outputs if v in self.parent and v not in self.ends}
+                self._visit(binding, bad, isinstance(block, relax.DataflowBlock))
+        returned = relax.analysis.free_vars(func.body.body)
+        bad |= {self._root(v) for v in returned if self._inside(v)}
         closed = {self._root(v) for v in self.ends}
         self.members = {v for v in self.parent if self._root(v) in closed and self._root(v) not in bad}
 
@@ -74,11 +73,13 @@ class _Stretches:
         for other in others:
             self.parent[self._root(other)] = self._root(var)
 
-    def _visit(self, binding: relax.Binding, bad: set, outputs: list, in_dataflow: bool) -> None:
+    def _inside(self, var: relax.Var) -> bool:
+        """Whether ``var`` is an NHWC value of a stretch (its ends are NCHW: anything may read them)."""
+        return var in self.parent and var not in self.ends
+
+    def _visit(self, binding: relax.Binding, bad: set, in_dataflow: bool) -> None:
         var, value = binding.var, getattr(binding, "value", None)
-        # values of a stretch read here (its ends are NCHW: anything may read them)
-        inside = [v for v in relax.analysis.free_vars(value) if v in self.parent and v not in self.ends] \
-            if value is not None else []
+        inside = [v for v in relax.analysis.free_vars(value) if self._inside(v)] if value is not None else []
         if not in_dataflow or value is None:
             bad.update(self._root(v) for v in inside)
             return
@@ -88,7 +89,7 @@ class _Stretches:
             return
         if not inside:
             return
-        if _translatable(value, set(self.parent) - self.ends):
+        if _translatable(value, self._inside):
             self._join(var, inside)
             if _permutation(value) == TO_FIRST:
                 self.ends.add(var)
@@ -96,8 +97,8 @@ class _Stretches:
         bad.update(self._root(v) for v in inside)
 
 
-def _translatable(call: relax.Expr, stretch: set[relax.Var]) -> bool:
-    """Whether ``call``, whose stretch operands are NHWC, has an NCHW form (see ``_translate``)."""
+def _translatable(call: relax.Expr, inside: Callable[[relax.Var], bool]) -> bool:
+    """Whether ``call``, whose operands ``inside`` a stretch are NHWC, has an NCHW form (see ``_translate``)."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
         return False
     shape = static_shape(call)
@@ -107,16 +108,16 @@ def _translatable(call: relax.Expr, stretch: set[relax.Var]) -> bool:
     if name == "relax.permute_dims":
         return _permutation(call) == TO_FIRST
     if name == "relax.nn.layer_norm":
-        return [int(a) % 4 for a in call.attrs.axes] == [3] and args[0] in stretch
+        return [int(a) % 4 for a in call.attrs.axes] == [3] and inside(args[0])
     if name == "relax.matmul":
         weight = constant_array(args[1])
-        return args[0] in stretch and weight is not None and weight.ndim == 2
+        return inside(args[0]) and weight is not None and weight.ndim == 2
     if name in UNARY:
-        return args[0] in stretch
+        return inside(args[0])
     if name in BINARY:
         for arg in args:
             array = constant_array(arg)
-            if arg not in stretch and (array is None or _channel_constant(array, shape[3]) is None):
+            if not inside(arg) and (array is None or _channel_constant(array, shape[3]) is None):
                 return False
         return True
     return False

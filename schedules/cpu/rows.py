@@ -73,7 +73,8 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     if blocks is None:
         return None
     reductions = [b for b in blocks if b.is_reduction()]
-    if not reductions or not all(_row_reduction(sch, b) and not is_product_sum(sch.get(b.block_rv)) for b in reductions):
+    if not reductions or not all(_row_reduction(sch, b) and not is_product_sum(sch.get(b.block_rv))
+                                 for b in reductions):
         return None
     _inline_single_use(sch, blocks)
     partials = [_partial_sums(sch, b.block_rv, lanes) for b in reductions]  # before compute_at: rfactor needs root blocks
