@@ -31,8 +31,9 @@ from support.targets import VectorUnit
 
 
 def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
-    """Spatial loops then one reduction loop, or several whose innermost indexes the innermost
-    (contiguous) axis of what it reads (a blocked LayerNorm's lanes; not a pool's window)."""
+    """Spatial loops then one reduction loop, or several whose innermost alone indexes the innermost
+    (contiguous) axis of what it reads (a blocked LayerNorm's lanes; not a pool's window, which
+    moves with the output position)."""
     kinds = info.dom_kind()
     spatial = kinds.rstrip("R")
     if not (1 <= len(spatial) < len(kinds) and set(spatial) == {"S"}):
@@ -46,8 +47,10 @@ def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
     def indices(region) -> set[str]:
         return {v.name for v in tirx.analysis.undefined_vars(region.min)}
 
+    spatial = {v.var.name for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar}
     reads = [read for read in block.reads if any(indices(r) & reduced for r in read.region)]
-    return bool(reads) and all(innermost in indices(read.region[-1]) for read in reads)
+    return bool(reads) and all(innermost in indices(read.region[-1]) and not indices(read.region[-1]) & spatial
+                               for read in reads)
 
 
 def is_product_sum(block: s_tir.SBlock) -> bool:
@@ -97,9 +100,12 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
 def _row_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
                reductions: list[SBlockInfo]) -> list[s_tir.schedule.LoopRV] | None:
     """The anchor's loops over rows, moved outside its loops along a row (None if it has none of
-    either). A reduction's rows are its spatial loops; an elementwise anchor's are the loops whose
-    variables index its reads of the reductions' results (per pixel for a blocked LayerNorm)."""
+    either). Rows of one axis: every loop but the last. Rows over several axes (a blocked LayerNorm
+    reduces over channel blocks and lanes): a reduction's spatial loops, or for an elementwise
+    anchor the loops whose variables index its reads of the reductions' results (the pixels)."""
     loops = sch.get_loops(anchor)
+    if all(r.dom_kind().count("R") == 1 for r in reductions):
+        return loops[:-1] if len(loops) >= 2 else None
     block = sch.get(anchor)
     if any(v.iter_type == tirx.IterVar.CommReduce for v in block.iter_vars):
         spatial = [loop for loop, v in zip(loops, block.iter_vars) if v.iter_type == tirx.IterVar.DataPar]
