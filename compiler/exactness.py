@@ -208,6 +208,29 @@ def _float_mod(node: onnx.NodeProto, facts: Facts) -> str | None:
     return "fmod=0 on floating-point inputs (ONNX requires fmod=1 for floats)"
 
 
+# Element types TVM 0.27 stores or converts differently from ONNX: its float8 conversions neither
+# saturate nor keep NaN as ONNX specifies, and the 2- and 4-bit types cannot cross its runtime's
+# byte-sized tensor copies (the node suite's Cast cases: wrong values or errors).
+INEXACT_TYPES = {getattr(onnx.TensorProto, name) for name in (
+    "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0", "FLOAT4E2M1",
+    "INT4", "UINT4", "INT2", "UINT2") if hasattr(onnx.TensorProto, name)}
+
+
+def _type_name(elem_type: int) -> str:
+    return onnx.TensorProto.DataType.Name(elem_type)
+
+
+def _inexact_cast(node: onnx.NodeProto, facts: Facts) -> str | None:
+    """A Cast or CastLike from or to a type of ``INEXACT_TYPES``."""
+    target = (next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast"
+              else facts.types.get(node.input[1]))
+    for role, elem_type in (("from", facts.types.get(node.input[0])), ("to", target)):
+        if elem_type in INEXACT_TYPES:
+            return (f"cast {role} {_type_name(elem_type)}: TVM converts float8 and 2/4-bit types "
+                    f"differently from ONNX (rounding, saturation, NaN)")
+    return None
+
+
 # op type -> rules; each returns why the node would compute wrongly, or None.
 RULES: dict[str, tuple[Callable[[onnx.NodeProto, Facts], str | None], ...]] = {
     "BatchNormalization": (_attribute("training_mode", lambda v: v == 1, "(training statistics) is ignored "
@@ -225,6 +248,8 @@ RULES: dict[str, tuple[Callable[[onnx.NodeProto, Facts], str | None], ...]] = {
                                 "is produced)"),),
     "RoiAlign": (_attribute("mode", lambda v: v == "max", "gives other values from the importer"),),
     "Mod": (_float_mod,),
+    "Cast": (_inexact_cast,),
+    "CastLike": (_inexact_cast,),
     "Resize": (_resize_with_fractional_scales, _resize_align_corners_to_one, _resize_nearest_ties),
 }
 
@@ -234,10 +259,17 @@ def _sequence_outputs(proto: onnx.ModelProto) -> list[str]:
             for value in proto.graph.output if value.type.WhichOneof("value") != "tensor_type"]
 
 
+def _inexact_values(proto: onnx.ModelProto) -> list[str]:
+    values = list(proto.graph.input) + list(proto.graph.output)
+    return [f"graph {'input' if value in proto.graph.input else 'output'} {value.name!r} has element type "
+            f"{_type_name(value.type.tensor_type.elem_type)}, which TVM stores or converts differently from ONNX"
+            for value in values if value.type.tensor_type.elem_type in INEXACT_TYPES]
+
+
 def refuse_inexact(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list[onnx.NodeProto]) -> None:
     """Raise UnsupportedOperatorError listing every node of ``nodes`` (the graph's and its
     subgraphs') that would compute wrongly (``RULES``), and every graph output relaxc cannot return."""
-    problems = _sequence_outputs(proto)
+    problems = _sequence_outputs(proto) + _inexact_values(proto)
     checked = [node for node in nodes if node.op_type in RULES and node.domain in ("", "ai.onnx")]
     if checked:
         facts = Facts(proto, inputs, nodes)

@@ -40,6 +40,7 @@ from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByCons
                                  SumOfStackToAdd)
 from passes.conv_taps import DropPaddingTaps
 from passes.fold_constants import FoldConstantsNumpy
+from passes.half_precision import AccumulateHalfInFloat32
 from passes.layout import LayoutPass
 from passes.legalize import legalize_ops
 from passes.memory import ArenaPlan
@@ -77,6 +78,7 @@ class Phase:
 
 def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
     return [
+        AccumulateHalfInFloat32(),
         FoldConstantsNumpy(),  # materialise fills first: FoldBatchnormToConv2D needs constants
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),

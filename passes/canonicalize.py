@@ -19,7 +19,7 @@ Division by a constant becomes multiplication by its reciprocal: a vector divisi
 ten FMAs (hard-swish's ``/ 6``, in every MobileNetV3 block, made 21 ``vdivps`` in one conv's
 epilogue; GELU's ``/ sqrt(2)``). Exact for powers of two, otherwise within an ulp of the division
 (ONNX's own HardSigmoid and HardSwish are defined with the multiplication by 1/6); constants whose
-reciprocal is not a normal float keep the division.
+reciprocal is not a normal float, and half types (where an ulp is 2^-11 or 2^-8), keep the division.
 
 The importer also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
 scalar bound), which no Relax pass can see through; those calls become ``R.maximum`` and
@@ -159,8 +159,8 @@ class _DivideByConstant(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
         divisor = constant_array(call.args[1]) if is_op(call, "relax.divide") else None
-        if divisor is None or divisor.dtype.kind != "f":
-            return call
+        if divisor is None or divisor.dtype not in (np.float32, np.float64):
+            return call  # a half type's reciprocal is off by up to 2^-11 (bfloat16: 2^-8)
         with np.errstate(all="ignore"):
             reciprocal = (1 / divisor).astype(divisor.dtype)
         if not (np.abs(reciprocal) >= np.finfo(divisor.dtype).tiny).all() or not np.isfinite(reciprocal).all():

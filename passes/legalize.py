@@ -172,10 +172,44 @@ def _resize2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 
 _DEFAULT_CONV2D = tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")
+def extremum(data: te.Tensor, axes: list[int] | None, keepdims: bool, largest: bool) -> te.Tensor:
+    """Max (or min) over ``axes`` starting from -inf (+inf): TOPI starts from the dtype's lowest
+    finite value, so the max of a row of -inf came out as -3.4e38 and a test ``max == -inf`` (an
+    attention mask's fully masked row) never held."""
+    ndim = len(data.shape)
+    reduced = sorted({a % ndim for a in axes}) if axes is not None else list(range(ndim))
+    identity = float("-inf") if largest else float("inf")
+    reducer = te.comm_reducer(lambda x, y: te.max(x, y) if largest else te.min(x, y),
+                              lambda dtype: tvm.tirx.const(identity, dtype), name="max" if largest else "min")
+    ks = {a: te.reduce_axis((0, data.shape[a]), name=f"k{a}") for a in reduced}
+    shape = [1 if a in ks else data.shape[a] for a in range(ndim) if keepdims or a not in ks]
+
+    def element(*index):
+        kept = iter(i for a, i in zip((a for a in range(ndim) if keepdims or a not in ks), index) if a not in ks)
+        return reducer(data[tuple(ks[a] if a in ks else next(kept) for a in range(ndim))], axis=list(ks.values()))
+
+    return te.compute(shape, element, name="max" if largest else "min")
+
+
+def _extremum(largest: bool):
+    op = "relax.max" if largest else "relax.min"
+    default = tvm.ir.Op.get(op).get_attr("FLegalize")
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        if not str(call.args[0].ty.dtype).startswith(("float", "bfloat")):
+            return default(bb, call)
+        axes = None if call.attrs.axis is None else [int(a) for a in call.attrs.axis]
+        return bb.call_te(extremum, call.args[0], axes, bool(call.attrs.keepdims), largest,
+                          primfunc_name_hint="max" if largest else "min")
+    return legalize
+
+
 _DEFAULT_RESIZE2D = tvm.ir.Op.get("relax.image.resize2d").get_attr("FLegalize")
 
 
 def legalize_ops() -> tvm.transform.Pass:
-    """TVM's LegalizeOps with the blocked convolution, separable resizes and cumsum added."""
+    """TVM's LegalizeOps with the blocked convolution, separable resizes, cumsum, and float max/min
+    reductions that start from infinity."""
     return relax.transform.LegalizeOps({"relax.nn.conv2d": _conv2d, "relax.image.resize2d": _resize2d,
-                                        "relax.cumsum": _cumsum})
+                                        "relax.cumsum": _cumsum, "relax.max": _extremum(True),
+                                        "relax.min": _extremum(False)})

@@ -64,9 +64,13 @@ REFUSED_NOT_WRONG = (
     "test_if_seq", "test_split_to_sequence_nokeepdims", "test_isinf_negative", "test_isinf_positive",
     "test_layer_normalization_4d_axis1", "test_mod_float_edge_cases_fmod_0_float32", "test_roialign_mode_max",
     "test_spacetodepth_crd_mode_example", "test_nonmaxsuppression_single_box",
+    "test_cast_FLOAT8E4M3FN_to_FLOAT", "test_castlike_FLOAT_to_INT4",
 )
 STILL_PASSING = ("test_convtranspose_kernel_shape", "test_dropout_default", "test_dropout_default_ratio",
-                 "test_isinf", "test_mod_mixed_sign_float32")
+                 "test_isinf", "test_mod_mixed_sign_float32", "test_cast_FLOAT_to_BFLOAT16",
+                 # wrong before: fp16 sums rounded at every step; max of -inf rows from -3.4e38
+                 "test_attention_4d_causal_fp16_expanded",
+                 "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded")
 
 
 def test_wrong_answers_of_the_importer_are_refused_and_good_forms_pass():

@@ -38,3 +38,19 @@ def test_resize_runs_in_two_passes_where_it_can(mode, transform, shape, size):
     assert separable == (min(shape[2:]) > 1)
     x = reference.random_inputs(art.inputs, seed=2)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+@pytest.mark.parametrize("op, fill", [("ReduceMax", -np.inf), ("ReduceMin", np.inf)])
+def test_max_and_min_of_infinities_are_infinite(op, fill):
+    """TOPI's max starts from the lowest finite float: the max of a row of -inf was -3.4e38, and an
+    attention's ``max == -inf`` test of a fully masked row never held."""
+    nodes = [helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+                             [numpy_helper.from_array(np.array([1], np.int64), "axes")], opset=18)
+    art = compiler.compile(model, target="cpu", tuning="off")
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    x[1] = fill
+    x[2, 3] = fill
+    expected = x.max(axis=1) if op == "ReduceMax" else x.min(axis=1)
+    np.testing.assert_array_equal(art.run(x)[0], expected)
