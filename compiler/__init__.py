@@ -23,7 +23,7 @@ from support.errors import (ExportError, InputError, ModelError, ShapeError, Tar
 
 if TYPE_CHECKING:
     from compiler.artifact import Artifact
-    from compiler.frontend import ModelLike, Shapes
+    from compiler.frontend import Constants, ModelLike, Shapes
     from support.targets import TargetLike
 
 __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Options", "TuneOptions", "Deployed",
@@ -32,7 +32,7 @@ __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Options", "Tu
 
 
 def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,  # noqa: A001
-            **options: Any) -> "Artifact":
+            constants: "Constants | None" = None, **options: Any) -> "Artifact":
     """Compile an ONNX model for a target and return a runnable ``Artifact``.
 
     model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
@@ -40,16 +40,19 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
         ``"cuda:sm_90"`` to choose), ``"rocm"`` (gfx90a; ``"rocm:gfx942"``), a JSON dict or a
         ``tvm.target.Target``. GPU targets cross-compile here; running needs the GPU.
     shapes: binds dynamic input dims, e.g. ``{"input": (1, 3, 224, 224)}``.
+    constants: inputs fixed at compile time, e.g. ``{"axes": np.array([1])}``: each becomes a constant
+        of the model and is no longer an input of the artifact (for inputs that must be static: a
+        reduction's axes, pads, a Reshape's shape).
     options: the fields of ``compiler.Options`` as keywords (``tuning``, ``cache_dir``,
         ``layout_block``, ``memory_planner``, ``unshared``, ``validate_memory``), each documented there.
     """
     from compiler.pipeline import compile_model
 
-    return compile_model(model, target, shapes, Options(**options))
+    return compile_model(model, target, shapes, Options(**options), constants)
 
 
 def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,
-         **options: Any) -> dict:
+         constants: "Constants | None" = None, **options: Any) -> dict:
     """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the record store.
 
     options: the fields of ``compiler.TuneOptions`` (``trials``, ``trials_per_task``, ``minutes``,
@@ -69,7 +72,7 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
     settings = TuneOptions(**{k: v for k, v in options.items() if k in tune_fields})
     compile_options = Options(**{k: v for k, v in options.items() if k not in tune_fields}, tuning="off")
-    art = compile_model(model, target, shapes, compile_options)
+    art = compile_model(model, target, shapes, compile_options, constants)
     if art.target.kind.name != "llvm":
         open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
     with tvm_log.captured() as said:  # MetaSchedule's workers inherit the captured stderr too

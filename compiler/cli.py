@@ -79,6 +79,9 @@ def _add_model_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = 
                         help="cpu (default, this machine), llvm, cuda[:sm_XY], rocm[:gfxNNN], or a JSON dict")
     parser.add_argument("--shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
                         help="bind an input's dynamic dims (repeatable)")
+    parser.add_argument("--constant", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
+                        help="fix an input at compile time to the array in a .npy file; the artifact no "
+                             "longer takes it (repeatable)")
     add_option_args(parser, Options, exclude)
 
 
@@ -95,10 +98,25 @@ def _shapes(args: argparse.Namespace) -> dict | None:
     return shapes or None
 
 
+def _constants(args: argparse.Namespace) -> dict[str, np.ndarray] | None:
+    files = dict(args.constant)
+    if len(files) != len(args.constant):
+        raise InputError("an input is given more than one --constant")
+    return {name: _load(path, f"--constant {name}={path}") for name, path in files.items()} or None
+
+
+def _load(path: str, what: str) -> np.ndarray:
+    try:
+        return np.load(path)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read {what}: {err}") from None
+
+
 def _compile(args: argparse.Namespace):
     from compiler.pipeline import compile_model
 
-    return compile_model(args.model, args.target, _shapes(args), Options(**option_values(args, Options)))
+    return compile_model(args.model, args.target, _shapes(args), Options(**option_values(args, Options)),
+                         _constants(args))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -119,10 +137,7 @@ def _inputs_for(runner, given: list[tuple[str, str]], seed: int) -> dict[str, np
         raise InputError(f"--input names unknown input(s) {unknown}; the model's inputs are {names}")
     arrays = random_inputs(runner.inputs, seed, runner.input_high)
     for name, path in files.items():
-        try:
-            arrays[name] = np.load(path)
-        except (OSError, ValueError) as err:
-            raise InputError(f"cannot read --input {name}={path}: {err}") from None
+        arrays[name] = _load(path, f"--input {name}={path}")
     return arrays
 
 
@@ -158,7 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _tune_command(args: argparse.Namespace, report: dict) -> str:
-    return tune_command(args.model, report["target"], args.shape, args.cache_dir)
+    return tune_command(args.model, report["target"], args.shape, args.cache_dir, args.constant)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -191,7 +206,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     import compiler
 
-    summary = compiler.tune(args.model, target=args.target, shapes=_shapes(args),
+    summary = compiler.tune(args.model, target=args.target, shapes=_shapes(args), constants=_constants(args),
                             **option_values(args, Options, TuneOptions))
     print(json.dumps(summary, indent=2))
     return 0

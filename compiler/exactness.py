@@ -149,6 +149,15 @@ def _resize_nearest_ties(node: onnx.NodeProto, facts: Facts) -> str | None:
     return None
 
 
+def _resize_antialias(node: onnx.NodeProto, facts: Facts) -> str | None:
+    """``antialias=1`` widens the filter when downsampling; the importer ignores it."""
+    if not next((a.i for a in node.attribute if a.name == "antialias"), 0):
+        return None
+    shrunk = [axis for axis, size_in, size_out in _resize_sizes(node, facts.shapes) if size_out < size_in]
+    return (f"antialias=1 while downsampling axis {shrunk[0]} is ignored by the importer"
+            if shrunk else None)
+
+
 def _optional_outputs(*indices: int, why: str) -> Callable[[onnx.NodeProto, Facts], str | None]:
     """Outputs the importer gets wrong, which matter only when something reads them."""
     def rule(node: onnx.NodeProto, facts: Facts) -> str | None:
@@ -250,7 +259,8 @@ RULES: dict[str, tuple[Callable[[onnx.NodeProto, Facts], str | None], ...]] = {
     "Mod": (_float_mod,),
     "Cast": (_inexact_cast,),
     "CastLike": (_inexact_cast,),
-    "Resize": (_resize_with_fractional_scales, _resize_align_corners_to_one, _resize_nearest_ties),
+    "Resize": (_resize_with_fractional_scales, _resize_align_corners_to_one, _resize_nearest_ties,
+               _resize_antialias),
 }
 
 

@@ -2,7 +2,8 @@
 
 Everything that can be wrong with the model is checked here, before any compile work, and
 reported as a UserError: unreadable file, not ONNX, checker failure, every unsupported operator at
-once with node names, and dynamic dimensions the caller did not bind.
+once with node names, and dynamic dimensions the caller did not bind. Inputs the caller fixes at
+compile time (``constants``) become initializers first, so shape computations over them fold.
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ import warnings
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence, Union
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
+import tvm
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
 from compiler import exactness, models, prepare
 from compiler.runtime import TensorSpec
 from support import tvm_internals
-from support.errors import ModelError, ShapeError, UnsupportedOperatorError
+from support.errors import InputError, ModelError, ShapeError, UnsupportedOperatorError
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 Shapes = Mapping[str, Sequence[int]]
+Constants = Mapping[str, np.ndarray]
 
 # Ops the importer handles itself rather than through its converter table. Ops it converts
 # wrongly in some form are refused by compiler/exactness.py.
@@ -138,6 +142,37 @@ def _dtype(value: onnx.ValueInfoProto) -> str:
     return str(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
 
 
+def bind_constants(proto: onnx.ModelProto, constants: Constants | None) -> onnx.ModelProto:
+    """A copy of ``proto`` whose inputs named in ``constants`` are initializers of those values.
+
+    For inputs that a static-shape compiler needs at compile time (reduction axes, pads, a
+    Reshape's shape, TopK's k given as graph inputs): the artifact then no longer takes them."""
+    if not constants:
+        return proto
+    inputs = {value.name: value for value in graph_inputs(proto.graph)}
+    unknown = sorted(set(constants) - set(inputs))
+    if unknown:
+        raise InputError(f"constants names unknown input(s) {unknown}; the model's inputs are {list(inputs)}")
+    initializers = []
+    for name, value in constants.items():
+        array, declared = np.asarray(value), inputs[name]
+        if array.dtype != np.dtype(_dtype(declared)):
+            raise InputError(f"constant {name!r}: the input's dtype is {_dtype(declared)}, got {array.dtype}")
+        dims = declared.type.tensor_type.shape.dim
+        if len(dims) != array.ndim or any(d.HasField("dim_value") and d.dim_value != size
+                                          for d, size in zip(dims, array.shape)):
+            raise ShapeError(f"constant {name!r}: shape {array.shape} does not fit the input's "
+                             f"{[d.dim_value if d.HasField('dim_value') else d.dim_param or '?' for d in dims]}")
+        initializers.append(onnx.numpy_helper.from_array(array, name))
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    kept = [value for value in copy.graph.input if value.name not in constants]
+    del copy.graph.input[:]
+    copy.graph.input.extend(kept)
+    copy.graph.initializer.extend(initializers)
+    return copy
+
+
 def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None) -> list[TensorSpec]:
     """Static (name, shape, dtype) of each input, with ``shapes`` binding the dynamic dims."""
     shapes = dict(shapes or {})
@@ -175,8 +210,20 @@ def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None) -> list[TensorSpe
 def _output_specs(graph: onnx.GraphProto, module: IRModule) -> list[TensorSpec]:
     ret = module["main"].ret_ty
     fields = list(ret.fields) if hasattr(ret, "fields") else [ret]
-    return [(out.name, tuple(int(d) for d in ty.shape.values), str(ty.dtype))
-            for out, ty in zip(graph.output, fields)]
+    shapes = [_static_shape(ty) for ty in fields]
+    dynamic = [out.name for out, shape in zip(graph.output, shapes) if shape is None]
+    if dynamic:
+        raise ShapeError(f"output(s) {dynamic} have no static shape after import: their shape depends on "
+                         f"input values (NonZero, Unique, Compress, or a shape computed from an input); "
+                         f"relaxc compiles static shapes only (constants= fixes shape-deciding inputs)")
+    return [(out.name, shape, str(ty.dtype)) for out, shape, ty in zip(graph.output, shapes, fields)]
+
+
+def _static_shape(ty) -> tuple[int, ...] | None:
+    dims = getattr(getattr(ty, "shape", None), "values", None)
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return tuple(int(d) for d in dims)
 
 
 def _identifier_inputs(proto: onnx.ModelProto, names: list[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -206,11 +253,12 @@ def _identifier_inputs(proto: onnx.ModelProto, names: list[str]) -> tuple[onnx.M
     return copy, mapping
 
 
-def import_model(model: ModelLike, shapes: Shapes | None = None) -> ImportedModel:
+def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None) -> ImportedModel:
     """Validate the model and convert it to Relax; every failure is a UserError."""
     proto, name, path = load_model(model)
     check_model(proto, path)
     check_operators(proto.graph)
+    proto = bind_constants(proto, constants)
     inputs = bind_shapes(proto.graph, shapes)
     ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
     proto = prepare.fold_shape_computations(proto, {name: shape for name, shape, _ in inputs})

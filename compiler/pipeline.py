@@ -144,14 +144,14 @@ PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)  # Artifa
 
 
 def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes: frontend.Shapes | None = None,
-                  options: Options = Options()) -> Artifact:
+                  options: Options = Options(), constants: frontend.Constants | None = None) -> Artifact:
     """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
     configure_threads()  # constant folding runs kernels: TVM's thread pool may start right here
     fast_math.register()
     config = options.resolve(target)
     recorder = PhaseRecorder()
     with tvm_log.captured() as said:
-        imported = recorder.run("import", frontend.import_model, model, shapes)
+        imported = recorder.run("import", frontend.import_model, model, shapes, constants)
         recorder.snapshots["import"] = imported.module
         compilation = Compilation(config, imported)
         mod = imported.module

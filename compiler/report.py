@@ -47,10 +47,12 @@ def memory_summary(memory: dict) -> str:
 
 
 def tune_command(model: str, target: dict, shapes: Sequence[tuple[str, Sequence[int]]] = (),
-                 cache_dir: str | None = None) -> str:
-    """The ``relaxc tune`` command that fills the record store this compile read, for this target."""
+                 cache_dir: str | None = None, constants: Sequence[tuple[str, str]] = ()) -> str:
+    """The ``relaxc tune`` command that fills the record store this compile read, for this target
+    (``constants``: the ``--constant`` NAME=FILE pairs of the compile)."""
     words = ["relaxc", "tune", model, "-t", json.dumps(_target_flags(target), separators=(",", ":"))]
     words += [f"--shape={name}={','.join(str(d) for d in dims)}" for name, dims in shapes]
+    words += [f"--constant={name}={path}" for name, path in constants]
     if cache_dir:
         words += ["--log-dir", cache_dir]
     return shlex.join(words)
