@@ -22,7 +22,7 @@ import tvm
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
-from compiler import exactness, models, prepare
+from compiler import exactness, functions, models, prepare
 from compiler.runtime import TensorSpec
 from support import tvm_internals
 from support.errors import InputError, ModelError, ShapeError, UnsupportedOperatorError
@@ -118,9 +118,14 @@ def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                 yield from _all_nodes(sub)
 
 
+def converted_operators() -> set[str]:
+    """The ONNX op types TVM's importer converts."""
+    return tvm_internals.onnx_converters() | _BUILTIN_OPS
+
+
 def check_operators(graph: onnx.GraphProto) -> None:
     """Raise UnsupportedOperatorError listing every unsupported op type with its node names."""
-    supported = tvm_internals.onnx_converters() | _BUILTIN_OPS
+    supported = converted_operators()
     missing: dict[str, list[str]] = collections.defaultdict(list)
     for index, node in enumerate(_all_nodes(graph)):
         key = node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}::{node.op_type}"
@@ -257,10 +262,11 @@ def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Cons
     """Validate the model and convert it to Relax; every failure is a UserError."""
     proto, name, path = load_model(model)
     check_model(proto, path)
+    ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
+    proto = functions.expand(proto, converted_operators())
     check_operators(proto.graph)
     proto = bind_constants(proto, constants)
     inputs = bind_shapes(proto.graph, shapes)
-    ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
     proto = prepare.fold_shape_computations(proto, {name: shape for name, shape, _ in inputs})
     exactness.refuse_inexact(proto, inputs, list(_all_nodes(proto.graph)))
     with warnings.catch_warnings():

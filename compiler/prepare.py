@@ -8,6 +8,9 @@ value its static shape, ``Shape`` of a statically shaped value becomes a constan
 inputs are all constants is evaluated by ONNX's reference evaluator, the independent implementation
 of the ONNX semantics, so the importer sees constants instead of computations.
 
+Constants written as ``value_float(s)``/``value_int(s)`` (function bodies use them; the importer reads
+only ``value``) become initializers.
+
 Only small results are folded (``MAX_FOLDED_ELEMENTS``): shape arithmetic and masks, never weights,
 whose folding stays with the simplify phase (a model's large constants are not duplicated here).
 """
@@ -66,10 +69,20 @@ def _small(init: onnx.TensorProto) -> bool:
     return int(np.prod(init.dims)) <= MAX_FOLDED_ELEMENTS and init.data_location != onnx.TensorProto.EXTERNAL
 
 
+_SCALAR_CONSTANTS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+                     "value_ints": np.int64}
+
+
 def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
-    if node.op_type != "Constant" or len(node.attribute) != 1 or node.attribute[0].name != "value":
+    """A Constant's value, in any of its numeric forms (the importer reads only ``value``)."""
+    if node.op_type != "Constant" or len(node.attribute) != 1:
         return None
-    return numpy_helper.to_array(node.attribute[0].t)
+    attr = node.attribute[0]
+    if attr.name == "value":
+        return numpy_helper.to_array(attr.t)
+    if attr.name in _SCALAR_CONSTANTS:
+        return np.array(onnx.helper.get_attribute_value(attr), dtype=_SCALAR_CONSTANTS[attr.name])
+    return None
 
 
 def _fold(node: onnx.NodeProto, constants: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
@@ -107,7 +120,10 @@ def fold_shape_computations(model: onnx.ModelProto, inputs: dict[str, tuple[int,
         value = _constant_value(node)
         if value is not None:
             constants[node.output[0]] = value
-            kept.append(node)
+            if node.attribute[0].name == "value" or node.output[0] in outputs:
+                kept.append(node)
+            else:  # value_float(s), value_int(s): an initializer, which the importer reads
+                folded[node.output[0]] = value
             continue
         results = _fold(node, constants, shapes, opset)
         if results is None or any(name in outputs for name in node.output) \
