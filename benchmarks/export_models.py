@@ -110,7 +110,9 @@ EXPORTS: dict[str, Export] = {
         "resnet18", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large",
         # more of the same families: groups of 4 channels, inception concats, inverted residuals,
         # RegNetX's group-16 convs, ShuffleNetV2's 24-channel halves
-        "resnext50_32x4d", "googlenet", "mobilenet_v2", "regnet_x_400mf", "shufflenet_v2_x0_5")},
+        "resnext50_32x4d", "googlenet", "mobilenet_v2", "regnet_x_400mf", "shufflenet_v2_x0_5",
+        # shifted-window attention: TVM's importer alone could not import its export (issue 15)
+        "swin_t")},
 }
 
 

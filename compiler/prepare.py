@@ -106,9 +106,24 @@ def _fold(node: onnx.NodeProto, constants: dict[str, np.ndarray], shapes: dict[s
         return None
 
 
+MAX_ROUNDS = 64  # folding, then shape inference again: each round can make more shapes static
+
+
 def fold_shape_computations(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
     """A copy of ``model`` with its small constant computations (shapes, masks) folded, its graph
-    inputs having the static ``inputs`` shapes (dynamic dims bound by the caller)."""
+    inputs having the static ``inputs`` shapes (dynamic dims bound by the caller). Rounds repeat
+    while they fold something: a Reshape whose shape a round folded has a static output for the
+    next round's inference (Swin-T's shifted windows take three)."""
+    for _ in range(MAX_ROUNDS):
+        folded = _fold_round(model, inputs)
+        if folded is model:
+            break
+        model = folded
+    return model
+
+
+def _fold_round(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """One round of ``fold_shape_computations``: ``model`` itself if nothing folds."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     shapes = _static_shapes(model, inputs)
