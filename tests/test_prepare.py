@@ -63,3 +63,35 @@ def test_weights_and_graph_outputs_are_not_folded():
                               helper.make_tensor_value_info("out_shape", TensorProto.INT64, [2])], [big])
     prepared = prepare.fold_shape_computations(model, {"x": (1, 300)})
     assert [n.op_type for n in prepared.graph.node] == ["Transpose", "MatMul", "Shape"]
+
+
+def test_shapes_a_round_made_static_fold_in_the_next():
+    """A Reshape whose shape folds has a static output only after inference runs again: a Shape of
+    that output (Swin-T's window partitions, block after block) folds in the next round."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "zero", "two"], ["head"]),
+             helper.make_node("Concat", ["head", "minus_one"], ["shape1"], axis=0),
+             helper.make_node("Reshape", ["x", "shape1"], ["y"]),  # (2, 3, 20): static once shape1 folds
+             helper.make_node("Shape", ["y"], ["s2"]),
+             helper.make_node("Reshape", ["y", "s2"], ["out"])]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3, 20])],
+                             [i64("zero", [0]), i64("two", [2]), i64("minus_one", [-1])])
+    prepared = prepare.fold_shape_computations(model, {"x": (2, 3, 4, 5)})
+    assert [n.op_type for n in prepared.graph.node] == ["Reshape", "Reshape"]
+    folded = {i.name: numpy_helper.to_array(i).tolist() for i in prepared.graph.initializer}
+    assert folded["s2"] == [2, 3, 20]
+
+
+def test_constants_in_every_numeric_form_reach_the_importer_as_values():
+    """Function bodies write Constant(value_float=...); the importer reads only ``value``."""
+    nodes = [helper.make_node("Constant", [], ["half"], value_float=0.5),
+             helper.make_node("Constant", [], ["shape"], value_ints=[3, 4]),
+             helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("Mul", ["r", "half"], ["y"])]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], [])
+    art = compiler.compile(model, target="cpu", tuning="off")
+    x = np.arange(12, dtype=np.float32)
+    np.testing.assert_array_equal(art.run(x)[0], (x * 0.5).reshape(3, 4))
