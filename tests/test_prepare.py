@@ -71,13 +71,15 @@ def test_shapes_a_round_made_static_fold_in_the_next():
     i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
              helper.make_node("Slice", ["s", "zero", "two"], ["head"]),
-             helper.make_node("Concat", ["head", "minus_one"], ["shape1"], axis=0),
+             helper.make_node("Slice", ["s", "two", "four"], ["tail"]),
+             helper.make_node("ReduceProd", ["tail"], ["area"], keepdims=1),  # inference cannot propagate it
+             helper.make_node("Concat", ["head", "area"], ["shape1"], axis=0),
              helper.make_node("Reshape", ["x", "shape1"], ["y"]),  # (2, 3, 20): static once shape1 folds
              helper.make_node("Shape", ["y"], ["s2"]),
              helper.make_node("Reshape", ["y", "s2"], ["out"])]
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3, 20])],
-                             [i64("zero", [0]), i64("two", [2]), i64("minus_one", [-1])])
+                             [i64("zero", [0]), i64("two", [2]), i64("four", [4])])
     prepared = prepare.fold_shape_computations(model, {"x": (2, 3, 4, 5)})
     assert [n.op_type for n in prepared.graph.node] == ["Reshape", "Reshape"]
     folded = {i.name: numpy_helper.to_array(i).tolist() for i in prepared.graph.initializer}
