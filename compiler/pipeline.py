@@ -1,7 +1,9 @@
 """The compilation pipeline: every phase, in order, from an ONNX model to a built artifact.
 
-    import     compiler/frontend.py        validate the ONNX model, convert to Relax
-    simplify   passes/fold_constants.py    fold constants and batch norms, canonicalize, CSE, dead code
+    import     compiler/frontend.py        validate the ONNX model, expand function operators, fold shape
+                                           computations, refuse inexact forms, convert to Relax
+    simplify   passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
+                                           canonicalize, CSE, dead code
     layout     passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
                passes/dense.py             constant matmul weights packed into column panels
     legalize   passes/legalize.py          Relax operators to TIR PrimFuncs (blocked convs: ours)
