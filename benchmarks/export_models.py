@@ -5,7 +5,7 @@
 
 Each model is built from its library's real architecture code with a small or standard config and
 random weights, exported by the exporter users run (``torch.onnx.export``: the TorchScript exporter
-at opset 17 and the dynamo exporter at opset 18, which writes its weights to an external data file),
+at opset 17 and the dynamo exporter at opset 18 or 23, which writes its weights to an external data file),
 then reduced to its light form (``compiler.models.make_light``: every float weight becomes a
 shape-only placeholder that the loader fills with seeded random values of the original's mean and
 standard deviation). The light file is what is committed and what ``zoo:<name>`` loads.
@@ -28,7 +28,8 @@ from compiler import models
 @dataclass(frozen=True)
 class Export:
     build: Callable[[], tuple[object, tuple, list[str], list[str], dict[str, int]]]
-    dynamo: bool  # the dynamo exporter (opset 18, external data) or TorchScript (opset 17)
+    dynamo: bool  # the dynamo exporter (external data) or TorchScript (opset 17)
+    opset: int = 18  # the dynamo exporter's: 23 makes it emit the standard Attention and Gelu
 
 
 def _tokens(torch, seq: int, vocab: int, mask: bool):
@@ -45,6 +46,19 @@ def _bert():
     from transformers import BertConfig, BertModel
 
     config = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    args, names = _tokens(torch, 128, config.vocab_size, mask=True)
+    return BertModel(config, add_pooling_layer=False), args, names, ["last_hidden_state"], \
+        {"input_ids": config.vocab_size, "attention_mask": 2}
+
+
+def _bert_attention_op23():
+    """BERT through PyTorch's scaled-dot-product attention: the dynamo exporter at opset 23 writes
+    the standard ``Attention`` and ``Gelu`` operators, which TVM's importer does not convert."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+                        attn_implementation="sdpa")
     args, names = _tokens(torch, 128, config.vocab_size, mask=True)
     return BertModel(config, add_pooling_layer=False), args, names, ["last_hidden_state"], \
         {"input_ids": config.vocab_size, "attention_mask": 2}
@@ -101,6 +115,7 @@ def _torchvision(name: str, size: int = 224):
 
 EXPORTS: dict[str, Export] = {
     "bert": Export(_bert, dynamo=False),
+    "bert_op23": Export(_bert_attention_op23, dynamo=True, opset=23),
     "gpt2": Export(_gpt2, dynamo=True),  # TorchScript cannot export transformers 5's mask code (aten::diff)
     "gpt2_lm": Export(_gpt2_lm, dynamo=True),  # with its language-model head: logits over 50,257 tokens
     "distilbert": Export(_distilbert, dynamo=False),
@@ -148,7 +163,7 @@ def export(name: str, out_dir: str, seed: int = 0) -> str:
         path = os.path.join(tmp, f"{name}.onnx")
         with torch.no_grad():
             if spec.dynamo:
-                program = torch.onnx.export(model, args, dynamo=True, opset_version=18,
+                program = torch.onnx.export(model, args, dynamo=True, opset_version=spec.opset,
                                             input_names=input_names, output_names=output_names)
                 program.save(path, external_data=True)  # as users get it: weights in a .data file
             else:
@@ -156,7 +171,7 @@ def export(name: str, out_dir: str, seed: int = 0) -> str:
                                   input_names=input_names, output_names=output_names)
         full = onnx.load(path)  # reads the external data file too
     light = models.make_light(full, source=f"{type(model.model).__name__} exported by "
-                              f"{'dynamo (opset 18)' if spec.dynamo else 'TorchScript (opset 17)'}, "
+                              f"{f'dynamo (opset {spec.opset})' if spec.dynamo else 'TorchScript (opset 17)'}, "
                               f"torch {torch.__version__}", input_high=input_high)
     target = os.path.join(out_dir, f"{name}.onnx")
     onnx.save(light, target)

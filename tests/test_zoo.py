@@ -25,7 +25,7 @@ def test_the_zoo_has_the_transformer_and_cnn_families_from_both_exporters():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bert", "gpt2", "gpt2_lm", "distilbert", "vit_b16"])
+@pytest.mark.parametrize("name", ["bert", "bert_op23", "gpt2", "gpt2_lm", "distilbert", "vit_b16"])
 def test_zoo_model_matches_onnxruntime(name):
     model = _load(name)
     art = compiler.compile(f"zoo:{name}", target="cpu", tuning="off", validate_memory=True)
