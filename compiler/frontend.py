@@ -22,7 +22,7 @@ import tvm
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
-from compiler import exactness, functions, models, prepare
+from compiler import exactness, functions, models, prepare, rewrites
 from compiler.runtime import TensorSpec
 from support import tvm_internals
 from support.errors import InputError, ModelError, ShapeError, UnsupportedOperatorError
@@ -267,7 +267,8 @@ def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Cons
     check_operators(proto.graph)
     proto = bind_constants(proto, constants)
     inputs = bind_shapes(proto.graph, shapes)
-    proto = prepare.fold_shape_computations(proto, {name: shape for name, shape, _ in inputs})
+    bound = {name: shape for name, shape, _ in inputs}
+    proto = rewrites.rewrite(prepare.fold_shape_computations(proto, bound), bound)
     exactness.refuse_inexact(proto, inputs, list(_all_nodes(proto.graph)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks

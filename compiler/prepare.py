@@ -27,7 +27,7 @@ _NEVER_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUni
                  "Bernoulli", "If", "Loop", "Scan"}
 
 
-def _static_shapes(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+def static_shapes(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """Every value's static shape that ONNX shape inference finds, the inputs bound to ``inputs``.
 
     Inference runs on the graph without its large initializers (declared as inputs of their shape
@@ -126,7 +126,7 @@ def _fold_round(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> o
     """One round of ``fold_shape_computations``: ``model`` itself if nothing folds."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-    shapes = _static_shapes(model, inputs)
+    shapes = static_shapes(model, inputs)
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer if _small(init)}
     outputs = {value.name for value in graph.output}
     folded: dict[str, np.ndarray] = {}
