@@ -6,7 +6,9 @@ Each rewrite replaces one node by standard ONNX nodes computing what the specifi
 - ``ConvTranspose`` with ``output_shape``: the explicit ``pads`` the specification derives from it
   (``total = stride * (in - 1) + output_padding + (kernel - 1) * dilation + 1 - output_shape``, split
   as ``auto_pad`` says); a negative end padding becomes ``output_padding`` where that stays below
-  the stride, as the specification requires of it.
+  the stride, as the specification requires of it;
+- ``SpaceToDepth`` with ``mode=CRD`` (opset 28; the importer produces DCR order): the reshape,
+  transpose, reshape that defines it.
 A form not rewritten here is refused by ``compiler/exactness.py``.
 """
 
@@ -28,7 +30,7 @@ def rewrite(proto: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onnx.
     nodes, changed, shapes = [], False, {}
     for node in proto.graph.node:
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if rule is _conv_transpose_output_shape and not shapes:
+        if rule in (_conv_transpose_output_shape, _space_to_depth_crd) and not shapes:
             shapes = prepare.static_shapes(proto, inputs)
         replacement = rule(node, proto, shapes) if rule else None
         nodes.extend(replacement if replacement is not None else [node])
@@ -102,7 +104,25 @@ def _conv_transpose_output_shape(node: onnx.NodeProto, proto: onnx.ModelProto,
     return [copy]
 
 
+def _space_to_depth_crd(node: onnx.NodeProto, _proto: onnx.ModelProto,
+                        shapes: dict[str, tuple[int, ...]]) -> list[onnx.NodeProto] | None:
+    attrs = _attrs(node)
+    shape = shapes.get(node.input[0])
+    if attrs.get("mode", b"DCR") not in (b"CRD", "CRD") or shape is None or len(shape) != 4:
+        return None
+    n, c, h, w = shape
+    b = attrs["blocksize"]
+    name = node.name or node.output[0]
+    const = lambda suffix, values: helper.make_node(  # noqa: E731
+        "Constant", [], [f"{name}__{suffix}"], value=numpy_helper.from_array(np.array(values, np.int64)))
+    return [const("split", [n, c, h // b, b, w // b, b]), const("merged", [n, c * b * b, h // b, w // b]),
+            helper.make_node("Reshape", [node.input[0], f"{name}__split"], [f"{name}__blocks"]),
+            helper.make_node("Transpose", [f"{name}__blocks"], [f"{name}__crd"], perm=[0, 1, 3, 5, 2, 4]),
+            helper.make_node("Reshape", [f"{name}__crd", f"{name}__merged"], [node.output[0]], name=name)]
+
+
 _RULES: dict[str, Callable[[onnx.NodeProto, onnx.ModelProto, dict], list[onnx.NodeProto] | None]] = {
     "IsInf": _isinf,
     "ConvTranspose": _conv_transpose_output_shape,
+    "SpaceToDepth": _space_to_depth_crd,
 }

@@ -34,3 +34,13 @@ def test_conv_transpose_output_shape_becomes_pads(auto_pad, output_shape):
     art = compiler.compile(model, target="cpu", tuning="off")
     # onnxruntime: onnx's reference evaluator fails on an output_shape smaller than the full output
     reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
+
+
+def test_space_to_depth_crd():
+    """Opset 28's column-row-depth order; the importer only produces depth-column-row."""
+    node = helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode="CRD")
+    model = reference._model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 6])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 2, 3])], [], opset=28)
+    x = np.arange(72, dtype=np.float32).reshape(1, 3, 4, 6)
+    art = compiler.compile(model, target="cpu", tuning="off")
+    np.testing.assert_array_equal(art.run(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
