@@ -1,7 +1,8 @@
 """The compilation pipeline: every phase, in order, from an ONNX model to a built artifact.
 
     import     compiler/frontend.py        validate the ONNX model, expand function operators, fold shape
-                                           computations, refuse inexact forms, convert to Relax
+                                           computations, rewrite ignored attributes, refuse inexact
+                                           forms, convert to Relax
     simplify   passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
                                            canonicalize, CSE, dead code
     layout     passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
