@@ -60,9 +60,9 @@ def test_all_unsupported_operators_listed_before_import(monkeypatch):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
     nodes = [
-        helper.make_node("Celu", ["x"], ["a"], name="celu_1"),
+        helper.make_node("Det", ["x"], ["a"], name="det_1"),  # no converter, no ONNX function body
         helper.make_node("Relu", ["a"], ["b"], name="relu_ok"),
-        helper.make_node("Celu", ["b"], ["c"], name="celu_2"),
+        helper.make_node("Det", ["b"], ["c"], name="det_2"),
         helper.make_node("LpNormalization", ["c"], ["d"], name="lpnorm"),
         helper.make_node("Frobnicate", ["d"], ["y"], name="custom", domain="com.example"),
     ]
@@ -72,7 +72,7 @@ def test_all_unsupported_operators_listed_before_import(monkeypatch):
         compiler.compile(model)
     message = str(info.value)
     assert "3 unsupported operator type(s)" in message
-    assert "Celu (nodes: celu_1, celu_2)" in message
+    assert "Det (nodes: det_1, det_2)" in message
     assert "LpNormalization (nodes: lpnorm)" in message
     assert "com.example::Frobnicate (nodes: custom)" in message
     assert "Relu" not in message

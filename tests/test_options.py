@@ -24,7 +24,7 @@ def _dests(parser, *argv) -> set[str]:
 
 def test_each_command_offers_the_api_options():
     parser = build_parser()
-    own = {"command", "quiet", "model", "target", "shape", "func"}
+    own = {"command", "quiet", "model", "target", "shape", "constant", "func"}
     assert _dests(parser, "compile", "m.onnx") - own - {"output"} == _names(Options)
     assert _dests(parser, "inspect", "m.onnx") - own - {"phase", "memory", "json"} == _names(Options)
     assert _dests(parser, "run", "m.onnx") - own - {"input", "repeat", "seed", "report", "json", "device"} == _names(Options)
