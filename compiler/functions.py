@@ -24,23 +24,25 @@ _ONNX_DOMAINS = {"", "ai.onnx"}
 
 def expand(proto: onnx.ModelProto, converted: set[str]) -> onnx.ModelProto:
     """A copy of ``proto`` (or ``proto`` itself, when nothing is expanded) with every top-level node
-    of the ONNX domain that the importer does not convert (not in ``converted``) replaced by its
-    function body, repeatedly (a body may use another function operator)."""
+    of the ONNX domain that the importer does not convert (not in ``converted``), converts as
+    another operator, or converts wrongly in its form, replaced by its function body, repeatedly (a
+    body may use another function operator)."""
     opset = next((o.version for o in proto.opset_import if o.domain in _ONNX_DOMAINS), None)
     if opset is None:
         return proto
     names = itertools.count()
     for _ in range(4):  # bodies nest at most a few levels (SoftmaxCrossEntropyLoss -> NegativeLogLikelihoodLoss)
         used = {name for node in proto.graph.node for name in node.input} | {v.name for v in proto.graph.output}
-        candidates = [node.op_type not in converted or node.op_type in IMPORTER_CONVERTS_ANOTHER_OPERATOR
-                      or (node.op_type in _SOMETIMES_WRONG and _converted_wrongly(node, used, None))
-                      for node in proto.graph.node]
+        candidates = [node.domain in _ONNX_DOMAINS and (
+            node.op_type not in converted or node.op_type in IMPORTER_CONVERTS_ANOTHER_OPERATOR
+            or (node.op_type in _SOMETIMES_WRONG and _converted_wrongly(node, used, None)))
+            for node in proto.graph.node]
         if not any(candidates):
             return proto
         types = _value_types(proto)  # type inference only for a model with something to expand
-        wanted = {i for i, node in enumerate(proto.graph.node) if candidates[i] and node.domain in _ONNX_DOMAINS
-                  and (node.op_type not in converted or node.op_type in IMPORTER_CONVERTS_ANOTHER_OPERATOR
-                       or _converted_wrongly(node, used, types))}
+        wanted = {i for i, node in enumerate(proto.graph.node) if candidates[i] and (
+            node.op_type not in converted or node.op_type in IMPORTER_CONVERTS_ANOTHER_OPERATOR
+            or _converted_wrongly(node, used, types))}
         nodes, changed = [], False
         for index, node in enumerate(proto.graph.node):
             body = _body(node, opset, types) if index in wanted else None
