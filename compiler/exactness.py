@@ -268,10 +268,10 @@ def _sequence_outputs(proto: onnx.ModelProto) -> list[str]:
 
 
 def _inexact_values(proto: onnx.ModelProto) -> list[str]:
-    values = list(proto.graph.input) + list(proto.graph.output)
-    return [f"graph {'input' if value in proto.graph.input else 'output'} {value.name!r} has element type "
-            f"{_type_name(value.type.tensor_type.elem_type)}, which TVM stores or converts differently from ONNX"
-            for value in values if value.type.tensor_type.elem_type in INEXACT_TYPES]
+    values = [("input", v) for v in proto.graph.input] + [("output", v) for v in proto.graph.output]
+    return [f"graph {role} {value.name!r} has element type {_type_name(value.type.tensor_type.elem_type)}, "
+            f"which TVM stores or converts differently from ONNX"
+            for role, value in values if value.type.tensor_type.elem_type in INEXACT_TYPES]
 
 
 def refuse_inexact(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list[onnx.NodeProto]) -> None:

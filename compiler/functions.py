@@ -4,8 +4,9 @@ TVM's importer cannot convert them.
 The bodies are ONNX's own (the ``onnx.defs`` schemas: the definitions the node suite's
 ``_expanded`` cases are built from), so an expansion computes what the operator is specified to,
 with operators the importer converts: the standard ``Attention`` (opset 23), the losses, ``Swish``,
-``RotaryEmbedding``..., and forms the importer gets wrong (``_converted_wrongly``). A context-dependent body (one that depends on the input types, as
-Attention's does) is generated for the node's inferred input types. ``Attention`` is expanded even
+``RotaryEmbedding``..., and forms the importer gets wrong (``_converted_wrongly``). A
+context-dependent body (one that depends on the input types, as Attention's does) is generated for
+the node's inferred input types. ``Attention`` is expanded even
 though the importer has a converter of that name: it implements onnxruntime's ``com.microsoft``
 Attention, another operator (packed QKV weights, a ``num_heads`` attribute).
 """
@@ -16,6 +17,8 @@ import itertools
 
 import onnx
 from onnx import defs
+
+from compiler import prepare
 
 IMPORTER_CONVERTS_ANOTHER_OPERATOR = {"Attention"}
 _SOMETIMES_WRONG = {"LayerNormalization", "RMSNormalization"}  # see _converted_wrongly
@@ -33,33 +36,30 @@ def expand(proto: onnx.ModelProto, converted: set[str]) -> onnx.ModelProto:
     names = itertools.count()
     for _ in range(4):  # bodies nest at most a few levels (SoftmaxCrossEntropyLoss -> NegativeLogLikelihoodLoss)
         used = {name for node in proto.graph.node for name in node.input} | {v.name for v in proto.graph.output}
-        candidates = [node.domain in _ONNX_DOMAINS and (
-            node.op_type not in converted or node.op_type in IMPORTER_CONVERTS_ANOTHER_OPERATOR
-            or (node.op_type in _SOMETIMES_WRONG and _converted_wrongly(node, used, None)))
-            for node in proto.graph.node]
-        if not any(candidates):
+        if not any(_wanted(node, converted, used, None) for node in proto.graph.node):
             return proto
         types = _value_types(proto)  # type inference only for a model with something to expand
-        wanted = {i for i, node in enumerate(proto.graph.node) if candidates[i] and (
-            node.op_type not in converted or node.op_type in IMPORTER_CONVERTS_ANOTHER_OPERATOR
-            or _converted_wrongly(node, used, types))}
         nodes, changed = [], False
-        for index, node in enumerate(proto.graph.node):
-            body = _body(node, opset, types) if index in wanted else None
+        for node in proto.graph.node:
+            schema = _schema(node, opset) if _wanted(node, converted, used, types) else None
+            body = _body(node, schema, opset, types) if schema is not None else None
             if body is None:
                 nodes.append(node)
                 continue
-            defaults = _defaults(node, opset)
-            nodes.extend(_instantiate(node, body, defaults, f"{node.name or node.op_type}__{next(names)}__"))
+            nodes.extend(_instantiate(node, body, _defaults(schema), f"{node.name or node.op_type}__{next(names)}__"))
             changed = True
         if not changed:
             return proto
-        copy = onnx.ModelProto()
-        copy.CopyFrom(proto)
-        del copy.graph.node[:]
-        copy.graph.node.extend(nodes)
-        proto = copy
+        proto = prepare.with_nodes(proto, nodes)
     return proto
+
+
+def _wanted(node: onnx.NodeProto, converted: set[str], used: set[str],
+            types: dict[str, onnx.TypeProto] | None) -> bool:
+    """Whether ``node`` is to be expanded (without ``types``: whether it may be)."""
+    return node.domain in _ONNX_DOMAINS and (
+        node.op_type not in converted or node.op_type in IMPORTER_CONVERTS_ANOTHER_OPERATOR
+        or (node.op_type in _SOMETIMES_WRONG and _converted_wrongly(node, used, types)))
 
 
 def _converted_wrongly(node: onnx.NodeProto, used: set[str], types: dict[str, onnx.TypeProto] | None) -> bool:
@@ -90,13 +90,17 @@ def _value_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return types
 
 
-def _body(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypeProto]) -> onnx.FunctionProto | None:
-    """ONNX's function body of ``node`` for the model's opset, or None where it has none (or one
-    relaxc does not instantiate: subgraph attributes, inputs of unknown type)."""
+def _schema(node: onnx.NodeProto, opset: int) -> defs.OpSchema | None:
     try:
-        schema = defs.get_schema(node.op_type, opset, node.domain)
+        return defs.get_schema(node.op_type, opset, node.domain)
     except defs.SchemaError:
         return None
+
+
+def _body(node: onnx.NodeProto, schema: defs.OpSchema, opset: int,
+          types: dict[str, onnx.TypeProto]) -> onnx.FunctionProto | None:
+    """ONNX's function body of ``node`` for the model's opset, or None where it has none (or one
+    relaxc does not instantiate: subgraph attributes, inputs of unknown type)."""
     plain = [v for v in schema.function_opset_versions if v <= opset]
     dependent = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
     function = onnx.FunctionProto()
@@ -115,9 +119,8 @@ def _body(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypeProto]) ->
     return function
 
 
-def _defaults(node: onnx.NodeProto, opset: int) -> dict[str, onnx.AttributeProto]:
-    """The schema's default values of ``node``'s attributes."""
-    schema = defs.get_schema(node.op_type, opset, node.domain)
+def _defaults(schema: defs.OpSchema) -> dict[str, onnx.AttributeProto]:
+    """The schema's default attribute values."""
     return {name: attr.default_value for name, attr in schema.attributes.items() if attr.default_value.name}
 
 

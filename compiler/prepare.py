@@ -149,13 +149,19 @@ def _fold_round(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> o
             constants[name] = folded[name] = np.asarray(result)
     if not folded:
         return model
-    prepared = onnx.ModelProto()
-    prepared.CopyFrom(model)
-    del prepared.graph.node[:]
-    prepared.graph.node.extend(_live(kept, outputs))
+    prepared = with_nodes(model, _live(kept, outputs))
     used = {name for node in prepared.graph.node for name in node.input} | outputs
     prepared.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items() if name in used)
     return prepared
+
+
+def with_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """A copy of ``model`` whose main graph has ``nodes`` instead of its own."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.node[:]
+    copy.graph.node.extend(nodes)
+    return copy
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
@@ -166,15 +172,16 @@ def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto
         if any(name in needed for name in node.output):
             live.append(node)
             needed.update(node.input)
-            needed.update(_subgraph_inputs(node))  # names a branch or loop body reads from outside
+            needed.update(subgraph_inputs(node))  # names a branch or loop body reads from outside
     return live[::-1]
 
 
-def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """The names the subgraphs of ``node`` (branches, loop bodies) read, at any depth."""
     names = set()
     for attr in node.attribute:
         for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
             for inner in graph.node:
                 names.update(inner.input)
-                names.update(_subgraph_inputs(inner))
+                names.update(subgraph_inputs(inner))
     return names

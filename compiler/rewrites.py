@@ -14,6 +14,7 @@ A form not rewritten here is refused by ``compiler/exactness.py``.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -22,33 +23,28 @@ from onnx import helper, numpy_helper
 
 from compiler import prepare
 
+Shapes = Callable[[], dict[str, tuple[int, ...]]]  # static shapes, inferred on the first call
+
 
 def rewrite(proto: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
     """A copy of ``proto`` with every rewritable node of its main graph rewritten (``proto``
     itself when there is none); ``inputs`` are the bound input shapes. Shape inference runs only
-    for a model with a node that needs it."""
-    nodes, changed, shapes = [], False, {}
+    when a rule first asks for shapes."""
+    shapes = functools.cache(lambda: prepare.static_shapes(proto, inputs))
+    nodes, changed = [], False
     for node in proto.graph.node:
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if rule in (_conv_transpose_output_shape, _space_to_depth_crd) and not shapes:
-            shapes = prepare.static_shapes(proto, inputs)
         replacement = rule(node, proto, shapes) if rule else None
         nodes.extend(replacement if replacement is not None else [node])
         changed |= replacement is not None
-    if not changed:
-        return proto
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    del copy.graph.node[:]
-    copy.graph.node.extend(nodes)
-    return copy
+    return prepare.with_nodes(proto, nodes) if changed else proto
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _isinf(node: onnx.NodeProto, _proto: onnx.ModelProto, _shapes) -> list[onnx.NodeProto] | None:
+def _isinf(node: onnx.NodeProto, _proto: onnx.ModelProto, _shapes: Shapes) -> list[onnx.NodeProto] | None:
     attrs = _attrs(node)
     keep_negative, keep_positive = attrs.get("detect_negative", 1), attrs.get("detect_positive", 1)
     if keep_negative and keep_positive:
@@ -72,12 +68,14 @@ def _isinf(node: onnx.NodeProto, _proto: onnx.ModelProto, _shapes) -> list[onnx.
 
 
 def _conv_transpose_output_shape(node: onnx.NodeProto, proto: onnx.ModelProto,
-                                 shapes: dict[str, tuple[int, ...]]) -> list[onnx.NodeProto] | None:
+                                 shapes: Shapes) -> list[onnx.NodeProto] | None:
     attrs = _attrs(node)
     wanted = attrs.get("output_shape")
+    if wanted is None:
+        return None
     initializers = {init.name: tuple(init.dims) for init in proto.graph.initializer}
-    shape, weight = shapes.get(node.input[0]), shapes.get(node.input[1], initializers.get(node.input[1]))
-    if wanted is None or shape is None or weight is None:
+    shape, weight = shapes().get(node.input[0]), shapes().get(node.input[1], initializers.get(node.input[1]))
+    if shape is None or weight is None:
         return None
     spatial = len(shape) - 2
     wanted = list(wanted)[-spatial:]
@@ -105,10 +103,12 @@ def _conv_transpose_output_shape(node: onnx.NodeProto, proto: onnx.ModelProto,
 
 
 def _space_to_depth_crd(node: onnx.NodeProto, _proto: onnx.ModelProto,
-                        shapes: dict[str, tuple[int, ...]]) -> list[onnx.NodeProto] | None:
+                        shapes: Shapes) -> list[onnx.NodeProto] | None:
     attrs = _attrs(node)
-    shape = shapes.get(node.input[0])
-    if attrs.get("mode", b"DCR") not in (b"CRD", "CRD") or shape is None or len(shape) != 4:
+    if attrs.get("mode", b"DCR") not in (b"CRD", "CRD"):
+        return None
+    shape = shapes().get(node.input[0])
+    if shape is None or len(shape) != 4:
         return None
     n, c, h, w = shape
     b = attrs["blocksize"]
@@ -121,7 +121,7 @@ def _space_to_depth_crd(node: onnx.NodeProto, _proto: onnx.ModelProto,
             helper.make_node("Reshape", [f"{name}__crd", f"{name}__merged"], [node.output[0]], name=name)]
 
 
-_RULES: dict[str, Callable[[onnx.NodeProto, onnx.ModelProto, dict], list[onnx.NodeProto] | None]] = {
+_RULES: dict[str, Callable[[onnx.NodeProto, onnx.ModelProto, Shapes], list[onnx.NodeProto] | None]] = {
     "IsInf": _isinf,
     "ConvTranspose": _conv_transpose_output_shape,
     "SpaceToDepth": _space_to_depth_crd,

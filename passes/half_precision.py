@@ -4,7 +4,9 @@ A float16 or bfloat16 matmul, sum, mean, softmax or normalisation legalised as i
 its own type: every partial sum rounds to 11 (bfloat16: 8) significant bits, and a 64-term dot
 product drifts several ulps from the exact result. ONNX's reference and onnxruntime accumulate
 in float32 and round once at the end, as numpy does for half types; so does relaxc: the operands
-are cast to float32, the operator runs there, and its result is cast back. Elementwise operators
+are cast to float32, the operator runs there, and its result is cast back. Softmax runs as ONNX
+defines it, each step rounded to the half type and only its sum in float32: that is what ONNX's
+reference computes (a softmax wholly in float32 differed from it by an ulp). Elementwise operators
 are left alone: each rounds once either way.
 """
 
@@ -36,9 +38,9 @@ class _Widen(relax.PyExprMutator):
         dtype = _dtype(call)
         if dtype not in HALF or any(_dtype(arg) not in (dtype, None) for arg in call.args):
             return call
-        args = [relax.op.astype(arg, "float32") if _dtype(arg) == dtype else arg for arg in call.args]
         if call.op.name == "relax.nn.softmax":
             return self._softmax(call.args[0], int(call.attrs.axis), dtype)
+        args = [relax.op.astype(arg, "float32") if _dtype(arg) == dtype else arg for arg in call.args]
         if call.op.name == "relax.matmul":
             wide = relax.op.matmul(*args, out_dtype="float32")
         elif call.op.name == "relax.cumsum":
@@ -46,7 +48,6 @@ class _Widen(relax.PyExprMutator):
         else:
             wide = relax.Call(call.op, args, call.attrs, call.ty_args)
         return relax.op.astype(self.builder_.normalize(wide), dtype)
-
 
     def _softmax(self, x: relax.Expr, axis: int, dtype: str) -> relax.Expr:
         """ONNX's definition step by step, each step rounded to the half type, the sum in float32."""

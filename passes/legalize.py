@@ -185,8 +185,13 @@ def extremum(data: te.Tensor, axes: list[int] | None, keepdims: bool, largest: b
     shape = [1 if a in ks else data.shape[a] for a in range(ndim) if keepdims or a not in ks]
 
     def element(*index):
-        kept = iter(i for a, i in zip((a for a in range(ndim) if keepdims or a not in ks), index) if a not in ks)
-        return reducer(data[tuple(ks[a] if a in ks else next(kept) for a in range(ndim))], axis=list(ks.values()))
+        out = iter(index)
+        source = []
+        for a in range(ndim):
+            if a in ks and keepdims:
+                next(out)  # the kept axis of size 1
+            source.append(ks[a] if a in ks else next(out))
+        return reducer(data[tuple(source)], axis=list(ks.values()))
 
     return te.compute(shape, element, name="max" if largest else "min")
 

@@ -84,14 +84,14 @@ def _case_ops(case) -> list[str]:
 
 def shape_parameters(graph) -> set[str]:
     """Graph inputs that every node reading them reads at a ``SHAPE_PARAMETERS`` position."""
+    from compiler.prepare import subgraph_inputs
+
     uses: dict[str, set[bool]] = collections.defaultdict(set)
     for node in graph.node:
         for index, name in enumerate(node.input):
             uses[name].add(node.domain in ("", "ai.onnx") and index in SHAPE_PARAMETERS.get(node.op_type, ()))
-        for attribute in node.attribute:  # a name a subgraph reads stays an input
-            for sub in list(attribute.g.node if attribute.HasField("g") else []) + [n for g in attribute.graphs for n in g.node]:
-                for name in sub.input:
-                    uses[name].add(False)
+        for name in subgraph_inputs(node):  # a name a subgraph reads stays an input
+            uses[name].add(False)
     outputs = {value.name for value in graph.output}
     return {value.name for value in graph.input if uses.get(value.name) == {True} and value.name not in outputs}
 

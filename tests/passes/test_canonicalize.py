@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler import frontend
 from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)
+from tests.passes import relax_ops
 
 
 def _imported(nodes, inputs, output_shape, initializers=()) -> tvm.IRModule:
@@ -23,19 +24,11 @@ def _rewritten(pass_, mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.relax.transform.DeadCodeElimination()(pass_(mod))
 
 
-def _ops(mod: tvm.IRModule) -> list[str]:
-    found = []
-    tvm.relax.analysis.post_order_visit(
-        mod["main"], lambda e: found.append(e.op.name) if isinstance(e, tvm.relax.Call)
-        and isinstance(e.op, tvm.ir.Op) else None)
-    return found
-
-
 def test_sum_of_three_becomes_two_adds():
     shape = [1, 4, 3, 3]
     mod = _imported([helper.make_node("Sum", ["a", "b", "c"], ["y"])], [("a", shape), ("b", shape), ("c", shape)], shape)
-    assert "relax.stack" in _ops(mod)
-    ops = _ops(_rewritten(SumOfStackToAdd(), mod))
+    assert "relax.stack" in relax_ops(mod)
+    ops = relax_ops(_rewritten(SumOfStackToAdd(), mod))
     assert "relax.stack" not in ops and "relax.sum" not in ops and ops.count("relax.add") == 2
     assert "relax.broadcast_to" not in ops  # no-op broadcasts dropped
 
@@ -43,27 +36,27 @@ def test_sum_of_three_becomes_two_adds():
 def test_sum_that_broadcasts_keeps_the_broadcast():
     mod = _imported([helper.make_node("Sum", ["a", "b"], ["y"])], [("a", [1, 4, 3, 3]), ("b", [1, 4, 1, 1])],
                     [1, 4, 3, 3])
-    ops = _ops(_rewritten(SumOfStackToAdd(), mod))
+    ops = relax_ops(_rewritten(SumOfStackToAdd(), mod))
     assert "relax.stack" not in ops and ops.count("relax.add") == 1 and "relax.broadcast_to" in ops
 
 
 def test_a_reduction_that_is_not_an_nary_add_stays():
     mod = _imported([helper.make_node("ReduceSum", ["a", "axes"], ["y"], keepdims=0)], [("a", [2, 3])], [3],
                     [numpy_helper.from_array(np.array([0], np.int64), "axes")])
-    assert _ops(_rewritten(SumOfStackToAdd(), mod)) == _ops(mod)
+    assert relax_ops(_rewritten(SumOfStackToAdd(), mod)) == relax_ops(mod)
 
 
 def test_inference_dropout_is_its_input():
     mod = _imported([helper.make_node("Dropout", ["a"], ["y"])], [("a", [2, 3])], [2, 3])
-    assert "relax.nn.dropout" in _ops(mod)
-    assert "relax.nn.dropout" not in _ops(_rewritten(DropoutToIdentity(), mod))
+    assert "relax.nn.dropout" in relax_ops(mod)
+    assert "relax.nn.dropout" not in relax_ops(_rewritten(DropoutToIdentity(), mod))
 
 
 def test_clip_call_tir_becomes_maximum_and_minimum():
     bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
     mod = _imported([helper.make_node("Clip", ["a", "lo", "hi"], ["y"])], [("a", [1, 4, 3, 3])], [1, 4, 3, 3], bounds)
-    assert "relax.call_tir" in _ops(mod)
-    ops = _ops(ClipFromTIR()(mod))
+    assert "relax.call_tir" in relax_ops(mod)
+    ops = relax_ops(ClipFromTIR()(mod))
     assert "relax.call_tir" not in ops and "relax.maximum" in ops and "relax.minimum" in ops
 
 
@@ -75,7 +68,7 @@ def _divided_by(divisor: np.ndarray) -> tvm.IRModule:
 def test_division_by_a_constant_becomes_multiplication_by_its_reciprocal():
     divisor = np.array([6.0, 0.5, np.sqrt(2.0)])
     mod = DivideByConstantToMultiply()(_divided_by(divisor))
-    assert _ops(mod) == ["relax.multiply"]
+    assert relax_ops(mod) == ["relax.multiply"]
     x = np.random.default_rng(0).standard_normal((2, 3)).astype("float32") * 100
     got = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     want = x / divisor.astype(np.float32)
@@ -85,7 +78,7 @@ def test_division_by_a_constant_becomes_multiplication_by_its_reciprocal():
 
 def test_division_by_zero_or_a_tiny_constant_stays_a_division():
     for divisor in ([1.0, 0.0, 2.0], [1.0, 1e38, 2.0], [1.0, np.inf, 2.0]):  # 1/1e38 is subnormal
-        assert _ops(DivideByConstantToMultiply()(_divided_by(np.array(divisor)))) == ["relax.divide"]
+        assert relax_ops(DivideByConstantToMultiply()(_divided_by(np.array(divisor)))) == ["relax.divide"]
 
 
 def _shuffle(split: list[int], perm: list[int]) -> tvm.IRModule:
@@ -99,7 +92,7 @@ def _shuffle(split: list[int], perm: list[int]) -> tvm.IRModule:
 
 def test_channel_shuffle_becomes_a_take_of_the_permuted_channels():
     mod = _rewritten(ChannelShuffleToTake(), _shuffle([1, 3, 4, 2, 2], [0, 2, 1, 3, 4]))
-    assert _ops(mod) == ["relax.take"]
+    assert relax_ops(mod) == ["relax.take"]
     x = np.arange(48, dtype="float32").reshape(1, 12, 2, 2)
     expected = x.reshape(1, 3, 4, 2, 2).transpose(0, 2, 1, 3, 4).reshape(1, 12, 2, 2)
     lib = tvm.compile(mod, target="llvm")
@@ -120,7 +113,7 @@ def test_halves_of_a_shuffle_gather_from_its_input_and_the_shuffle_goes():
     constants = [ints("split", [1, 2, 6, 2, 2]), ints("back", shape), ints("zero", [0]), ints("six", [6]),
                  ints("twelve", [12]), ints("one", [1])]
     mod = _rewritten(ChannelShuffleToTake(), _imported(nodes, [("x", shape)], [1, 6, 2, 2], constants))
-    assert sorted(_ops(mod)) == ["relax.subtract", "relax.take", "relax.take"]
+    assert sorted(relax_ops(mod)) == ["relax.subtract", "relax.take", "relax.take"]
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
     shuffled = x.reshape(1, 2, 6, 2, 2).transpose(0, 2, 1, 3, 4).reshape(shape)
     lib = tvm.compile(mod, target="llvm")
@@ -130,4 +123,4 @@ def test_halves_of_a_shuffle_gather_from_its_input_and_the_shuffle_goes():
 
 def test_other_reshape_transposes_are_left_alone():
     mod = _shuffle([1, 3, 4, 2, 2], [0, 1, 2, 4, 3])  # swaps the spatial axes: not a channel permutation
-    assert "relax.take" not in _ops(_rewritten(ChannelShuffleToTake(), mod))
+    assert "relax.take" not in relax_ops(_rewritten(ChannelShuffleToTake(), mod))

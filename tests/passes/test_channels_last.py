@@ -3,13 +3,13 @@ Linear, GELU, Linear, layer scale, permute back) runs in NCHW, then blocked end 
 whose NHWC values leak, or that never permute back, stay as exported."""
 
 import numpy as np
-import tvm
 from onnx import TensorProto, helper
 
 import compiler
 from compiler import frontend
 from passes.channels_last import ChannelsLastToNCHW
 from tests import reference
+from tests.passes import relax_ops
 
 C, HIDDEN, SIZE = 32, 64, 6
 
@@ -48,17 +48,9 @@ def _convnext_block(extra_output: bool = False, permute_back: bool = True):
                             outputs, inits)
 
 
-def _ops(mod: tvm.IRModule) -> list[str]:
-    found = []
-    tvm.relax.analysis.post_order_visit(
-        mod["main"], lambda e: found.append(e.op.name) if isinstance(e, tvm.relax.Call)
-        and isinstance(e.op, tvm.ir.Op) else None)
-    return found
-
-
 def test_a_convnext_block_runs_in_nchw_then_blocked_end_to_end():
     model = _convnext_block()
-    ops = _ops(ChannelsLastToNCHW()(frontend.import_model(model).module))
+    ops = relax_ops(ChannelsLastToNCHW()(frontend.import_model(model).module))
     assert "relax.permute_dims" not in ops and "relax.matmul" not in ops
     assert ops.count("relax.nn.conv2d") == 3 and "relax.nn.layer_norm" in ops  # the Linears are 1x1 convs
     art = compiler.compile(model, target="cpu", tuning="off")
@@ -72,7 +64,7 @@ def test_a_convnext_block_runs_in_nchw_then_blocked_end_to_end():
 
 def test_a_stretch_whose_nhwc_values_leak_or_that_never_permutes_back_stays():
     for model in (_convnext_block(extra_output=True), _convnext_block(permute_back=False)):
-        ops = _ops(ChannelsLastToNCHW()(frontend.import_model(model).module))
+        ops = relax_ops(ChannelsLastToNCHW()(frontend.import_model(model).module))
         assert "relax.permute_dims" in ops and "relax.matmul" in ops
         art = compiler.compile(model, target="cpu", tuning="off")
         x = reference.random_inputs(art.inputs, seed=1)
