@@ -17,6 +17,7 @@ from tvm.target import Target
 
 from compiler.backend import toolchain
 from passes.memory import PLANNERS
+from schedules.dispatch import MODES as DISPATCH_MODES, STRATEGIES
 from schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
 from support import targets
 from support.errors import TargetError, UserError
@@ -41,12 +42,15 @@ class Config:
     unshared: tuple[str, ...]
     validate_memory: bool
     tuning: str
+    dispatch: str
+    strategy: str
     cache_dir: str | None
     tools: dict[str, str]  # versions of the external tools code generation uses (fingerprinted)
 
     def fingerprint_options(self) -> dict:
         """The options that change what the pipeline produces for a given module."""
-        return {"layout_block": self.layout_block, "memory_planner": self.memory_planner,
+        return {"layout_block": self.layout_block, "memory_planner": self.memory_planner, "dispatch": self.dispatch,
+                "strategy": self.strategy,
                 "unshared": list(self.unshared), "validate_memory": self.validate_memory}
 
 
@@ -57,6 +61,12 @@ class Options:
     tuning: str = _option("replay", "apply the tuning records there are (replay), require one for every "
                           "kernel (strict), tune what is missing first (tune), or use the default "
                           "schedules only (off)", choices=TUNING_MODES)
+    dispatch: str = _option("replay", "choose each 3x3 convolution's implementation (direct, Winograd F(2x2), "
+                            "F(4x4)) from the measurements stored for this CPU, by a fixed rule where there are "
+                            "none (replay); measure the missing ones first and store them (measure); by the "
+                            "rule only (heuristic); or direct everywhere (off)", choices=DISPATCH_MODES)
+    strategy: str = _option("latency", "what dispatch minimises: time (latency) or intermediate memory (memory)",
+                            choices=STRATEGIES)
     cache_dir: str | None = _option(None, "root of the tuning records (default: $RELAXC_CACHE_DIR, else "
                                     "./tuning_logs)", flag="--log-dir", metavar="DIR")
     layout_block: int | None = _option(None, "channel block b of the blocked NCHW{b}c layout (default: the "
@@ -93,7 +103,7 @@ class Options:
             raise UserError("the arena planner (and unshared, validate_memory) is CPU-only so far: its kernels "
                             "take element offsets, never run on a GPU yet; use memory_planner='tvm'")
         return Config(tvm_target, block, why, planner, tuple(self.unshared), self.validate_memory, self.tuning,
-                      self.cache_dir, tools)
+                      self.dispatch, self.strategy, self.cache_dir, tools)
 
     def _check_choices(self) -> None:
         """A UserError naming the option and its choices, for the first value not among them."""

@@ -7,6 +7,7 @@
                                            canonicalize, CSE, dead code
     layout     passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
                passes/dense.py             constant matmul weights packed into column panels
+    dispatch   passes/dispatch.py          each 3x3 conv: direct or Winograd, as measured (schedules/dispatch.py)
     legalize   passes/legalize.py          Relax operators to TIR PrimFuncs (blocked convs: ours)
     fuse       TVM FuseOps/FuseTIR         fuse producers with their elementwise consumers
     tune       schedules/tuning.py         apply tuning records (replay, strict) or tune first (tune)
@@ -22,6 +23,7 @@ Each phase is timed and the module after it is kept (``compiler/instrument.py``)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,6 +40,9 @@ from compiler.instrument import PhaseRecorder
 from compiler.options import Config, Options
 from passes import fast_math
 from passes.dense import PackDenseWeights
+from passes.dispatch import Dispatch
+from schedules.cache import RecordStore, cache_root
+from schedules.dispatch import Chooser, DispatchStore
 from passes.channels_last import ChannelsLastToNCHW
 from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)
@@ -107,6 +112,27 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names), *packing]
 
 
+def _dispatch(c: Compilation) -> list[tvm.transform.Pass]:
+    config = c.config
+    target = config.target
+    if target.kind.name != "llvm":  # GPUs: one implementation per operator so far
+        return []
+    store = None if config.dispatch in ("heuristic", "off") else DispatchStore(RecordStore.of(cache_root(config.cache_dir), target))
+    chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), target,
+                      vector_lanes(target), vector_registers(target), strict=config.tuning == "strict")
+    return [Dispatch(chooser, vector_lanes(target), vector_registers(target), measurable=store is not None)]
+
+
+def _build_candidate(mod: tvm.IRModule, c: Compilation) -> relax.VMExecutable:
+    """A dispatch candidate's module through the phases after dispatch, as the model's kernels go:
+    tuning records replayed (never tuned, never required), default schedules for the rest."""
+    tuning = "off" if c.config.tuning == "off" else "replay"
+    alone = Compilation(dataclasses.replace(c.config, tuning=tuning), c.model)
+    for phase in PHASES[PHASE_NAMES.index("legalize") - 1:]:
+        mod = phase.run(mod, alone)
+    return codegen.build(mod, c.config.target)
+
+
 def _legalize(_c: Compilation) -> list[tvm.transform.Pass]:
     return [legalize_ops(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant()]
 
@@ -130,13 +156,14 @@ def _lower(c: Compilation) -> list[tvm.transform.Pass]:
     target = c.config.target
     backend = BACKENDS[target.kind.name]
     arena = ArenaPlan(c.config.memory_planner, c.config.unshared, c.config.validate_memory,
-                      padding_bytes=c.report["layout"]["padding_bytes"])
+                      padding_bytes=c.report.get("layout", {}).get("padding_bytes", 0))  # none: a dispatch candidate
     return backend.dataflow_lower_passes(target) + [arena] + backend.finalize_passes(target)
 
 
 PHASES: tuple[Phase, ...] = (
     Phase("simplify", _simplify),
     Phase("layout", _layout),
+    Phase("dispatch", _dispatch),
     Phase("legalize", _legalize),
     Phase("fuse", _fuse),
     Phase("tune", _tune),

@@ -28,6 +28,7 @@ IS_SCHEDULED = "tirx.is_scheduled"  # set on every scheduled kernel; dlight skip
 
 # (label, rule factory), in the order the rules are tried
 RULES: tuple[tuple[str, Callable[[], dl.ScheduleRule]], ...] = (
+    ("winograd", cpu.Winograd),
     ("dense", cpu.Dense),
     ("rows", cpu.Rows),
     ("tiled", cpu.Tiled),

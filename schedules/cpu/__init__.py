@@ -5,5 +5,6 @@ from schedules.cpu.basic import Basic
 from schedules.cpu.dense import Dense
 from schedules.cpu.rows import Rows
 from schedules.cpu.tiled import Tiled
+from schedules.cpu.winograd import Winograd
 
-__all__ = ["Dense", "Rows", "Tiled", "Basic"]
+__all__ = ["Winograd", "Dense", "Rows", "Tiled", "Basic"]

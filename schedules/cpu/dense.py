@@ -64,17 +64,17 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     for padded rows, is not the tile: it read rows other tiles compute later, or skipped some (wrong
     results; the fuzzer found them)."""
     loops = sch.get_loops(block)
-    if len(loops) != 3:  # TVM drops unit loops; passes/dense.py packs no single row and no K = 1
-        raise ValueError(f"dense_packed with {len(loops)} loops, expected rows, columns, depth")
-    rows, columns, depth = loops
+    if len(loops) not in (3, 4):  # TVM drops unit loops; passes/dense.py packs no single row and no K = 1
+        raise ValueError(f"dense_packed with {len(loops)} loops, expected [matrices,] rows, columns, depth")
+    *matrices, rows, columns, depth = loops  # matrices: Winograd's products, one per tile position
     annotations = sch.get(block).annotations
     panel = int(annotations[PANEL_ATTR])
     aligned = bool(int(annotations[TILE_ALIGNED_ATTR]))
     row_outer, row_inner = sch.split(rows, factors=[None, int(annotations[ROW_TILE_ATTR])])
     panel_outer, panel_inner = sch.split(columns, factors=[None, panel])
     vector_outer, vector_inner = sch.split(panel_inner, factors=[None, min(lanes, panel)])
-    sch.reorder(panel_outer, row_outer, depth, row_inner, vector_outer, vector_inner)
-    sch.parallel(panel_outer)
+    sch.reorder(*matrices, panel_outer, row_outer, depth, row_inner, vector_outer, vector_inner)
+    sch.parallel(sch.fuse(*matrices, panel_outer) if matrices else panel_outer)
     write_back = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write_back, row_outer, preserve_unit_loops=True)
     sch.vectorize(vector_inner)

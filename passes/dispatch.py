@@ -1,0 +1,175 @@
+"""Operator dispatch: each blocked convolution gets the implementation measured fastest for it.
+
+A 3x3 stride-1 convolution can run as the direct blocked convolution (``passes/legalize.py``) or
+as Winograd F(2x2, 3x3) or F(4x4, 3x3) (``passes/winograd.py``); which is faster depends on the
+shape (Winograd's transforms are memory-bound, its product compute-bound) and on the CPU, so the
+choice is measured, not ruled: ``choose`` maps each workload and its candidates to one.
+All candidates consume and produce the same blocked layout, so per-operator choices are also
+the graph's best choice (no converter is ever needed between them).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from passes import winograd
+from passes.dense import Tile, register_tile
+from passes.ir import constant_array, is_op, rewrite_emitting, static_shape
+
+log = logging.getLogger("relaxc")
+DIRECT = "direct"
+WINOGRAD = {m: f"winograd{m}" for m in winograd.TILE_SIZES}
+
+
+@dataclass(frozen=True)
+class ConvWorkload:
+    """What a convolution's cost depends on: shapes and padding (not the weights' values)."""
+
+    data: tuple[int, ...]  # N, C/b, H, W, b
+    kernel: tuple[int, ...]  # O/ob, I/ib, kh, kw, ib, ob
+    padding: tuple[int, int, int, int]
+
+    @property
+    def key(self) -> str:
+        return "conv2d_nchwc-" + "x".join(map(str, self.data)) + "-" + "x".join(map(str, self.kernel)) + \
+            "-p" + "_".join(map(str, self.padding))
+
+
+# (workload, its candidates, the call) -> (the chosen candidate, how it was chosen: for the report)
+Chooser = Callable[[ConvWorkload, list[str], relax.Call], tuple[str, dict]]
+
+
+def candidates(call: relax.Call) -> tuple[ConvWorkload, list[str]] | None:
+    """The workload of a blocked convolution and the implementations that apply to it, or None
+    when only the direct one does."""
+    if not is_op(call, "relax.nn.conv2d") or not call.attrs.data_layout.endswith("c"):
+        return None
+    attrs = call.attrs
+    data, kernel = static_shape(call.args[0]), static_shape(call.args[1])
+    if data is None or kernel is None or len(kernel) != 6 or call.args[0].ty.dtype != "float32":
+        return None
+    if (kernel[2:4] != (3, 3) or int(attrs.groups) != 1 or any(int(s) != 1 for s in attrs.strides)
+            or any(int(d) != 1 for d in attrs.dilation) or constant_array(call.args[1]) is None):
+        return None
+    workload = ConvWorkload(data, kernel, tuple(int(p) for p in attrs.padding))
+    return workload, [DIRECT] + list(WINOGRAD.values())
+
+
+def unblocked_weight(kernel: np.ndarray) -> np.ndarray:
+    """OIHW{i}i{o}o weights back to OIHW (padded channels included)."""
+    outer, inner, kh, kw, ib, ob = kernel.shape
+    return np.ascontiguousarray(kernel.transpose(0, 5, 1, 4, 2, 3).reshape(outer * ob, inner * ib, kh, kw))
+
+
+@dataclass(frozen=True)
+class WinogradPlan:
+    """The shapes of a Winograd convolution: tile size, product rows and columns, register tile."""
+
+    m: int
+    rows: int  # tiles, padded to whole register tiles (V's extra rows are cheap)
+    columns: int  # output channels, padded to whole weight panels
+    tile: Tile
+
+    @classmethod
+    def of(cls, workload: ConvWorkload, m: int, lanes: int, registers: int) -> "WinogradPlan":
+        batch, _, height, width, _ = workload.data
+        top, left, bottom, right = workload.padding
+        th, tw = winograd.tiles(height + top + bottom - 2, width + left + right - 2, m)
+        out_channels = workload.kernel[0] * workload.kernel[5]
+        tile = register_tile(out_channels, lanes, registers)
+        panel = tile.vectors * lanes
+        return cls(m, -(-batch * th * tw // tile.rows) * tile.rows, -(-out_channels // panel) * panel, tile)
+
+    def scratch_bytes(self, channels: int) -> int:
+        """Bytes of V and M, the intermediate tensors."""
+        return 4 * (self.m + 2) ** 2 * self.rows * (channels + self.columns)
+
+
+def tile_size(name: str) -> int:
+    return next(m for m, n in WINOGRAD.items() if n == name)
+
+
+def scratch_bytes(workload: ConvWorkload, name: str, lanes: int, registers: int) -> int:
+    """Bytes of intermediate tensors the candidate ``name`` adds (none for the direct convolution)."""
+    if name == DIRECT:
+        return 0
+    channels = workload.data[1] * workload.data[4]
+    return WinogradPlan.of(workload, tile_size(name), lanes, registers).scratch_bytes(channels)
+
+
+def emit_winograd(bb: relax.BlockBuilder, call: relax.Call, m: int, lanes: int, registers: int) -> relax.Expr:
+    """The three Winograd kernels for a blocked 3x3 convolution ``call``."""
+    workload, _ = candidates(call)
+    plan = WinogradPlan.of(workload, m, lanes, registers)
+    weight = unblocked_weight(constant_array(call.args[1]))
+    out_channels, channels = weight.shape[:2]
+    panel = plan.tile.vectors * lanes
+    u = winograd.transform_weight(weight, m)  # (alpha^2, C, K)
+    u = np.pad(u, ((0, 0), (0, 0), (0, plan.columns - out_channels))).astype(np.float32)
+    packed = np.ascontiguousarray(u.reshape(u.shape[0], channels, plan.columns // panel, panel).transpose(0, 2, 1, 3))
+    v = bb.emit(bb.call_te(winograd.winograd_input, call.args[0], m, workload.padding, plan.rows,
+                           primfunc_name_hint="winograd_input"))
+    product = bb.emit(bb.call_te(winograd.winograd_product, v, relax.const(packed), plan.tile.rows,
+                                 primfunc_name_hint="winograd_product"))
+    return bb.call_te(winograd.winograd_output, product, m, static_shape(call), primfunc_name_hint="winograd_output")
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, choose: Chooser, lanes: int, registers: int) -> None:
+        super().__init__(mod)
+        self.choose = choose
+        self.lanes = lanes
+        self.registers = registers
+        self.choices: list[dict] = []
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        found = candidates(call)
+        if found is None:
+            return call
+        workload, options = found
+        choice, how = self.choose(workload, options, call)
+        self.choices.append({"workload": workload.key, "choice": choice, **how})
+        if choice == DIRECT:
+            return call
+        return emit_winograd(self.builder_, call, tile_size(choice), self.lanes, self.registers)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.Dispatch")
+class Dispatch:
+    """Give each blocked convolution the implementation ``choose`` picks among its candidates.
+
+    ``summary()`` (``report()["dispatch"]``): per convolution its workload, candidates and choice,
+    and the count of each choice."""
+
+    report_key = "dispatch"
+
+    def __init__(self, choose: Chooser, lanes: int, registers: int, measurable: bool = True) -> None:
+        self.choose = choose
+        self.measurable = measurable  # whether a rule's choice is worth a log line (not with dispatch="heuristic")
+        self.lanes = lanes
+        self.registers = registers
+        self.choices: list[dict] = []
+
+    def summary(self) -> dict:
+        return {"choices": dict(collections.Counter(c["choice"] for c in self.choices)),
+                "sources": dict(collections.Counter(c["source"] for c in self.choices)),
+                "convolutions": self.choices}
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        rewriter = _Rewriter(mod.clone(), self.choose, self.lanes, self.registers)
+        mod = rewrite_emitting(mod, rewriter)
+        self.choices = rewriter.choices
+        ruled = sum(c["source"] == "rule" for c in self.choices)
+        if ruled and self.measurable:
+            log.info("dispatch: %d of %d convolutions chosen by rule, not by measurement on this CPU; compile with "
+                     "dispatch='measure' once (or run `relaxc tune`) to measure them", ruled, len(self.choices))
+        return mod

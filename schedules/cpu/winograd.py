@@ -1,0 +1,70 @@
+"""The ``Winograd`` CPU rule: the input and output transforms of ``passes/winograd.py``.
+
+Both transforms compute a whole tile of values from a whole tile of values (B^T d B, A^T M A): the
+tile's positions are unrolled, so each element's coefficient selection is resolved at compile time
+and LLVM shares the separable partial sums between the elements, and the channels are the vector.
+The input transform's loop nest runs tile by tile (p, channel vector) writing its alpha^2
+values; the output transform runs along output rows, each m x m tile with its fused epilogue
+(bias, activation, residual add). The product between them is the ``Dense`` rule's.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from passes.winograd import INPUT_ATTR, OUTPUT_ATTR
+from schedules.cpu.rule import CpuRule
+from schedules.cpu.tiled import inline_elementwise, loop_extent, schedule_spatial
+from support.targets import VectorUnit
+
+
+class Winograd(CpuRule):
+    """Schedules kernels holding a Winograd input or output transform; None for any other."""
+
+    def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        blocks = normalize_prim_func(sch)
+        if blocks is None:
+            return None
+        marked = {attr: b for b in blocks for attr in (INPUT_ATTR, OUTPUT_ATTR)
+                  if attr in sch.get(b.block_rv).annotations}
+        if INPUT_ATTR in marked:
+            for info in blocks:
+                if info is marked[INPUT_ATTR]:
+                    _schedule_input(sch, info.block_rv, unit.lanes)
+                else:
+                    schedule_spatial(sch, info.block_rv, unit.lanes)  # the padding
+            return sch
+        if OUTPUT_ATTR in marked:
+            m = int(sch.get(marked[OUTPUT_ATTR].block_rv).annotations[OUTPUT_ATTR])
+            remaining = inline_elementwise(sch, blocks)
+            if len(remaining) != 1:
+                return None
+            _schedule_output(sch, remaining[0].block_rv, m, unit.lanes)
+            return sch
+        return None
+
+
+def _schedule_input(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    """Loops (t, p, c): per tile p and channel vector, all alpha^2 positions t unrolled."""
+    t, p, c = sch.get_loops(block)
+    width = lanes if (loop_extent(sch, c) or 0) % lanes == 0 else 1
+    c_outer, c_inner = sch.split(c, factors=[None, width])
+    sch.reorder(p, c_outer, t, c_inner)
+    sch.parallel(sch.fuse(p, c_outer))
+    sch.unroll(t)
+    sch.vectorize(c_inner)
+
+
+def _schedule_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, m: int, lanes: int) -> None:
+    """Loops ([n,] o, y, x, i): split into m x m tiles, the tile unrolled, the channel block the vector."""
+    *outer, y, x, i = sch.get_loops(block)  # a batch of 1 has no loop
+    y_outer, y_inner = sch.split(y, factors=[None, m])
+    x_outer, x_inner = sch.split(x, factors=[None, m])
+    sch.reorder(*outer, y_outer, x_outer, y_inner, x_inner, i)
+    sch.parallel(sch.fuse(*outer, y_outer))
+    sch.unroll(y_inner)
+    sch.unroll(x_inner)
+    if loop_extent(sch, i) in (lanes, lanes // 2):
+        sch.vectorize(i)

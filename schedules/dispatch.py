@@ -1,0 +1,180 @@
+"""Dispatch decisions: each convolution workload's candidates measured once, kept, replayed after.
+
+``passes/dispatch.py`` asks a ``Chooser`` which implementation a convolution gets. The chooser
+answers from the record store's ``dispatch.json`` (one per target key, beside the tuning records:
+``schedules/cache.py``), keyed by workload, so a workload is measured once ever per target and every
+later compile replays the decision (seed 003). Modes (``compile(dispatch=...)``):
+
+- ``measure``: workloads without a stored measurement are measured now and stored;
+- ``replay`` (the default): stored decisions; a workload without one gets the rule below, and the
+  report and one log line say which and how to measure them; with ``tuning="strict"`` (CI) a
+  missing decision is an error, as a missing tuning record is;
+- ``off``: the direct convolution everywhere (what relaxc did before dispatch; for comparisons);
+- ``heuristic``: the rule only, the store is not read: Winograd F(4x4, 3x3) wherever a whole vector
+  of input channels feeds it (measured 1.4-3.7x faster than the direct convolution on every
+  ResNet/VGG 3x3 shape here, docs/benchmarks.md), the direct convolution otherwise.
+
+A measurement builds each candidate alone (the convolution with its real weights, the pipeline's
+phases from legalisation on, tuning records replayed as in the model), then times the candidates in
+turns, each run after flushing the caches (weights are read from memory once per inference in a
+model), and compares every candidate's output with the direct convolution's on the same input: a
+candidate whose error exceeds ``ERROR_LIMIT`` (relative to the output's largest value) is refused.
+Strategies: ``latency`` takes the fastest candidate allowed, ``memory`` the one whose intermediate
+tensors are smallest (the direct convolution has none; Winograd's V and M are alpha^2 / m^2 times
+the input and output).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.target import Target
+
+from passes.dispatch import DIRECT, WINOGRAD, ConvWorkload, emit_winograd, scratch_bytes, tile_size
+from schedules.cache import RecordStore
+from support.files import atomic_write
+from support.errors import UserError
+
+log = logging.getLogger("relaxc")
+MODES = ("replay", "measure", "heuristic", "off")
+STRATEGIES = ("latency", "memory")
+FILE = "dispatch.json"
+ERROR_LIMIT = 1e-4  # max |candidate - direct| / max |direct|: the project's float32 tolerance
+ROUNDS = 3  # the candidates take turns this many times
+RUNS_PER_ROUND = 5
+FLUSH_BYTES = 64 << 20  # more than any L3 of the machines seen
+
+
+def heuristic(workload: ConvWorkload, options: list[str]) -> str:
+    """The fixed rule: Winograd F(4x4) when at least a vector of input channels feeds it."""
+    _, outer, _, _, block = workload.data
+    return WINOGRAD[4] if WINOGRAD[4] in options and outer * block >= 16 else DIRECT
+
+
+@dataclass
+class DispatchStore:
+    """The measured candidates of every workload of one target: ``<store>/dispatch.json``."""
+
+    store: RecordStore
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.store.dir, FILE)
+
+    def load(self) -> dict[str, dict]:
+        try:
+            with open(self.path) as f:
+                return json.load(f)["workloads"]
+        except FileNotFoundError:
+            return {}
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise UserError(f"{self.path} is not a valid dispatch file ({err}); delete it to measure again") from None
+
+    def save(self, key: str, entry: dict) -> None:
+        """Add one workload's measurement (the others kept): written to a temporary file and renamed."""
+        os.makedirs(self.store.dir, exist_ok=True)
+        with self.store.lock():
+            workloads = self.load()
+            workloads[key] = entry
+            atomic_write(self.path, json.dumps({"workloads": workloads}, indent=1, sort_keys=True))
+
+
+def decide(entry: dict, strategy: str) -> str:
+    """The candidate a measurement entry picks under ``strategy``, among those accurate enough."""
+    allowed = {name: c for name, c in entry["candidates"].items() if c["error"] <= ERROR_LIMIT}
+    if strategy == "memory":
+        return min(allowed, key=lambda name: (allowed[name]["scratch_bytes"], allowed[name]["ms"]))
+    return min(allowed, key=lambda name: allowed[name]["ms"])
+
+
+Builder = Callable[[tvm.IRModule], relax.VMExecutable]
+
+
+@dataclass
+class Chooser:
+    """Answers ``passes/dispatch.py``: which candidate a convolution gets, and why (``sources``)."""
+
+    mode: str
+    strategy: str
+    store: DispatchStore | None  # None: no store (heuristic mode)
+    build: Builder  # the pipeline from legalisation on, for one candidate's module
+    target: Target
+    lanes: int
+    registers: int
+    strict: bool = False  # a missing decision is an error (tuning="strict")
+    def __post_init__(self) -> None:
+        self.known = self.store.load() if self.store is not None and self.mode in ("replay", "measure") else {}
+
+    def __call__(self, workload: ConvWorkload, options: list[str], call: relax.Call) -> tuple[str, dict]:
+        """The candidate for ``workload``, and how it was chosen: ``source`` (measured, stored or
+        rule) and the measured ``candidates`` (ms, error, scratch bytes) where there are some."""
+        if self.mode == "off":
+            return DIRECT, {"source": "off"}
+        key = workload.key
+        entry = self.known.get(key)
+        source = "stored"
+        if entry is None and self.mode == "measure":
+            entry = self.known[key] = self._measure(workload, options, call)
+            source = "measured"
+        if entry is None or set(entry["candidates"]) != set(options):
+            if self.strict:
+                raise UserError(f"tuning='strict': no dispatch decision for {key} in "
+                                f"{self.store.path if self.store else 'the store'}; compile once with "
+                                "dispatch='measure' (or run `relaxc tune`) on this CPU")
+            return heuristic(workload, options), {"source": "rule"}
+        return decide(entry, self.strategy), {"source": source, "candidates": entry["candidates"]}
+
+    def _measure(self, workload: ConvWorkload, options: list[str], call: relax.Call) -> dict:
+        start = time.perf_counter()
+        rng = np.random.default_rng(0)
+        x = rng.uniform(-1, 1, workload.data).astype("float32")
+        built = {name: self.build(candidate_module(call, name, self.lanes, self.registers)) for name in options}
+        device = tvm.cpu()
+        vms = {name: relax.VirtualMachine(ex, device) for name, ex in built.items()}
+        data = tvm.runtime.tensor(x, device)
+        outputs = {name: vm["main"](data).numpy() for name, vm in vms.items()}
+        runs: dict[str, list[float]] = {name: [] for name in options}
+        flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32)
+        for _ in range(ROUNDS):
+            for name, vm in vms.items():
+                timer = vm.time_evaluator("main", device, number=1, repeat=1)
+                for _ in range(RUNS_PER_ROUND):
+                    flush += 1.0  # evicts the weights, as a model's other layers do
+                    runs[name].append(timer(data).mean * 1e3)
+        reference = outputs[DIRECT]
+        scale = float(np.abs(reference).max()) or 1.0
+        candidates = {name: {"ms": round(statistics.median(runs[name]), 4),
+                             "error": float(np.abs(outputs[name] - reference).max() / scale),
+                             "scratch_bytes": scratch_bytes(workload, name, self.lanes, self.registers)}
+                      for name in options}
+        entry = {"candidates": candidates, "measured_on": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "seconds": round(time.perf_counter() - start, 2)}
+        if self.store is not None:
+            self.store.save(workload.key, entry)
+        log.debug("dispatch %s: %s", workload.key, {n: c["ms"] for n, c in candidates.items()})
+        return entry
+
+
+def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) -> tvm.IRModule:
+    """A module whose ``main`` runs one candidate of the convolution ``call`` on its input."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", call.args[0].ty)
+    conv = relax.Call(call.op, [x, call.args[1]], call.attrs, call.ty_args)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if name == DIRECT:
+                out = bb.emit(conv)
+            else:
+                out = bb.emit(emit_winograd(bb, bb.normalize(conv), tile_size(name), lanes, registers))
+            result = bb.emit_output(out)
+        bb.emit_func_output(result)
+    return bb.get()
