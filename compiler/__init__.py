@@ -61,7 +61,9 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     rerun resumes. Then each kernel whose records changed (every kernel with ``reselect``) gets its
     schedule chosen: the default and the best records measured again side by side, the fastest
     winning, or the quickest to build within 3% of it. Later ``compile`` calls replay the choices.
-    Returns a summary (tasks, trials, records, selection, minutes, stop reason).
+    Dispatch (``dispatch="replay"``, the default, becomes ``"measure"`` here) measures every
+    convolution's candidates first, so the kernels tuned are those the model will run.
+    Returns a summary (tasks, trials, records, selection, minutes, stop reason, dispatch choices).
     """
     from compiler import diagnostics
     from compiler.pipeline import compile_model
@@ -71,7 +73,10 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
 
     tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
     settings = TuneOptions(**{k: v for k, v in options.items() if k in tune_fields})
-    compile_options = Options(**{k: v for k, v in options.items() if k not in tune_fields}, tuning="off")
+    given = {k: v for k, v in options.items() if k not in tune_fields}
+    if given.get("dispatch", "replay") == "replay":  # tuning a model for this CPU measures its dispatch too
+        given["dispatch"] = "measure"
+    compile_options = Options(**given, tuning="off")
     art = compile_model(model, target, shapes, compile_options, constants)
     if art.target.kind.name != "llvm":
         open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
@@ -82,6 +87,8 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
                               model=art.report()["model"], reselect=settings.reselect,
                               kernels=tuple(settings.kernels))
     diagnostics.translate(said, art.report()["ops"])
+    if "dispatch" in art.report():
+        summary["dispatch"] = {k: art.report()["dispatch"][k] for k in ("choices", "sources")}
     return summary
 
 

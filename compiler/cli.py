@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from compiler.options import Options, TuneOptions
-from compiler.report import memory_summary, summary, tune_command
+from compiler.report import dispatch_summary, memory_summary, summary, tune_command
 from compiler.runtime import random_inputs
 from support import tvm_log
 from support.errors import InputError, ShapeError, UserError
@@ -181,6 +181,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     report = art.report()
     if args.memory:
         print(memory_summary(report["memory"]))
+    elif args.show_dispatch:
+        print(dispatch_summary(report.get("dispatch", {"choices": {}, "sources": {}, "convolutions": []})))
     elif args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -276,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", help="print the IR after this phase (import, simplify, layout, ..., final)")
     p.add_argument("--memory", action="store_true",
                    help="print the memory plan (arena, lower bound, TVM's plan, biggest tensors) instead of the report")
+    p.add_argument("--dispatch", action="store_true", dest="show_dispatch", help="print each convolution's candidates, their measured "
+                   "cost and error, and the choice, instead of the report")
     p.add_argument("--json", action="store_true", help="print the whole compile report as JSON")
     p.set_defaults(func=cmd_inspect)
 

@@ -64,7 +64,8 @@ class Options:
     dispatch: str = _option("replay", "choose each 3x3 convolution's implementation (direct, Winograd F(2x2), "
                             "F(4x4)) from the measurements stored for this CPU, by a fixed rule where there are "
                             "none (replay); measure the missing ones first and store them (measure); by the "
-                            "rule only (heuristic); or direct everywhere (off)", choices=DISPATCH_MODES)
+                            "rule only (heuristic); or direct everywhere (off)", choices=DISPATCH_MODES,
+                            flag="--dispatch-mode")  # `relaxc inspect --dispatch` prints the choices
     strategy: str = _option("latency", "what dispatch minimises: time (latency) or intermediate memory (memory)",
                             choices=STRATEGIES)
     cache_dir: str | None = _option(None, "root of the tuning records (default: $RELAXC_CACHE_DIR, else "

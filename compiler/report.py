@@ -46,6 +46,17 @@ def memory_summary(memory: dict) -> str:
     return "\n".join(lines)
 
 
+def dispatch_summary(dispatch: dict) -> str:
+    """Each convolution's candidates with their measured cost and error, the choice and its source."""
+    lines = [f"dispatch: {', '.join(f'{n} {name}' for name, n in dispatch['choices'].items()) or 'no candidates'}"
+             f" ({', '.join(f'{n} {source}' for source, n in dispatch['sources'].items())})"]
+    for conv in dispatch["convolutions"]:
+        measured = conv.get("candidates", {})
+        costs = "  ".join(f"{name} {c['ms']:.3f} ms (err {c['error']:.1e})" for name, c in measured.items())
+        lines.append(f"  {conv['workload']:48s} -> {conv['choice']:9s} [{conv['source']}]  {costs}")
+    return "\n".join(lines)
+
+
 def tune_command(model: str, target: dict, shapes: Sequence[tuple[str, Sequence[int]]] = (),
                  cache_dir: str | None = None, constants: Sequence[tuple[str, str]] = ()) -> str:
     """The ``relaxc tune`` command that fills the record store this compile read, for this target
