@@ -142,7 +142,7 @@ def _fuse(_c: Compilation) -> list[tvm.transform.Pass]:
 
 
 def _tune(c: Compilation) -> list[tvm.transform.Pass]:
-    return [ApplyTuningRecords(c.config.tuning, c.config.cache_dir)]
+    return [ApplyTuningRecords(c.config.tuning, c.config.cache_dir, model=c.model.name)]
 
 
 def _schedule(c: Compilation) -> list[tvm.transform.Pass]:

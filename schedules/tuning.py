@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import fnmatch
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -24,10 +26,10 @@ from tvm.ir.utils import derived_object
 from tqdm import tqdm
 
 from schedules import builder
-from schedules.cache import RecordStore, cache_root, workload_hash
+from schedules.cache import RecordStore, cache_root, stores, workload_hash
 from schedules.default import IS_SCHEDULED, default_schedule
 from schedules.selection import Selection, apply_trace
-from support import tvm_internals, tvm_log
+from support import targets, tvm_internals, tvm_log
 from support.errors import UserError
 from support.threads import configure_threads, physical_cores
 
@@ -256,12 +258,13 @@ class ApplyTuningRecords:
 
     report_key = "tuning"
 
-    def __init__(self, mode: str, cache_dir: str | None, trials: int = DEFAULT_TRIALS) -> None:
+    def __init__(self, mode: str, cache_dir: str | None, trials: int = DEFAULT_TRIALS, model: str = "MODEL") -> None:
         if mode not in MODES:
             raise ValueError(f"tuning mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.mode = mode
         self.cache_dir = cache_dir
         self.trials = trials
+        self.model = model  # for the command that would tune it
         self.report: dict = {}
 
     def summary(self) -> dict:
@@ -278,12 +281,26 @@ class ApplyTuningRecords:
         if self.mode == "tune":
             self.report["tuned"] = tune_module(mod, target, trials=self.trials, cache_dir=self.cache_dir)
         if not store.exists():
+            self._no_store(store, target)
             return self._finish(mod, tasks, None)
         if not store.compatible():
             log.warning("ignoring %s: its records were tuned with other versions %s", store.dir,
                         store.manifest().get("versions"))
             return self._finish(mod, tasks, None)
         return self._finish(mod, tasks, store)
+
+    def _no_store(self, store: RecordStore, target: Target) -> None:
+        """Say (report and one log line) that no records are for this target, which stores there are,
+        and what would tune for it: replaying on a CPU nobody tuned for is not silent."""
+        root = cache_root(self.cache_dir)
+        others = stores(root)
+        spec = {k: v for k, v in targets.describe(target).items() if k in ("kind", "mcpu", "num-cores")}
+        command = f"relaxc tune {self.model} -t '{json.dumps(spec, separators=(',', ':'))}'" + \
+            (f" --log-dir {root}" if self.cache_dir else "")
+        self.report.update(store=None, stores=others, tune_command=command)
+        if self.mode == "replay":
+            log.warning("no tuning records for %s in %s (stores there: %s): the default schedules run; to tune for "
+                        "this CPU: %s", os.path.basename(store.dir), root, ", ".join(others) or "none", command)
 
     def _finish(self, mod: tvm.IRModule, tasks: list, store: RecordStore | None) -> tvm.IRModule:
         traces, sources = chosen_traces(store, tasks) if store is not None else ({}, {})

@@ -3,6 +3,7 @@ concurrent tuners, fingerprints, and strict replay of the committed logs (CI nev
 
 import glob
 import json
+import logging
 import os
 import re
 import signal
@@ -286,6 +287,19 @@ def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monk
     monkeypatch.undo()
     changed = compiler.compile(reference.small_cnn(seed=5), tuning="off")  # other weights
     assert changed.fingerprint != base.fingerprint
+
+
+def test_replay_without_records_for_this_cpu_says_which_stores_exist(tmp_path, caplog):
+    other = tmp_path / "llvm-othercpu-2c"
+    other.mkdir()
+    for name in cache.DATABASE_FILES:
+        (other / name).write_text("")
+    with caplog.at_level(logging.WARNING, logger="relaxc"):
+        report = compiler.compile(reference.small_cnn(), cache_dir=str(tmp_path)).report()["tuning"]
+    assert report["store"] is None and report["stores"] == ["llvm-othercpu-2c"]
+    assert report["tune_command"].startswith("relaxc tune ") and f"--log-dir {tmp_path}" in report["tune_command"]
+    said = [r.getMessage() for r in caplog.records if "no tuning records for" in r.getMessage()]
+    assert len(said) == 1 and "llvm-othercpu-2c" in said[0] and report["tune_command"] in said[0]
 
 
 # --- the committed logs: CI replays them and never tunes ------------------------------------------
