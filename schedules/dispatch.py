@@ -101,7 +101,7 @@ Builder = Callable[[tvm.IRModule], relax.VMExecutable]
 
 @dataclass
 class Chooser:
-    """Answers ``passes/dispatch.py``: which candidate a convolution gets, and why (``sources``)."""
+    """Answers ``passes/dispatch.py``: which candidate a convolution gets, and how it was chosen."""
 
     mode: str
     strategy: str
@@ -111,6 +111,7 @@ class Chooser:
     lanes: int
     registers: int
     strict: bool = False  # a missing decision is an error (tuning="strict")
+
     def __post_init__(self) -> None:
         self.known = self.store.load() if self.store is not None and self.mode in ("replay", "measure") else {}
 
@@ -122,10 +123,11 @@ class Chooser:
         key = workload.key
         entry = self.known.get(key)
         source = "stored"
-        if entry is None and self.mode == "measure":
+        current = entry is not None and set(entry["candidates"]) == set(options)  # not from fewer candidates
+        if not current and self.mode == "measure":
             entry = self.known[key] = self._measure(workload, options, call)
-            source = "measured"
-        if entry is None or set(entry["candidates"]) != set(options):
+            source, current = "measured", True
+        if not current:
             if self.strict:
                 raise UserError(f"tuning='strict': no dispatch decision for {key} in "
                                 f"{self.store.path if self.store else 'the store'}; compile once with "
@@ -160,7 +162,8 @@ class Chooser:
                  "seconds": round(time.perf_counter() - start, 2)}
         if self.store is not None:
             self.store.save(workload.key, entry)
-        log.debug("dispatch %s: %s", workload.key, {n: c["ms"] for n, c in candidates.items()})
+        log.info("dispatch: measured %s in %.1f s: %s", workload.key, entry["seconds"],
+                 ", ".join(f"{n} {c['ms']:.3f} ms" for n, c in candidates.items()))  # progress, one per workload
         return entry
 
 
