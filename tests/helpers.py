@@ -1,8 +1,18 @@
-"""Running relaxc's command line from the tests, as a user would (a fresh process each time)."""
+"""What several test modules share: running relaxc's command line as a user would (a fresh process
+each time), and a record store that makes dispatch choose a given candidate."""
 
+import json
 import os
 import subprocess
 import sys
+
+import onnx
+
+import compiler
+from passes.dispatch import DIRECT, WINOGRAD
+from schedules.dispatch import FILE
+from schedules import cache
+from support import targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,3 +38,16 @@ def relaxc_command(*args) -> list[str]:
 def relaxc(*args, cwd=ROOT, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(relaxc_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=env())
+
+
+def store_choosing(tmp_path, model: onnx.ModelProto, choice: str) -> str:
+    """A record store whose dispatch.json makes ``choice`` the fastest candidate of every workload."""
+    art = compiler.compile(model, tuning="off", dispatch="heuristic")
+    workloads = {c["workload"] for c in art.report()["dispatch"]["convolutions"]}
+    entry = {"candidates": {name: {"ms": 1.0 if name == choice else 2.0, "error": 0.0,
+                                   "scratch_bytes": 0 if name == DIRECT else 1 << 20}
+                            for name in [DIRECT, *WINOGRAD.values()]}}
+    directory = tmp_path / cache.target_key(targets.resolve("cpu"))
+    directory.mkdir(parents=True)
+    (directory / FILE).write_text(json.dumps({"workloads": {w: entry for w in workloads}}))
+    return str(tmp_path)

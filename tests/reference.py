@@ -115,3 +115,20 @@ def blocked_paths_cnn(seed: int = 2) -> onnx.ModelProto:
     ]
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 17, 17])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 1, 1])], inits)
+
+
+def conv3x3(channels: int, out_channels: int, height: int, width: int, pads: int, batch: int = 1,
+          residual: bool = False, seed: int = 0) -> onnx.ModelProto:
+    """Conv 3x3 stride 1 + bias + ReLU (and a residual add of the input when the shapes allow)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((out_channels, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
+    b = rng.standard_normal(out_channels).astype(np.float32)
+    out_h, out_w = height + 2 * pads - 2, width + 2 * pads - 2
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[pads] * 4)]
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "x"], ["s"]))
+    nodes.append(helper.make_node("Relu", ["s" if residual else "c"], ["y"]))
+    return _model(
+        nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, height, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out_channels, out_h, out_w])],
+        [_const("w", w), _const("b", b)])

@@ -5,9 +5,7 @@ import json
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
 import compiler
 from passes import winograd
@@ -16,41 +14,7 @@ from schedules import cache
 from schedules.dispatch import ERROR_LIMIT, FILE, decide
 from support import targets
 from tests import reference
-from tests.helpers import relaxc
-
-
-def _conv(channels: int, out_channels: int, height: int, width: int, pads: int, batch: int = 1,
-          residual: bool = False, seed: int = 0) -> onnx.ModelProto:
-    """Conv 3x3 stride 1 + bias + ReLU (and a residual add of the input when the shapes allow)."""
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((out_channels, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
-    b = rng.standard_normal(out_channels).astype(np.float32)
-    out_h, out_w = height + 2 * pads - 2, width + 2 * pads - 2
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[pads] * 4)]
-    if residual:
-        nodes.append(helper.make_node("Add", ["c", "x"], ["s"]))
-    nodes.append(helper.make_node("Relu", ["s" if residual else "c"], ["y"]))
-    return reference._model(
-        nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, height, width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out_channels, out_h, out_w])],
-        [reference._const("w", w), reference._const("b", b)])
-
-
-def _onnxruntime(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-
-
-def _store_choosing(tmp_path, model: onnx.ModelProto, choice: str) -> str:
-    """A record store whose dispatch.json makes ``choice`` the fastest candidate of every workload."""
-    art = compiler.compile(model, tuning="off", dispatch="heuristic")
-    workloads = {c["workload"] for c in art.report()["dispatch"]["convolutions"]}
-    entry = {"candidates": {name: {"ms": 1.0 if name == choice else 2.0, "error": 0.0,
-                                   "scratch_bytes": 0 if name == DIRECT else 1 << 20}
-                            for name in [DIRECT, *WINOGRAD.values()]}}
-    directory = tmp_path / cache.target_key(targets.resolve("cpu"))
-    directory.mkdir(parents=True)
-    (directory / FILE).write_text(json.dumps({"workloads": {w: entry for w in workloads}}))
-    return str(tmp_path)
+from tests.helpers import relaxc, store_choosing
 
 
 @pytest.mark.parametrize("choice", [WINOGRAD[2], WINOGRAD[4]])
@@ -60,15 +24,15 @@ def _store_choosing(tmp_path, model: onnx.ModelProto, choice: str) -> str:
     dict(channels=32, out_channels=32, height=8, width=8, pads=1, residual=True),  # residual add fused
 ])
 def test_winograd_matches_onnxruntime(tmp_path, choice, shape):
-    model = _conv(**shape)
-    art = compiler.compile(model, tuning="off", cache_dir=_store_choosing(tmp_path, model, choice))
+    model = reference.conv3x3(**shape)
+    art = compiler.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, choice))
     dispatch = art.report()["dispatch"]
     assert dispatch["choices"] == {choice: 1} and dispatch["sources"] == {"stored": 1}
     x = np.random.default_rng(1).standard_normal(
         (shape.get("batch", 1), shape["channels"], shape["height"], shape["width"])).astype(np.float32)
-    want = _onnxruntime(model, x)
-    assert want.std() > 0.1  # not a near-constant output
-    np.testing.assert_allclose(art.run(x)[0], want, rtol=1e-4, atol=1e-4)
+    want = reference.ort_run(model, {"x": x})
+    assert want[0].std() > 0.1  # not a near-constant output
+    reference.assert_matches(art.run(x), want)
 
 
 def test_weight_transform_is_the_minimal_filtering_algorithm():
@@ -83,7 +47,7 @@ def test_weight_transform_is_the_minimal_filtering_algorithm():
 
 
 def test_measure_stores_then_replay_measures_nothing(tmp_path):
-    model = _conv(16, 16, 12, 12, 1)
+    model = reference.conv3x3(16, 16, 12, 12, 1)
     first = compiler.compile(model, tuning="off", dispatch="measure", cache_dir=str(tmp_path)).report()["dispatch"]
     assert first["sources"] == {"measured": 1}
     (conv,) = first["convolutions"]
@@ -100,7 +64,7 @@ def test_measure_stores_then_replay_measures_nothing(tmp_path):
 
 
 def test_replay_without_a_decision_uses_the_rule_and_strict_refuses(tmp_path):
-    model = _conv(16, 16, 8, 8, 1)
+    model = reference.conv3x3(16, 16, 8, 8, 1)
     report = compiler.compile(model, tuning="off", cache_dir=str(tmp_path)).report()["dispatch"]
     assert report["sources"] == {"rule": 1} and report["choices"] == {WINOGRAD[4]: 1}
     with pytest.raises(compiler.UserError, match="no dispatch decision for conv2d_nchwc.*dispatch='measure'"):
@@ -108,9 +72,9 @@ def test_replay_without_a_decision_uses_the_rule_and_strict_refuses(tmp_path):
 
 
 def test_rule_keeps_direct_for_few_input_channels_and_off_everywhere():
-    narrow = compiler.compile(_conv(3, 16, 8, 8, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
+    narrow = compiler.compile(reference.conv3x3(3, 16, 8, 8, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
     assert narrow["choices"] == {DIRECT: 1}
-    off = compiler.compile(_conv(16, 16, 8, 8, 1), tuning="off", dispatch="off").report()["dispatch"]
+    off = compiler.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", dispatch="off").report()["dispatch"]
     assert off["choices"] == {DIRECT: 1} and off["sources"] == {"off": 1}
 
 
@@ -123,8 +87,8 @@ def test_decide_refuses_inaccurate_candidates_and_memory_strategy_takes_the_smal
 
 
 def test_memory_strategy_compiles_direct_and_plans_less(tmp_path):
-    model = _conv(32, 32, 16, 16, 1)
-    store = _store_choosing(tmp_path, model, WINOGRAD[4])
+    model = reference.conv3x3(32, 32, 16, 16, 1)
+    store = store_choosing(tmp_path, model, WINOGRAD[4])
     fast = compiler.compile(model, tuning="off", cache_dir=store).report()
     small = compiler.compile(model, tuning="off", cache_dir=store, strategy="memory").report()
     assert fast["dispatch"]["choices"] == {WINOGRAD[4]: 1} and small["dispatch"]["choices"] == {DIRECT: 1}
@@ -133,7 +97,7 @@ def test_memory_strategy_compiles_direct_and_plans_less(tmp_path):
 
 def test_inspect_prints_the_choices(tmp_path):
     path = tmp_path / "conv.onnx"
-    onnx.save(_conv(16, 16, 8, 8, 1), str(path))
+    onnx.save(reference.conv3x3(16, 16, 8, 8, 1), str(path))
     out = relaxc("inspect", str(path), "--tuning", "off", "--dispatch-mode", "heuristic", "--dispatch")
     assert out.returncode == 0, out.stderr
     assert "dispatch: 1 winograd4 (1 rule)" in out.stdout and "conv2d_nchwc-1x1x8x8x16" in out.stdout

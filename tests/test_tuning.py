@@ -313,18 +313,29 @@ def test_replay_without_records_for_this_cpu_says_which_stores_exist(tmp_path, c
 
 # --- the committed logs: CI replays them and never tunes ------------------------------------------
 
-COMMITTED = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2", "zoo:bert"]  # tuned on znver3, 2 cores
+EMERALDRAPIDS = {"kind": "llvm", "mcpu": "emeraldrapids", "num-cores": 2}  # AVX-512 Intel, 2 cores
+AVX512_HOSTS = ("sapphirerapids", "emeraldrapids", "graniterapids")  # run emeraldrapids code (same ISA or more)
+COMMITTED = ([(ZNVER3, spec) for spec in ("onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2", "zoo:bert")]
+             + [(EMERALDRAPIDS, spec) for spec in ("onnx:resnet50", "onnx:vgg19")])  # complete stores
+
+
+def _runs_here(target: dict) -> bool:
+    return host_runs_avx2() if target is ZNVER3 else targets.host_cpu() in AVX512_HOSTS
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not host_runs_avx2(), reason="the committed logs are for znver3 (AVX2 + FMA)")
-@pytest.mark.parametrize("spec", COMMITTED)
-def test_committed_logs_replay_strictly(spec):
-    """CI's tuning-log replay: every kernel has a committed schedule chosen by measurement (strict
-    never tunes), the model matches onnxruntime, and a second build replays to bit-identical outputs."""
+@pytest.mark.parametrize("target, spec", [
+    pytest.param(target, spec, id=f"{target['mcpu']}-{spec}",
+                 marks=pytest.mark.skipif(not _runs_here(target), reason=f"this CPU does not run {target['mcpu']} code"))
+    for target, spec in COMMITTED])
+def test_committed_logs_replay_strictly(target, spec):
+    """CI's tuning-log replay: every kernel has a committed schedule chosen by measurement and every
+    convolution a committed dispatch decision (strict never tunes nor measures), the model matches
+    onnxruntime, and a second build replays to bit-identical outputs."""
     logs = os.path.join(ROOT, "tuning_logs")
-    art = compiler.compile(spec, target=ZNVER3, tuning="strict", cache_dir=logs)
+    art = compiler.compile(spec, target=target, tuning="strict", cache_dir=logs)
     report = art.report()
+    assert set(report["dispatch"]["sources"]) <= {"stored"}
     tuning = report["tuning"]
     assert tuning["missing"] == [] and tuning["selected"] == tuning["tasks"]
     assert report["schedules"].get("tuned", 0) == tuning["tasks"] - len(tuning["chose_default"])
@@ -332,6 +343,6 @@ def test_committed_logs_replay_strictly(spec):
     outputs = art.run(inputs)
     reference.assert_matches(outputs, reference.ort_session(frontend.load_model(spec)[0]).run(None, inputs))
     if spec == "onnx:resnet50":
-        again = compiler.compile(spec, target=ZNVER3, tuning="strict", cache_dir=logs)
+        again = compiler.compile(spec, target=target, tuning="strict", cache_dir=logs)
         assert again.fingerprint == art.fingerprint
         assert all(np.array_equal(a, b) for a, b in zip(outputs, again.run(inputs)))

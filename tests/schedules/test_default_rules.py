@@ -10,7 +10,7 @@ from tests.schedules.test_tiling import AVX512, matmul
 
 
 def test_each_target_gets_its_own_rules_in_order():
-    assert [label for label, _ in rules(AVX512)] == ["dense", "rows", "tiled", "basic"]
+    assert [label for label, _ in rules(AVX512)] == ["winograd", "dense", "rows", "tiled", "basic"]
     gpu = [label for label, _ in rules(Target({"kind": "cuda", "arch": "sm_80"}))]
     assert gpu[0] == "gpu-matmul" and gpu[-1] == "gpu-fallback" and all(label.startswith("gpu-") for label in gpu)
 
