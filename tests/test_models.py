@@ -57,7 +57,7 @@ def test_report_and_ir_per_phase():
     report = art.report()
     assert report["model"] == "test"
     assert report["target"]["kind"] == "llvm"
-    assert [p["name"] for p in report["phases"]] == ["import", "simplify", "layout", "legalize", "fuse",
+    assert [p["name"] for p in report["phases"]] == ["import", "simplify", "layout", "dispatch", "legalize", "fuse",
                                                      "tune", "schedule", "lower", "build"]
     assert report["layout"]["block"] in (8, 16) and report["layout"]["why"] == "the target's fp32 vector lanes"
     assert report["layout"]["blocked_ops"] > 0 and report["layout"]["padded_tensors"][0]["from"] == 3
