@@ -86,9 +86,10 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
                               cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
                               model=art.report()["model"], reselect=settings.reselect,
                               kernels=tuple(settings.kernels))
-    diagnostics.translate(said, art.report()["ops"])
-    if "dispatch" in art.report():
-        summary["dispatch"] = {k: art.report()["dispatch"][k] for k in ("choices", "sources")}
+    report = art.report()
+    diagnostics.translate(said, report["ops"])
+    if "dispatch" in report:
+        summary["dispatch"] = {k: report["dispatch"][k] for k in ("choices", "sources")}
     return summary
 
 

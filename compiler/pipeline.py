@@ -117,10 +117,12 @@ def _dispatch(c: Compilation) -> list[tvm.transform.Pass]:
     target = config.target
     if target.kind.name != "llvm":  # GPUs: one implementation per operator so far
         return []
-    store = None if config.dispatch in ("heuristic", "off") else DispatchStore(RecordStore.of(cache_root(config.cache_dir), target))
-    chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), target,
-                      vector_lanes(target), vector_registers(target), strict=config.tuning == "strict")
-    return [Dispatch(chooser, vector_lanes(target), vector_registers(target), measurable=store is not None)]
+    reads_store = config.dispatch in ("replay", "measure")
+    store = DispatchStore(RecordStore.of(cache_root(config.cache_dir), target)) if reads_store else None
+    unit = (vector_lanes(target), vector_registers(target))
+    chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), *unit,
+                      strict=config.tuning == "strict")
+    return [Dispatch(chooser, *unit, measurable=reads_store)]
 
 
 def _build_candidate(mod: tvm.IRModule, c: Compilation) -> relax.VMExecutable:

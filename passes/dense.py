@@ -57,7 +57,7 @@ def register_tile(columns: int, lanes: int, registers: int) -> Tile:
     first whose padding stays within 3 % of N, else the one padding least."""
     budget = accumulators(registers)
     tiles = [Tile(min(ROW_TILE_MAX, budget // v), v) for v in TILE_VECTORS if budget // v >= 4]
-    waste = {t: _round_up(columns, t.vectors * lanes) - columns for t in tiles}
+    waste = {t: round_up(columns, t.vectors * lanes) - columns for t in tiles}
     return min(tiles, key=lambda t: (waste[t] > 0, waste[t] * 32 > columns,  # min keeps the first of equals
                                      waste[t] if waste[t] * 32 > columns else 0))
 
@@ -71,13 +71,22 @@ def row_tile(rows: int, limit: int = ROW_TILE_MAX) -> int:
     return next((t for t in (limit, limit - 1, limit - 2) if rows % t == 0), limit)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def pack_panels(weights: np.ndarray, panel: int) -> np.ndarray:
+    """Weights (..., K, N) in column panels (..., ceil(N / panel), K, panel), the columns past N
+    zero: each panel contiguous (the ``KN{panel}n`` layout)."""
+    *lead, depth, columns = weights.shape
+    padded = round_up(columns, panel)
+    weights = np.pad(weights, [(0, 0)] * (len(lead) + 1) + [(0, padded - columns)])
+    return np.ascontiguousarray(np.swapaxes(weights.reshape(*lead, depth, padded // panel, panel), -3, -2))
 
 
 def padded_rows(rows: int, limit: int = ROW_TILE_MAX) -> int:
     """Rows as the kernel computes them: a whole number of register tiles."""
-    return _round_up(rows, row_tile(rows, limit))
+    return round_up(rows, row_tile(rows, limit))
 
 
 def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: int) -> te.Tensor:
@@ -145,12 +154,10 @@ class _Rewriter(relax.PyExprMutator):
         if depth != shape[-1] or rows == 1 or depth == 1:
             self.stats["unpacked"] += 1
             return call
-        padded_columns = _round_up(columns, panel)
-        w = np.pad(w, ((0, 0), (0, padded_columns - columns)))
-        packed = np.ascontiguousarray(w.reshape(depth, padded_columns // panel, panel).transpose(1, 0, 2))
+        packed = pack_panels(w, panel)
         self.stats["packed"] += 1
         self.stats["padded_rows"] += padded_rows(rows, tile.rows) - rows
-        self.stats["padded_columns"] += padded_columns - columns
+        self.stats["padded_columns"] += packed.shape[0] * panel - columns
         return self.builder_.call_te(dense_packed, data, relax.const(packed), columns, tile.rows,
                                      primfunc_name_hint="dense_packed")
 
@@ -161,7 +168,7 @@ class _Rewriter(relax.PyExprMutator):
             return call
         rows, columns = a[-2], b[-1]
         new_rows = padded_rows(rows)
-        new_columns = columns if columns < self.lanes else _round_up(columns, self.lanes)
+        new_columns = columns if columns < self.lanes else round_up(columns, self.lanes)
         if (new_rows, new_columns) == (rows, columns):
             return call
         self.stats["padded_matmuls"] += 1

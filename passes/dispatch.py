@@ -18,9 +18,10 @@ from typing import Callable
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.ir import GenericConst
 
 from passes import winograd
-from passes.dense import Tile, register_tile
+from passes.dense import Tile, pack_panels, register_tile, round_up
 from passes.ir import constant_array, is_op, rewrite_emitting, static_shape
 
 log = logging.getLogger("relaxc")
@@ -56,7 +57,7 @@ def candidates(call: relax.Call) -> tuple[ConvWorkload, list[str]] | None:
     if data is None or kernel is None or len(kernel) != 6 or call.args[0].ty.dtype != "float32":
         return None
     if (kernel[2:4] != (3, 3) or int(attrs.groups) != 1 or any(int(s) != 1 for s in attrs.strides)
-            or any(int(d) != 1 for d in attrs.dilation) or constant_array(call.args[1]) is None):
+            or any(int(d) != 1 for d in attrs.dilation) or not isinstance(call.args[1], GenericConst)):
         return None
     workload = ConvWorkload(data, kernel, tuple(int(p) for p in attrs.padding))
     return workload, [DIRECT] + list(WINOGRAD.values())
@@ -85,7 +86,7 @@ class WinogradPlan:
         out_channels = workload.kernel[0] * workload.kernel[5]
         tile = register_tile(out_channels, lanes, registers)
         panel = tile.vectors * lanes
-        return cls(m, -(-batch * th * tw // tile.rows) * tile.rows, -(-out_channels // panel) * panel, tile)
+        return cls(m, round_up(batch * th * tw, tile.rows), round_up(out_channels, panel), tile)
 
     def scratch_bytes(self, channels: int) -> int:
         """Bytes of V and M, the intermediate tensors."""
@@ -104,16 +105,12 @@ def scratch_bytes(workload: ConvWorkload, name: str, lanes: int, registers: int)
     return WinogradPlan.of(workload, tile_size(name), lanes, registers).scratch_bytes(channels)
 
 
-def emit_winograd(bb: relax.BlockBuilder, call: relax.Call, m: int, lanes: int, registers: int) -> relax.Expr:
-    """The three Winograd kernels for a blocked 3x3 convolution ``call``."""
-    workload, _ = candidates(call)
+def emit_winograd(bb: relax.BlockBuilder, call: relax.Call, workload: ConvWorkload, m: int, lanes: int,
+                  registers: int) -> relax.Expr:
+    """The three Winograd kernels for the blocked 3x3 convolution ``call`` of ``workload``."""
     plan = WinogradPlan.of(workload, m, lanes, registers)
-    weight = unblocked_weight(constant_array(call.args[1]))
-    out_channels, channels = weight.shape[:2]
-    panel = plan.tile.vectors * lanes
-    u = winograd.transform_weight(weight, m)  # (alpha^2, C, K)
-    u = np.pad(u, ((0, 0), (0, 0), (0, plan.columns - out_channels))).astype(np.float32)
-    packed = np.ascontiguousarray(u.reshape(u.shape[0], channels, plan.columns // panel, panel).transpose(0, 2, 1, 3))
+    u = winograd.transform_weight(unblocked_weight(constant_array(call.args[1])), m)  # (alpha^2, C, K)
+    packed = pack_panels(u.astype(np.float32), plan.tile.vectors * lanes)
     v = bb.emit(bb.call_te(winograd.winograd_input, call.args[0], m, workload.padding, plan.rows,
                            primfunc_name_hint="winograd_input"))
     product = bb.emit(bb.call_te(winograd.winograd_product, v, relax.const(packed), plan.tile.rows,
@@ -140,7 +137,7 @@ class _Rewriter(relax.PyExprMutator):
         self.choices.append({"workload": workload.key, "choice": choice, **how})
         if choice == DIRECT:
             return call
-        return emit_winograd(self.builder_, call, tile_size(choice), self.lanes, self.registers)
+        return emit_winograd(self.builder_, call, workload, tile_size(choice), self.lanes, self.registers)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.Dispatch")

@@ -37,9 +37,8 @@ from typing import Callable
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.target import Target
 
-from passes.dispatch import DIRECT, WINOGRAD, ConvWorkload, emit_winograd, scratch_bytes, tile_size
+from passes.dispatch import DIRECT, WINOGRAD, ConvWorkload, candidates, emit_winograd, scratch_bytes, tile_size
 from schedules.cache import RecordStore
 from support.files import atomic_write
 from support.errors import UserError
@@ -105,15 +104,14 @@ class Chooser:
 
     mode: str
     strategy: str
-    store: DispatchStore | None  # None: no store (heuristic mode)
+    store: DispatchStore | None  # None: the store is not read (heuristic, off)
     build: Builder  # the pipeline from legalisation on, for one candidate's module
-    target: Target
     lanes: int
     registers: int
     strict: bool = False  # a missing decision is an error (tuning="strict")
 
     def __post_init__(self) -> None:
-        self.known = self.store.load() if self.store is not None and self.mode in ("replay", "measure") else {}
+        self.known = self.store.load() if self.store is not None else {}
 
     def __call__(self, workload: ConvWorkload, options: list[str], call: relax.Call) -> tuple[str, dict]:
         """The candidate for ``workload``, and how it was chosen: ``source`` (measured, stored or
@@ -144,11 +142,11 @@ class Chooser:
         vms = {name: relax.VirtualMachine(ex, device) for name, ex in built.items()}
         data = tvm.runtime.tensor(x, device)
         outputs = {name: vm["main"](data).numpy() for name, vm in vms.items()}
+        timers = {name: vm.time_evaluator("main", device, number=1, repeat=1) for name, vm in vms.items()}
         runs: dict[str, list[float]] = {name: [] for name in options}
         flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32)
         for _ in range(ROUNDS):
-            for name, vm in vms.items():
-                timer = vm.time_evaluator("main", device, number=1, repeat=1)
+            for name, timer in timers.items():
                 for _ in range(RUNS_PER_ROUND):
                     flush += 1.0  # evicts the weights, as a model's other layers do
                     runs[name].append(timer(data).mean * 1e3)
@@ -177,7 +175,9 @@ def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) ->
             if name == DIRECT:
                 out = bb.emit(conv)
             else:
-                out = bb.emit(emit_winograd(bb, bb.normalize(conv), tile_size(name), lanes, registers))
+                conv = bb.normalize(conv)  # typed: emit_winograd reads its output shape
+                workload, _ = candidates(conv)
+                out = bb.emit(emit_winograd(bb, conv, workload, tile_size(name), lanes, registers))
             result = bb.emit_output(out)
         bb.emit_func_output(result)
     return bb.get()
