@@ -17,7 +17,7 @@ from tvm.target import Target
 
 from compiler.backend import toolchain
 from passes.memory import PLANNERS
-from schedules.dispatch import MODES as DISPATCH_MODES, STRATEGIES
+from schedules.dispatch import LAYOUT_MODES, MODES as DISPATCH_MODES, STRATEGIES
 from schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
 from support import targets
 from support.errors import TargetError, UserError
@@ -44,13 +44,14 @@ class Config:
     tuning: str
     dispatch: str
     strategy: str
+    layouts: str
     cache_dir: str | None
     tools: dict[str, str]  # versions of the external tools code generation uses (fingerprinted)
 
     def fingerprint_options(self) -> dict:
         """The options that change what the pipeline produces for a given module."""
         return {"layout_block": self.layout_block, "memory_planner": self.memory_planner, "dispatch": self.dispatch,
-                "strategy": self.strategy,
+                "strategy": self.strategy, "layouts": self.layouts,
                 "unshared": list(self.unshared), "validate_memory": self.validate_memory}
 
 
@@ -68,6 +69,10 @@ class Options:
                             flag="--dispatch-mode")  # `relaxc inspect --dispatch` prints the choices
     strategy: str = _option("latency", "what dispatch minimises: time (latency) or intermediate memory (memory)",
                             choices=STRATEGIES)
+    layouts: str = _option("rule", "each op's layout: the target's block wherever an op can run in it (rule); or "
+                           "the graph-level choice among NCHW and two blocks, converters included, from times "
+                           "stored for this CPU (replay; the rule where any is missing) or measured now "
+                           "(measure). Experimental: docs/layout_choice.md", choices=LAYOUT_MODES)
     cache_dir: str | None = _option(None, "root of the tuning records (default: $RELAXC_CACHE_DIR, else "
                                     "./tuning_logs)", flag="--log-dir", metavar="DIR")
     layout_block: int | None = _option(None, "channel block b of the blocked NCHW{b}c layout (default: the "
@@ -104,7 +109,7 @@ class Options:
             raise UserError("the arena planner (and unshared, validate_memory) is CPU-only so far: its kernels "
                             "take element offsets, never run on a GPU yet; use memory_planner='tvm'")
         return Config(tvm_target, block, why, planner, tuple(self.unshared), self.validate_memory, self.tuning,
-                      self.dispatch, self.strategy, self.cache_dir, tools)
+                      self.dispatch, self.strategy, self.layouts, self.cache_dir, tools)
 
     def _check_choices(self) -> None:
         """A UserError naming the option and its choices, for the first value not among them."""

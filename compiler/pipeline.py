@@ -42,14 +42,15 @@ from passes import fast_math
 from passes.dense import PackDenseWeights
 from passes.dispatch import Dispatch
 from schedules.cache import RecordStore, cache_root
-from schedules.dispatch import Chooser, DispatchStore
+from schedules.dispatch import LAYOUT_FILE, Chooser, DispatchStore, MeasuredLayoutCosts
 from passes.channels_last import ChannelsLastToNCHW
 from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)
 from passes.conv_taps import DropPaddingTaps
 from passes.fold_constants import FoldConstantsNumpy
 from passes.half_precision import AccumulateHalfInFloat32
-from passes.layout import LayoutPass
+from passes import layout_choice
+from passes.layout import STANDARD, LayoutPass, blocked
 from passes.legalize import legalize_ops
 from passes.memory import ArenaPlan
 from schedules.default import DefaultSchedules
@@ -109,7 +110,23 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     target = c.config.target
     packing = ([PackDenseWeights(vector_lanes(target), vector_registers(target))]
                if target.kind.name == "llvm" else [])  # GPUs: dlight's matmul rules
-    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names), *packing]
+    planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
+               and c.config.layouts != "rule" else None)
+    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner), *packing]
+
+
+def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:
+    """The graph-level layout choice from the times measured for this CPU (``passes/layout_choice.py``):
+    the target's block, half of it, and NCHW; the layout pass's own choice where a time is missing."""
+    config = c.config
+    layouts = [blocked(config.layout_block), blocked(config.layout_block // 2), STANDARD]
+    store = DispatchStore(RecordStore.of(cache_root(config.cache_dir), config.target), LAYOUT_FILE)
+    costs = MeasuredLayoutCosts(config.layouts == "measure", store, lambda m: _build_candidate(m, c))
+    choice = layout_choice.choose(mod, layouts, costs)
+    if choice is None:
+        return {}, {"source": "rule", "why": f"not every time is in {store.path}: compile once with "
+                    "layouts='measure' on this CPU"}
+    return choice.plan, {"source": "measured" if costs.measured else "stored", **choice.summary()}
 
 
 def _dispatch(c: Compilation) -> list[tvm.transform.Pass]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import tvm
@@ -246,6 +246,7 @@ _UNARY = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.e
 # Binary pointwise ops and the value padded channels of a constant operand get.
 _BINARY = {"relax.add": 0.0, "relax.subtract": 0.0, "relax.multiply": 0.0, "relax.maximum": 0.0,
            "relax.minimum": 0.0, "relax.divide": 1.0}
+ELEMENTWISE = frozenset(_UNARY) | frozenset(_BINARY)  # fused into their producer: cost nothing of their own
 _POOLS = {"relax.nn.max_pool2d": relax.op.nn.max_pool2d, "relax.nn.avg_pool2d": relax.op.nn.avg_pool2d,
           "relax.nn.adaptive_avg_pool2d": relax.op.nn.adaptive_avg_pool2d}
 _SPATIAL_REDUCTIONS = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max,
@@ -254,10 +255,11 @@ _SPATIAL_REDUCTIONS = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, layout: Layout, stats: LayoutStats) -> None:
+    def __init__(self, mod: tvm.IRModule, layout: Layout, stats: LayoutStats, plan: Mapping[str, Layout]) -> None:
         super().__init__(mod)
         self.layout = layout
         self.stats = stats
+        self.plan = plan
         self.values: dict[relax.Var, _Value] = {}
         self.origin: dict[relax.Var, Layout] = {}  # the layout each var had in the input graph
         self.handlers = {"relax.nn.conv2d": self._conv2d, "relax.concat": self._concat,
@@ -269,7 +271,7 @@ class _Rewriter(relax.PyExprMutator):
         self.handlers.update({op: self._pool for op in _POOLS})
         self.handlers.update({op: self._spatial_reduction for op in _SPATIAL_REDUCTIONS})
         self.unsliced: dict[relax.Var, relax.Var] = {}  # to-standard result still padded -> its source
-        self.concats: dict[relax.Var, tuple[list[relax.Expr], list[int]]] = {}  # blocked parts, channels
+        self.concats: dict[relax.Var, tuple[Layout, list[relax.Expr], list[int]]] = {}  # layout, parts, channels
 
     # --- values and converters -------------------------------------------------------------
     def _value(self, expr: relax.Expr) -> _Value | None:
@@ -298,12 +300,15 @@ class _Rewriter(relax.PyExprMutator):
         return value.versions[layout.name]
 
     def _convert(self, value: _Value, layout: Layout, name: str) -> None:
-        """Emit ``value`` in ``layout`` (through the standard layout if it is blocked in another)."""
+        """Emit ``value`` in ``layout`` (through the standard layout, kept as a version of its own,
+        if it is blocked in another)."""
         home = value.home
-        source = value.versions[home.name]
-        standard = source if home.standard else home.to_standard(source, value.channels)
-        converted = standard if layout.standard else layout.from_standard(standard)
-        value.versions[layout.name] = self.builder_.emit(converted)
+        if layout.standard:
+            value.versions[layout.name] = self.builder_.emit(home.to_standard(value.versions[home.name], value.channels))
+            return
+        if STANDARD.name not in value.versions:
+            self._convert(value, STANDARD, name)
+        value.versions[layout.name] = self.builder_.emit(layout.from_standard(value.versions[STANDARD.name]))
         self._note_padding(name, value.channels, layout, value.versions[layout.name])
 
     def _note_padding(self, name: str, channels: int, layout: Layout, expr: relax.Expr) -> None:
@@ -316,9 +321,18 @@ class _Rewriter(relax.PyExprMutator):
         self.stats.padded_tensors.append({"name": name, "from": channels, "to": padded})
         self.stats.padding_bytes += (padded - channels) * per_channel * 4
 
-    def _blocked_home(self, args: list[relax.Expr]) -> bool:
-        """Whether any tracked argument is already blocked (layouts follow their producers)."""
-        return any((v := self._value(a)) is not None and not v.home.standard for a in args)
+    def _followed(self, args: list[relax.Expr]) -> Layout | None:
+        """The layout of the first tracked argument that is blocked, None if none is."""
+        return next((v.home for a in args if (v := self._value(a)) is not None and not v.home.standard), None)
+
+    def _target(self, var: relax.Var, args: list[relax.Expr]) -> Layout | None:
+        """The blocked layout ``var``'s op runs in, None for the standard one: the plan's where it
+        has one (``passes/layout_choice.py``), else the layout of its first blocked argument
+        (layouts follow their producers)."""
+        planned = self.plan.get(var.name)
+        if planned is not None:
+            return None if planned.standard else planned
+        return self._followed(args)
 
     # --- bindings ------------------------------------------------------------------------------
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -373,66 +387,68 @@ class _Rewriter(relax.PyExprMutator):
             return None
         data, weight = call.args
         value, array = self._value(data), constant_array(weight)
-        if value is None or array is None:
+        out = self.plan.get(var.name, self.layout)
+        if value is None or array is None or out.standard:
             return None
-        in_layout = value.home if not value.home.standard else blocked(input_block(value.channels, self.layout.block))
-        packed = pack_conv_weight(array, int(attrs.groups), in_layout.block, self.layout.block)
+        # blocked input: read in the conv's own layout (the cost the layout choice assumes)
+        in_layout = out if not value.home.standard else blocked(input_block(value.channels, out.block))
+        packed = pack_conv_weight(array, int(attrs.groups), in_layout.block, out.block)
         if packed is None:
-            return self._windowed_conv2d(call, value, array, in_layout)
+            return self._windowed_conv2d(call, value, array, in_layout, out)
         kernel, kernel_layout, groups = packed
         self.stats.weight_padding_bytes += (kernel.size - array.size) * array.itemsize
         new = relax.op.nn.conv2d(
             self._get(data, in_layout), relax.const(kernel), strides=attrs.strides,
             padding=attrs.padding, dilation=attrs.dilation, groups=groups,
-            data_layout=in_layout.name, kernel_layout=kernel_layout, out_layout=self.layout.name,
+            data_layout=in_layout.name, kernel_layout=kernel_layout, out_layout=out.name,
             out_dtype=attrs.out_dtype)
         out_channels = array.shape[0]
-        self._note_padding(var.name, out_channels, self.layout, call)
-        return new, self.layout, out_channels
+        self._note_padding(var.name, out_channels, out, call)
+        return new, out, out_channels
 
-    def _windowed_conv2d(self, call: relax.Call, value: _Value, array: np.ndarray, in_layout: Layout):
+    def _windowed_conv2d(self, call: relax.Call, value: _Value, array: np.ndarray, in_layout: Layout, out: Layout):
         """A grouped conv whose groups do not align with the blocks: blocked, each output block
         reading only its window of input blocks (``pack_windowed_conv_weight``)."""
         attrs, groups = call.attrs, int(call.attrs.groups)
         out_channels, in_per_group = array.shape[:2]
-        if groups == 1 or in_layout.block != self.layout.block:
+        if groups == 1 or in_layout != out:
             return None
-        kernel = pack_windowed_conv_weight(array, groups, self.layout.block,
-                                           in_layout.padded(value.channels) // in_layout.block)
+        kernel = pack_windowed_conv_weight(array, groups, out.block, in_layout.padded(value.channels) // out.block)
         self.stats.weight_padding_bytes += (kernel.size - array.size) * array.itemsize
         new = self.builder_.call_te(
             conv2d_nchwc, self._get(call.args[0], in_layout), relax.const(kernel), attrs.strides, attrs.padding,
             attrs.dilation, groups, (in_per_group, out_channels // groups), primfunc_name_hint="conv2d_NCHWc")
-        return new, self.layout, out_channels
+        return new, out, out_channels
 
-    def _take(self, call: relax.Call, _var: relax.Var):
+    def _take(self, call: relax.Call, var: relax.Var):
         """Constant channels taken from blocked data (a channel shuffle): a blocked gather; from a
         concat along C, a gather from its parts (ShuffleNetV2's halves of a shuffled concat: the
         concat itself is then dead, one pass over the feature map fewer)."""
         data, indices = call.args
         array = constant_array(indices)
+        layout = self._target(var, [data])
         if call.attrs.axis is None or int(call.attrs.axis) % 4 != 1 or array is None or array.ndim != 1 \
-                or not self._blocked_home([data]):
+                or layout is None:
             return None
-        if data in self.concats:
-            parts, channels = self.concats[data]
+        if data in self.concats and self.concats[data][0] == layout:
+            _, parts, channels = self.concats[data]
             new = self.builder_.call_te(concat_channels_nchwc, parts, channels, indices,
                                         primfunc_name_hint="take_concat_channels")
-            return new, self.layout, len(array)
-        new = self.builder_.call_te(take_channels_nchwc, self._get(data, self.layout), indices,
+            return new, layout, len(array)
+        new = self.builder_.call_te(take_channels_nchwc, self._get(data, layout), indices,
                                     primfunc_name_hint="take_channels")
-        return new, self.layout, len(array)
+        return new, layout, len(array)
 
-    def _unary(self, call: relax.Call, _var: relax.Var):
-        if not self._blocked_home(call.args[:1]):
+    def _unary(self, call: relax.Call, var: relax.Var):
+        value, layout = self._value(call.args[0]), self._target(var, call.args[:1])
+        if value is None or layout is None:
             return None
-        value = self._value(call.args[0])
-        args = [self._get(call.args[0], self.layout)] + [self.visit_expr(a) for a in call.args[1:]]
-        return self._rebuilt(call, args), self.layout, value.channels
+        args = [self._get(call.args[0], layout)] + [self.visit_expr(a) for a in call.args[1:]]
+        return self._rebuilt(call, args), layout, value.channels
 
-    def _binary(self, call: relax.Call, _var: relax.Var):
-        shape = static_shape(call)
-        if shape is None or len(shape) != 4 or not self._blocked_home(call.args):
+    def _binary(self, call: relax.Call, var: relax.Var):
+        shape, layout = static_shape(call), self._target(var, call.args)
+        if shape is None or len(shape) != 4 or layout is None:
             return None
         channels = shape[1]
         pad_value = _BINARY[call.op.name]
@@ -440,65 +456,66 @@ class _Rewriter(relax.PyExprMutator):
         for index, arg in enumerate(call.args):
             value, array = self._value(arg), constant_array(arg)
             if value is not None and value.channels == channels and (index == 0 or pad_value == 0.0):
-                args.append(self._get(arg, self.layout))
-            elif array is not None and (laid := block_constant(array, channels, self.layout, pad_value)) is not None:
+                args.append(self._get(arg, layout))
+            elif array is not None and (laid := block_constant(array, channels, layout, pad_value)) is not None:
                 args.append(relax.const(laid, str(array.dtype)))
             else:
                 return None
-        return self._rebuilt(call, args), self.layout, channels
+        return self._rebuilt(call, args), layout, channels
 
-    def _layer_norm(self, call: relax.Call, _var: relax.Var):
+    def _layer_norm(self, call: relax.Call, var: relax.Var):
         """LayerNorm over C (ConvNeXt's, once ``passes/channels_last.py`` has put it in NCHW) over
         the channel blocks and their lanes, gamma and beta blocked alike; only where the channels
         fill whole blocks (padded lanes would count in the mean)."""
         attrs, (data, gamma, beta) = call.attrs, call.args
         value, scale, shift = self._value(data), constant_array(gamma), constant_array(beta)
+        layout = self._target(var, [data])
         if value is None or scale is None or shift is None or [int(a) % 4 for a in attrs.axes] != [1] \
-                or value.channels % self.layout.block or not self._blocked_home([data]):
+                or layout is None or value.channels % layout.block:
             return None
-        blocks = (value.channels // self.layout.block, self.layout.block)
-        new = relax.op.nn.layer_norm(self._get(data, self.layout), relax.const(scale.reshape(blocks)),
+        blocks = (value.channels // layout.block, layout.block)
+        new = relax.op.nn.layer_norm(self._get(data, layout), relax.const(scale.reshape(blocks)),
                                      relax.const(shift.reshape(blocks)), axes=[1, 4], epsilon=attrs.epsilon,
                                      center=attrs.center, scale=attrs.scale)
-        return new, self.layout, value.channels
+        return new, layout, value.channels
 
     def _resize2d(self, call: relax.Call, var: relax.Var):
         """A resize inside the graph runs blocked (each output pixel mixes whole vectors of
         channels: LR-ASPP's upsampled 28 x 28 branch kept a converter pair). One whose result
         leaves the function stays NCHW: converting before an upsampling moves fewer bytes."""
-        attrs = call.attrs
-        if attrs.layout != "NCHW" or not isinstance(var, relax.DataflowVar) or not self._blocked_home(call.args[:1]):
+        attrs, layout = call.attrs, self._target(var, call.args[:1])
+        if attrs.layout != "NCHW" or not isinstance(var, relax.DataflowVar) or layout is None:
             return None
         value = self._value(call.args[0])
         new = relax.op.image.resize2d(
-            self._get(call.args[0], self.layout), call.args[1], tuple(float(v) for v in attrs.roi), self.layout.name,
+            self._get(call.args[0], layout), call.args[1], tuple(float(v) for v in attrs.roi), layout.name,
             attrs.method,
             attrs.coordinate_transformation_mode, attrs.rounding_method, attrs.cubic_alpha, attrs.cubic_exclude,
             attrs.extrapolation_value, attrs.out_dtype)
-        return new, self.layout, value.channels
+        return new, layout, value.channels
 
-    def _pool(self, call: relax.Call, _var: relax.Var):
-        attrs = call.attrs
-        if attrs.layout != "NCHW" or attrs.out_layout != "NCHW" or not self._blocked_home(call.args):
+    def _pool(self, call: relax.Call, var: relax.Var):
+        attrs, layout = call.attrs, self._target(var, call.args)
+        if attrs.layout != "NCHW" or attrs.out_layout != "NCHW" or layout is None:
             return None
         value = self._value(call.args[0])
-        data = self._get(call.args[0], self.layout)
-        layouts = {"layout": self.layout.name, "out_layout": self.layout.name}
+        data = self._get(call.args[0], layout)
+        layouts = {"layout": layout.name, "out_layout": layout.name}
         if call.op.name == "relax.nn.adaptive_avg_pool2d":
             new = relax.op.nn.adaptive_avg_pool2d(data, attrs.output_size, **layouts)
         else:
             new = _POOLS[call.op.name](data, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation,
                                        attrs.ceil_mode, attrs.count_include_pad, **layouts)
-        return new, self.layout, value.channels
+        return new, layout, value.channels
 
-    def _spatial_reduction(self, call: relax.Call, _var: relax.Var):
-        attrs = call.attrs
+    def _spatial_reduction(self, call: relax.Call, var: relax.Var):
+        attrs, layout = call.attrs, self._target(var, call.args)
         axes = sorted(int(a) % 4 for a in attrs.axis) if attrs.axis is not None else None
-        if axes != [2, 3] or not attrs.keepdims or not self._blocked_home(call.args):
+        if axes != [2, 3] or not attrs.keepdims or layout is None:
             return None
         value = self._value(call.args[0])
-        new = _SPATIAL_REDUCTIONS[call.op.name](self._get(call.args[0], self.layout), axis=[2, 3], keepdims=True)
-        return new, self.layout, value.channels
+        new = _SPATIAL_REDUCTIONS[call.op.name](self._get(call.args[0], layout), axis=[2, 3], keepdims=True)
+        return new, layout, value.channels
 
     def _concat(self, call: relax.Call, var: relax.Var):
         """Concat along C stays blocked. Parts whose channels fill whole blocks (all but the last)
@@ -508,18 +525,18 @@ class _Rewriter(relax.PyExprMutator):
         axis = None if call.attrs.axis is None else int(call.attrs.axis) % 4
         if not isinstance(parts, relax.Tuple) or axis not in (1, 2, 3):
             return None
-        values = [self._value(p) for p in parts.fields]
-        if any(v is None for v in values) or not self._blocked_home(list(parts.fields)):
+        values, layout = [self._value(p) for p in parts.fields], self._target(var, list(parts.fields))
+        if any(v is None for v in values) or layout is None:
             return None
-        blocked_parts = [self._get(p, self.layout) for p in parts.fields]
+        blocked_parts = [self._get(p, layout) for p in parts.fields]
         if axis != 1:  # along H or W: the same axis of the blocked layout
-            return relax.op.concat(blocked_parts, axis=axis), self.layout, values[0].channels
+            return relax.op.concat(blocked_parts, axis=axis), layout, values[0].channels
         channels = [v.channels for v in values]
-        self.concats[var] = blocked_parts, channels  # a take from it gathers from the parts (_take)
-        if any(c % self.layout.block for c in channels[:-1]):
+        self.concats[var] = layout, blocked_parts, channels  # a take from it gathers from the parts (_take)
+        if any(c % layout.block for c in channels[:-1]):
             new = self.builder_.call_te(concat_channels_nchwc, blocked_parts, channels, primfunc_name_hint="concat_channels")
-            return new, self.layout, sum(channels)
-        return relax.op.concat(blocked_parts, axis=1), self.layout, sum(channels)
+            return new, layout, sum(channels)
+        return relax.op.concat(blocked_parts, axis=1), layout, sum(channels)
 
     def _layout_transform(self, call: relax.Call, var: relax.Var):
         """A converter already in the graph: its result is an alias of the value it converts."""
@@ -547,27 +564,27 @@ class _Rewriter(relax.PyExprMutator):
         shape = static_shape(call)
         source = self.unsliced.get(call.args[0])
         if source is None:
-            return self._channel_slice(call)
+            return self._channel_slice(call, var)
         if shape is None or shape[1] != self.values[source].channels:
             return None
         return self._alias(var, self.values[source], STANDARD)
 
-    def _channel_slice(self, call: relax.Call):
+    def _channel_slice(self, call: relax.Call, var: relax.Var):
         """A slice of blocked data along H and W (the same slice of the blocked layout), or along C
         only (ShuffleNetV2's channel split: a blocked gather)."""
-        data, value = call.args[0], self._value(call.args[0])
+        data, value, layout = call.args[0], self._value(call.args[0]), self._target(var, call.args[:1])
         axes, begin, end, *strides = ([int(i) for i in arg.fields] if isinstance(arg, relax.Tuple) else None
                                       for arg in call.args[1:])
-        if value is None or not self._blocked_home([data]) or None in (axes, begin, end):
+        if value is None or layout is None or None in (axes, begin, end):
             return None
         if all(a % 4 in (2, 3) for a in axes):  # along H and W: the same axes of the blocked layout
-            return self._rebuilt(call, [self._get(data, self.layout), *call.args[1:]]), self.layout, value.channels
+            return self._rebuilt(call, [self._get(data, layout), *call.args[1:]]), layout, value.channels
         if [a % 4 for a in axes] != [1] or strides and strides[0] != [1]:
             return None
         channels = np.arange(value.channels)[begin[0]:end[0]]
-        new = self.builder_.call_te(take_channels_nchwc, self._get(data, self.layout),
+        new = self.builder_.call_te(take_channels_nchwc, self._get(data, layout),
                                     relax.const(channels.astype("int64")), primfunc_name_hint="take_channels")
-        return new, self.layout, len(channels)
+        return new, layout, len(channels)
 
     def _alias(self, var: relax.Var, value: _Value, layout: Layout):
         if layout.name in value.versions:
@@ -579,34 +596,51 @@ class _Rewriter(relax.PyExprMutator):
         return _ALIAS
 
 
+def homes(mod: tvm.IRModule, layout: Layout) -> dict[str, Layout]:
+    """The layout each tracked tensor of ``mod`` (by variable name) is produced in when every op
+    that can runs in ``layout``: what ``passes/layout_choice.py`` offers each op."""
+    rewriter = _Rewriter(mod.clone(), layout, LayoutStats(layout.block), {})
+    rewrite_emitting(mod, rewriter)
+    return {var.name: value.home for var, value in rewriter.values.items()}
+
+
 @tvm.transform.module_pass(opt_level=0, name="relaxc.LayoutPass")
 class LayoutPass:
     """Rewrite NCHW convolutions and the ops around them into NCHW{block}c (see module docstring).
 
-    ``block == 0`` keeps every op in NCHW. ``summary()`` (``report()["layout"]``) says what the last
-    run did; ``why`` says why this block was chosen, and ``names`` maps graph inputs to the names
-    the user knows them by (the importer renames some to C identifiers).
+    ``block == 0`` keeps every op in NCHW. ``planner`` (the graph-level choice of
+    ``passes/layout_choice.py``) returns a plan for the module, and what to report of it: the
+    layout of ops by their variable's name: a convolution runs in its planned layout instead of
+    ``block``'s, any other op in its planned layout instead of its first blocked input's. ``summary()`` (``report()["layout"]``) says what
+    the last run did; ``why`` says why this block was chosen, and ``names`` maps graph inputs to
+    the names the user knows them by (the importer renames some to C identifiers).
     """
 
     report_key = "layout"
 
-    def __init__(self, block: int, why: str = "given by the caller", names: dict[str, str] | None = None) -> None:
+    def __init__(self, block: int, why: str = "given by the caller", names: dict[str, str] | None = None,
+                 planner: Callable[[tvm.IRModule], tuple[Mapping[str, Layout], dict]] | None = None) -> None:
         if block == 1 or block < 0:
             raise ValueError(f"channel block must be 0 (off) or at least 2, not {block}")
         self.layout = blocked(block) if block else STANDARD
         self.why = why
         self.names = names or {}
+        self.planner = planner
+        self.choice: dict | None = None  # what the planner reported
         self.stats = LayoutStats(block)
 
     def summary(self) -> dict:
         summary = self.stats.as_dict()
         summary["padded_tensors"] = [{**t, "name": self.names.get(t["name"], t["name"])}
                                      for t in summary["padded_tensors"]]
-        return {**summary, "why": self.why}
+        return {**summary, "why": self.why, **({"choice": self.choice} if self.choice is not None else {})}
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.stats = LayoutStats(self.layout.block)
         if self.layout.standard:
             return mod
-        new = rewrite_emitting(mod, _Rewriter(mod.clone(), self.layout, self.stats))  # a copy: see passes/ir.py
+        plan: Mapping[str, Layout] = {}
+        if self.planner is not None:
+            plan, self.choice = self.planner(mod)
+        new = rewrite_emitting(mod, _Rewriter(mod.clone(), self.layout, self.stats, plan))  # a copy: see passes/ir.py
         return relax.transform.DeadCodeElimination()(new)

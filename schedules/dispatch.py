@@ -46,7 +46,9 @@ from support.errors import UserError
 log = logging.getLogger("relaxc")
 MODES = ("replay", "measure", "heuristic", "off")
 STRATEGIES = ("latency", "memory")
+LAYOUT_MODES = ("rule", "replay", "measure")  # compile(layouts=...): passes/layout_choice.py
 FILE = "dispatch.json"
+LAYOUT_FILE = "layouts.json"
 ERROR_LIMIT = 1e-4  # max |candidate - direct| / max |direct|: the project's float32 tolerance
 ROUNDS = 3  # the candidates take turns this many times
 RUNS_PER_ROUND = 5
@@ -64,10 +66,11 @@ class DispatchStore:
     """The measured candidates of every workload of one target: ``<store>/dispatch.json``."""
 
     store: RecordStore
+    file: str = FILE  # or LAYOUT_FILE: the layout choice's measured times
 
     @property
     def path(self) -> str:
-        return os.path.join(self.store.dir, FILE)
+        return os.path.join(self.store.dir, self.file)
 
     def load(self) -> dict[str, dict]:
         try:
@@ -142,17 +145,10 @@ class Chooser:
         vms = {name: relax.VirtualMachine(ex, device) for name, ex in built.items()}
         data = tvm.runtime.tensor(x, device)
         outputs = {name: vm["main"](data).numpy() for name, vm in vms.items()}
-        timers = {name: vm.time_evaluator("main", device, number=1, repeat=1) for name, vm in vms.items()}
-        runs: dict[str, list[float]] = {name: [] for name in options}
-        flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32)
-        for _ in range(ROUNDS):
-            for name, timer in timers.items():
-                for _ in range(RUNS_PER_ROUND):
-                    flush += 1.0  # evicts the weights, as a model's other layers do
-                    runs[name].append(timer(data).mean * 1e3)
+        ms = time_in_turns({name: (vm, data) for name, vm in vms.items()})
         reference = outputs[DIRECT]
         scale = float(np.abs(reference).max()) or 1.0
-        candidates = {name: {"ms": round(statistics.median(runs[name]), 4),
+        candidates = {name: {"ms": ms[name],
                              "error": float(np.abs(outputs[name] - reference).max() / scale),
                              "scratch_bytes": scratch_bytes(workload, name, self.lanes, self.registers)}
                       for name in options}
@@ -163,6 +159,58 @@ class Chooser:
         log.info("dispatch: measured %s in %.1f s: %s", workload.key, entry["seconds"],
                  ", ".join(f"{n} {c['ms']:.3f} ms" for n, c in candidates.items()))  # progress, one per workload
         return entry
+
+
+def time_in_turns(runs: dict[str, tuple[relax.VirtualMachine, tvm.runtime.Tensor]]) -> dict[str, float]:
+    """Median ms of each VM's ``main`` on its input, the VMs taking turns, each run after flushing
+    the caches (weights are read from memory once per inference in a model)."""
+    device = tvm.cpu()
+    timers = {name: (vm.time_evaluator("main", device, number=1, repeat=1), data) for name, (vm, data) in runs.items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32)
+    for _ in range(ROUNDS):
+        for name, (timer, data) in timers.items():
+            for _ in range(RUNS_PER_ROUND):
+                flush += 1.0  # evicts what the previous run left in the caches
+                times[name].append(timer(data).mean * 1e3)
+    return {name: round(statistics.median(t), 4) for name, t in times.items()}
+
+
+@dataclass
+class MeasuredLayoutCosts:
+    """``passes/layout_choice.LayoutCosts`` from ``<store>/layouts.json``: each convolution in a
+    layout and each converter timed once per target (``measure``), replayed after."""
+
+    measure: bool  # time what is not stored (else: unknown)
+    store: DispatchStore | None
+    build: Builder
+
+    def __post_init__(self) -> None:
+        self.known = self.store.load() if self.store is not None else {}
+        self.measured = 0
+
+    def conv(self, _call: relax.Call, module: tvm.IRModule, key: str) -> float | None:
+        return self._time(module, key)
+
+    def convert(self, _shape, _source, _target, module: tvm.IRModule, key: str) -> float | None:
+        return self._time(module, key)
+
+    def _time(self, module: tvm.IRModule, key: str) -> float | None:
+        if key in self.known:
+            return self.known[key]["ms"]
+        if not self.measure:
+            return None
+        start = time.perf_counter()
+        vm = relax.VirtualMachine(self.build(module), tvm.cpu())
+        shape = [int(d) for d in module["main"].params[0].ty.shape.values]
+        data = tvm.runtime.tensor(np.random.default_rng(0).uniform(-1, 1, shape).astype("float32"))
+        entry = {"ms": time_in_turns({key: (vm, data)})[key], "measured_on": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "seconds": round(time.perf_counter() - start, 2)}
+        self.known[key] = entry
+        self.measured += 1
+        if self.store is not None:
+            self.store.save(key, entry)
+        return entry["ms"]
 
 
 def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) -> tvm.IRModule:

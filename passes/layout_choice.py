@@ -1,0 +1,209 @@
+"""The graph-level layout choice: the layout each op runs in, converters included, from measurements.
+
+Left alone, the layout pass (``passes/layout.py``) runs every convolution it can in the target's
+block and lets the other ops follow their inputs: right when that convolution is the fastest in
+every layer and when converting into and out of it costs less than it saves. This module checks
+both on the model at hand (seed 000): each convolution is timed in every layout it can run in
+(NCHW and each candidate block), each converter on the real tensor shapes, and
+``schedules/graph_choice.solve`` picks the assignment with the least total time, which the layout
+pass then follows (its ``plan``).
+
+What the model counts: convolutions cost their measured time in each layout, reading their input
+in that layout (a blocked input of another block is converted, few input channels read in a small
+block as the pass does); elementwise ops cost nothing in any layout (fused into their producer);
+other ops (pools, normalisations, reductions, concats, gathers) cost the same in every blocked
+layout they can run in (memory-bound over about the same bytes: padding's extra bytes are not
+counted) and are not offered NCHW where they can run blocked: their NCHW forms are not measured,
+and some are far slower (ConvNeXt's LayerNorm over C: 28 ms in NCHW, under 1 ms blocked). A value
+read in a layout other than its own pays one measured converter per layout. An op can run blocked
+in a layout where the layout pass, given that block for the whole graph, runs it blocked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import tvm
+from tvm import relax
+
+from passes.ir import constant_array, is_op, static_shape
+from passes.layout import ELEMENTWISE, REGISTRY, STANDARD, Layout, blocked, homes, input_block, pack_conv_weight
+from schedules.graph_choice import Operator, Problem, Solution, solve
+
+OUTPUT = "<outputs>"  # the operator that reads the function's results, in NCHW
+
+
+class LayoutCosts(Protocol):
+    """Measured times (ms); None where a time is unknown (not measured, and not to be)."""
+
+    def conv(self, call: relax.Call, module: tvm.IRModule, key: str) -> float | None: ...
+
+    def convert(self, shape: tuple[int, ...], source: Layout, target: Layout, module: tvm.IRModule,
+                key: str) -> float | None: ...
+
+
+@dataclass
+class Choice:
+    """What the choice found: the plan for the layout pass and how it compares with the default."""
+
+    plan: dict[str, Layout]
+    solution: Solution
+    default_cost: float  # the layout pass's own choice, costed the same way
+    changed: dict[str, str]  # op -> layout, where the plan differs from the default
+
+    def summary(self) -> dict:
+        return {"method": self.solution.method, "ms": round(self.solution.cost, 4),
+                "default_ms": round(self.default_cost, 4), "changed": self.changed}
+
+
+def conv_module(call: relax.Call, layout: Layout) -> tvm.IRModule | None:
+    """A module whose ``main`` runs the NCHW convolution ``call`` in ``layout`` on an input already
+    in it (None where the weights are not constant or the layout cannot hold the groups)."""
+    array = constant_array(call.args[1])
+    if array is None:
+        return None
+    attrs, channels = call.attrs, static_shape(call.args[0])[1]
+    in_layout = layout if layout.standard else blocked(input_block(channels, layout.block))
+    if layout.standard:
+        conv = relax.Call(call.op, [None, call.args[1]], attrs, call.ty_args)
+    else:
+        packed = pack_conv_weight(array, int(attrs.groups), in_layout.block, layout.block)
+        if packed is None:
+            return None
+        kernel, kernel_layout, groups = packed
+        conv = relax.op.nn.conv2d(None, relax.const(kernel), strides=attrs.strides, padding=attrs.padding,
+                                  dilation=attrs.dilation, groups=groups, data_layout=in_layout.name,
+                                  kernel_layout=kernel_layout, out_layout=layout.name, out_dtype=attrs.out_dtype)
+    return _module(_laid_out(static_shape(call.args[0]), in_layout),
+                   lambda x: relax.Call(conv.op, [x, conv.args[1]], conv.attrs, conv.ty_args))
+
+
+def converter_module(shape: tuple[int, ...], source: Layout, target: Layout) -> tvm.IRModule:
+    """A module whose ``main`` converts an NCHW ``shape`` tensor from ``source`` to ``target`` as
+    the layout pass does (through NCHW)."""
+    channels = shape[1]
+
+    def convert(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+        standard = x if source.standard else bb.emit(source.to_standard(x, channels))
+        return standard if target.standard else target.from_standard(standard)
+
+    return _module(_laid_out(shape, source), convert, builder=True)
+
+
+def _laid_out(shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return shape if layout.standard else (n, layout.padded(c) // layout.block, h, w, layout.block)
+
+
+def _module(shape: tuple[int, ...], body, builder: bool = False) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x) if builder else body(x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _conv_key(call: relax.Call, layout: Layout) -> str:
+    attrs = call.attrs
+    fields = [static_shape(call.args[0]), static_shape(call.args[1]), tuple(attrs.strides), tuple(attrs.padding),
+              tuple(attrs.dilation), (int(attrs.groups),)]
+    return "conv2d-" + "-".join("x".join(str(int(v)) for v in f) for f in fields) + "-" + layout.name
+
+
+def _is_conv(value: relax.Expr) -> bool:
+    return (is_op(value, "relax.nn.conv2d") and value.attrs.data_layout == "NCHW"
+            and constant_array(value.args[1]) is not None and static_shape(value.args[0]) is not None)
+
+
+def _elementwise(value: relax.Expr) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ELEMENTWISE
+
+
+def _flat(value: relax.Expr) -> list[relax.Expr]:
+    if isinstance(value, relax.Call):
+        return [e for a in value.args for e in _flat(a)] if value.args else []
+    if isinstance(value, relax.Tuple):
+        return [e for f in value.fields for e in _flat(f)]
+    return [value]
+
+
+def build_problem(mod: tvm.IRModule, layouts: list[Layout], costs: LayoutCosts) -> tuple[Problem, dict[str, str]] | None:
+    """The layout problem of ``mod``'s main function and the layout pass's own choice (op ->
+    layout name, given ``layouts[0]`` for the whole graph); None where a time is unknown or
+    variable names repeat (the plan names ops by variable)."""
+    runs = {layout.name: homes(mod, layout) for layout in layouts}
+    default = runs[layouts[0].name]
+    func = mod["main"]
+    operators: list[Operator] = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    outputs: list[str] = []
+    for param in func.params:
+        if param.name in default:
+            operators.append(Operator(param.name, (), {STANDARD.name: 0.0}))
+            shapes[param.name] = static_shape(param)
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            name, value = binding.var.name, binding.value
+            inputs = tuple(dict.fromkeys(a.name for a in _flat(value) if isinstance(a, relax.Var) and a.name in shapes))
+            tracked = name in default
+            if not inputs and not tracked:
+                continue
+            if name in shapes or any(op.name == name for op in operators):
+                return None
+            names = [l for l, run in runs.items() if run.get(name) is not None and run[name].name == l]
+            if not names or _is_conv(value) or _elementwise(value):  # see the module docstring
+                names.insert(0, STANDARD.name)
+            modules = {n: conv_module(value, REGISTRY[n]) for n in names} if _is_conv(value) else {}
+            if modules and None not in modules.values():
+                priced = {n: costs.conv(value, m, _conv_key(value, REGISTRY[n])) for n, m in modules.items()}
+                if None in priced.values():
+                    return None
+            elif modules:  # a form only the layout pass builds (a windowed grouped conv): no alternative
+                priced = {default[name].name: 0.0}
+            else:
+                priced = {n: 0.0 for n in names}
+            operators.append(Operator(name, inputs, priced))
+            if tracked:
+                shapes[name] = static_shape(binding.var) or ()
+                if not isinstance(binding.var, relax.DataflowVar):
+                    outputs.append(name)
+    if outputs:
+        operators.append(Operator(OUTPUT, tuple(outputs), {STANDARD.name: 0.0}))
+    converter_ms: dict[tuple, float] = {}
+    for op in operators:  # every converter the problem may need, measured before solving
+        for producer in op.inputs:
+            shape = shapes[producer]
+            for source in next(o for o in operators if o.name == producer).costs:
+                for target in op.costs:
+                    if source != target and (shape, source, target) not in converter_ms:
+                        if len(shape) != 4:
+                            return None
+                        a, b = REGISTRY[source], REGISTRY[target]
+                        ms = costs.convert(shape, a, b, converter_module(shape, a, b),
+                                           f"convert-{'x'.join(map(str, shape))}-{source}-{target}")
+                        if ms is None:
+                            return None
+                        converter_ms[shape, source, target] = ms
+    problem = Problem(operators, lambda producer, a, b: converter_ms[shapes[producer], a, b])
+    chosen = {op.name: (default[op.name].name if op.name in default and default[op.name].name in op.costs
+                        else next(iter(op.costs))) for op in operators}
+    return problem, chosen
+
+
+def choose(mod: tvm.IRModule, layouts: list[Layout], costs: LayoutCosts) -> Choice | None:
+    """The plan with the least total time (``layouts[0]``: the target's block), or None where a
+    time is unknown."""
+    built = build_problem(mod, layouts, costs)
+    if built is None:
+        return None
+    problem, default = built
+    solution = solve(problem)
+    default_cost = problem.total(default)
+    if solution.cost >= default_cost - 1e-9:  # a tie keeps the layout pass's own choice
+        solution = Solution(default, default_cost, solution.method)
+    changed = {name: layout for name, layout in solution.choice.items() if layout != default[name]}
+    return Choice({name: REGISTRY[layout] for name, layout in solution.choice.items()}, solution,
+                  default_cost, changed)
