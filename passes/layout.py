@@ -255,7 +255,7 @@ _SPATIAL_REDUCTIONS = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, layout: Layout, stats: LayoutStats, plan: Mapping[str, Layout]) -> None:
+    def __init__(self, mod: tvm.IRModule, layout: Layout, stats: LayoutStats, plan: Mapping[relax.Var, Layout]) -> None:
         super().__init__(mod)
         self.layout = layout
         self.stats = stats
@@ -329,7 +329,7 @@ class _Rewriter(relax.PyExprMutator):
         """The blocked layout ``var``'s op runs in, None for the standard one: the plan's where it
         has one (``passes/layout_choice.py``), else the layout of its first blocked argument
         (layouts follow their producers)."""
-        planned = self.plan.get(var.name)
+        planned = self.plan.get(var)
         if planned is not None:
             return None if planned.standard else planned
         return self._followed(args)
@@ -387,7 +387,7 @@ class _Rewriter(relax.PyExprMutator):
             return None
         data, weight = call.args
         value, array = self._value(data), constant_array(weight)
-        out = self.plan.get(var.name, self.layout)
+        out = self.plan.get(var, self.layout)
         if value is None or array is None or out.standard:
             return None
         # blocked input: read in the conv's own layout (the cost the layout choice assumes)
@@ -596,12 +596,12 @@ class _Rewriter(relax.PyExprMutator):
         return _ALIAS
 
 
-def homes(mod: tvm.IRModule, layout: Layout) -> dict[str, Layout]:
-    """The layout each tracked tensor of ``mod`` (by variable name) is produced in when every op
-    that can runs in ``layout``: what ``passes/layout_choice.py`` offers each op."""
+def homes(mod: tvm.IRModule, layout: Layout) -> dict[relax.Var, Layout]:
+    """The layout each tracked tensor of ``mod`` is produced in when every op that can runs in
+    ``layout``: what ``passes/layout_choice.py`` offers each op."""
     rewriter = _Rewriter(mod.clone(), layout, LayoutStats(layout.block), {})
     rewrite_emitting(mod, rewriter)
-    return {var.name: value.home for var, value in rewriter.values.items()}
+    return {var: value.home for var, value in rewriter.values.items()}
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.LayoutPass")
@@ -610,7 +610,7 @@ class LayoutPass:
 
     ``block == 0`` keeps every op in NCHW. ``planner`` (the graph-level choice of
     ``passes/layout_choice.py``) returns a plan for the module, and what to report of it: the
-    layout of ops by their variable's name: a convolution runs in its planned layout instead of
+    layout of ops by their variable: a convolution runs in its planned layout instead of
     ``block``'s, any other op in its planned layout instead of its first blocked input's. ``summary()`` (``report()["layout"]``) says what
     the last run did; ``why`` says why this block was chosen, and ``names`` maps graph inputs to
     the names the user knows them by (the importer renames some to C identifiers).
@@ -619,7 +619,7 @@ class LayoutPass:
     report_key = "layout"
 
     def __init__(self, block: int, why: str = "given by the caller", names: dict[str, str] | None = None,
-                 planner: Callable[[tvm.IRModule], tuple[Mapping[str, Layout], dict]] | None = None) -> None:
+                 planner: Callable[[tvm.IRModule], tuple[Mapping[relax.Var, Layout], dict]] | None = None) -> None:
         if block == 1 or block < 0:
             raise ValueError(f"channel block must be 0 (off) or at least 2, not {block}")
         self.layout = blocked(block) if block else STANDARD
@@ -639,7 +639,7 @@ class LayoutPass:
         self.stats = LayoutStats(self.layout.block)
         if self.layout.standard:
             return mod
-        plan: Mapping[str, Layout] = {}
+        plan: Mapping[relax.Var, Layout] = {}
         if self.planner is not None:
             plan, self.choice = self.planner(mod)
         new = rewrite_emitting(mod, _Rewriter(mod.clone(), self.layout, self.stats, plan))  # a copy: see passes/ir.py

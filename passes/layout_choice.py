@@ -5,7 +5,7 @@ block and lets the other ops follow their inputs: right when that convolution is
 every layer and when converting into and out of it costs less than it saves. This module checks
 both on the model at hand (seed 000): each convolution is timed in every layout it can run in
 (NCHW and each candidate block), each converter on the real tensor shapes, and
-``schedules/graph_choice.solve`` picks the assignment with the least total time, which the layout
+``passes/graph_choice.solve`` picks the assignment with the least total time, which the layout
 pass then follows (its ``plan``).
 
 What the model counts: convolutions cost their measured time in each layout, reading their input
@@ -29,7 +29,7 @@ from tvm import relax
 
 from passes.ir import constant_array, is_op, static_shape
 from passes.layout import ELEMENTWISE, REGISTRY, STANDARD, Layout, blocked, homes, input_block, pack_conv_weight
-from schedules.graph_choice import Operator, Problem, Solution, solve
+from passes.graph_choice import Operator, Problem, Solution, solve
 
 OUTPUT = "<outputs>"  # the operator that reads the function's results, in NCHW
 
@@ -47,7 +47,7 @@ class LayoutCosts(Protocol):
 class Choice:
     """What the choice found: the plan for the layout pass and how it compares with the default."""
 
-    plan: dict[str, Layout]
+    plan: dict[relax.Var, Layout]  # for the layout pass
     solution: Solution
     default_cost: float  # the layout pass's own choice, costed the same way
     changed: dict[str, str]  # op -> layout, where the plan differs from the default
@@ -130,67 +130,95 @@ def _flat(value: relax.Expr) -> list[relax.Expr]:
     return [value]
 
 
-def build_problem(mod: tvm.IRModule, layouts: list[Layout], costs: LayoutCosts) -> tuple[Problem, dict[str, str]] | None:
-    """The layout problem of ``mod``'s main function and the layout pass's own choice (op ->
-    layout name, given ``layouts[0]`` for the whole graph); None where a time is unknown or
-    variable names repeat (the plan names ops by variable)."""
+@dataclass
+class LayoutProblem:
+    """A module's layout problem: operators named uniquely (variable names may repeat), the
+    variable each name stands for, and the layout pass's own choice (op name -> layout name)."""
+
+    problem: Problem
+    variables: dict[str, relax.Var]
+    default: dict[str, str]
+
+
+def build_problem(mod: tvm.IRModule, layouts: list[Layout], costs: LayoutCosts) -> LayoutProblem | None:
+    """The layout problem of ``mod``'s main function, the layout pass's own choice being
+    ``layouts[0]`` for the whole graph; None where a time is unknown."""
     runs = {layout.name: homes(mod, layout) for layout in layouts}
     default = runs[layouts[0].name]
     func = mod["main"]
     operators: list[Operator] = []
+    names: dict[relax.Var, str] = {}  # tracked tensors -> operator name
     shapes: dict[str, tuple[int, ...]] = {}
     outputs: list[str] = []
+    variables: dict[str, relax.Var] = {}
+
+    def add(var: relax.Var, inputs: tuple[str, ...], costs_ms: dict[str, float]) -> str:
+        name = var.name if var.name not in variables else f"{var.name}#{len(operators)}"
+        operators.append(Operator(name, inputs, costs_ms))
+        shapes[name], variables[name] = static_shape(var) or (), var
+        return name
+
     for param in func.params:
-        if param.name in default:
-            operators.append(Operator(param.name, (), {STANDARD.name: 0.0}))
-            shapes[param.name] = static_shape(param)
+        if param in default:
+            names[param] = add(param, (), {STANDARD.name: 0.0})
     for block in func.body.blocks:
         for binding in block.bindings:
-            name, value = binding.var.name, binding.value
-            inputs = tuple(dict.fromkeys(a.name for a in _flat(value) if isinstance(a, relax.Var) and a.name in shapes))
-            tracked = name in default
-            if not inputs and not tracked:
+            var, value = binding.var, binding.value
+            inputs = tuple(dict.fromkeys(names[a] for a in _flat(value) if isinstance(a, relax.Var) and a in names))
+            if not inputs and var not in default:
                 continue
-            if name in shapes or any(op.name == name for op in operators):
+            priced = _priced(var, value, runs, default, costs)
+            if priced is None:
                 return None
-            names = [l for l, run in runs.items() if run.get(name) is not None and run[name].name == l]
-            if not names or _is_conv(value) or _elementwise(value):  # see the module docstring
-                names.insert(0, STANDARD.name)
-            modules = {n: conv_module(value, REGISTRY[n]) for n in names} if _is_conv(value) else {}
-            if modules and None not in modules.values():
-                priced = {n: costs.conv(value, m, _conv_key(value, REGISTRY[n])) for n, m in modules.items()}
-                if None in priced.values():
-                    return None
-            elif modules:  # a form only the layout pass builds (a windowed grouped conv): no alternative
-                priced = {default[name].name: 0.0}
-            else:
-                priced = {n: 0.0 for n in names}
-            operators.append(Operator(name, inputs, priced))
-            if tracked:
-                shapes[name] = static_shape(binding.var) or ()
-                if not isinstance(binding.var, relax.DataflowVar):
+            name = add(var, inputs, priced)
+            if var in default and len(shapes[name]) == 4:
+                names[var] = name
+                if not isinstance(var, relax.DataflowVar):
                     outputs.append(name)
     if outputs:
         operators.append(Operator(OUTPUT, tuple(outputs), {STANDARD.name: 0.0}))
-    converter_ms: dict[tuple, float] = {}
-    for op in operators:  # every converter the problem may need, measured before solving
+    converter_ms = _converter_times(operators, shapes, costs)
+    if converter_ms is None:
+        return None
+    problem = Problem(operators, lambda producer, a, b: converter_ms[shapes[producer], a, b])
+    chosen = {op.name: (home.name if (home := default.get(variables.get(op.name))) is not None
+                        and home.name in op.costs else next(iter(op.costs))) for op in operators}
+    return LayoutProblem(problem, variables, chosen)
+
+
+def _priced(var: relax.Var, value: relax.Expr, runs: dict[str, dict[relax.Var, Layout]],
+            default: dict[relax.Var, Layout], costs: LayoutCosts) -> dict[str, float] | None:
+    """The layouts the op binding ``var`` may run in and its time in each (None: one unknown)."""
+    offered = [name for name, run in runs.items() if run.get(var) is not None and run[var].name == name]
+    if not offered or _is_conv(value) or _elementwise(value):  # see the module docstring
+        offered.insert(0, STANDARD.name)
+    if not _is_conv(value):
+        return {name: 0.0 for name in offered}
+    modules = {name: conv_module(value, REGISTRY[name]) for name in offered}
+    if None in modules.values():  # a form only the layout pass builds (a windowed grouped conv)
+        return {default[var].name: 0.0}
+    priced = {name: costs.conv(value, module, _conv_key(value, REGISTRY[name])) for name, module in modules.items()}
+    return None if None in priced.values() else priced
+
+
+def _converter_times(operators: list[Operator], shapes: dict[str, tuple[int, ...]],
+                     costs: LayoutCosts) -> dict[tuple, float] | None:
+    """The time of every converter the problem may need, by (shape, from, to); None: one unknown."""
+    layouts_of = {op.name: op.costs for op in operators}
+    times: dict[tuple, float] = {}
+    for op in operators:
         for producer in op.inputs:
             shape = shapes[producer]
-            for source in next(o for o in operators if o.name == producer).costs:
+            for source in layouts_of[producer]:
                 for target in op.costs:
-                    if source != target and (shape, source, target) not in converter_ms:
-                        if len(shape) != 4:
-                            return None
+                    if source != target and (shape, source, target) not in times:
                         a, b = REGISTRY[source], REGISTRY[target]
                         ms = costs.convert(shape, a, b, converter_module(shape, a, b),
                                            f"convert-{'x'.join(map(str, shape))}-{source}-{target}")
                         if ms is None:
                             return None
-                        converter_ms[shape, source, target] = ms
-    problem = Problem(operators, lambda producer, a, b: converter_ms[shapes[producer], a, b])
-    chosen = {op.name: (default[op.name].name if op.name in default and default[op.name].name in op.costs
-                        else next(iter(op.costs))) for op in operators}
-    return problem, chosen
+                        times[shape, source, target] = ms
+    return times
 
 
 def choose(mod: tvm.IRModule, layouts: list[Layout], costs: LayoutCosts) -> Choice | None:
@@ -199,11 +227,11 @@ def choose(mod: tvm.IRModule, layouts: list[Layout], costs: LayoutCosts) -> Choi
     built = build_problem(mod, layouts, costs)
     if built is None:
         return None
-    problem, default = built
+    problem, default = built.problem, built.default
     solution = solve(problem)
     default_cost = problem.total(default)
     if solution.cost >= default_cost - 1e-9:  # a tie keeps the layout pass's own choice
         solution = Solution(default, default_cost, solution.method)
     changed = {name: layout for name, layout in solution.choice.items() if layout != default[name]}
-    return Choice({name: REGISTRY[layout] for name, layout in solution.choice.items()}, solution,
-                  default_cost, changed)
+    plan = {built.variables[name]: REGISTRY[layout] for name, layout in solution.choice.items() if name != OUTPUT}
+    return Choice(plan, solution, default_cost, changed)

@@ -71,12 +71,12 @@ def test_converts_where_converting_is_cheaper_than_staying(converter_ms, convert
     between two converters (2 ms < 3 ms saved); with 3 ms ones it stays in NCHW. Both equal brute force."""
     mod = simplified(softmax_between_convs())
     costs = MadeUpCosts({"NCHW16c": 1.0, "NCHW8c": 1.5, "NCHW": 4.0}, converter_ms)
-    problem, _ = layout_choice.build_problem(mod, LAYOUTS, costs)
+    problem = layout_choice.build_problem(mod, LAYOUTS, costs).problem
     choice = layout_choice.choose(mod, LAYOUTS, costs)
     assert choice.solution.method == "exact"
     assert choice.solution.cost == pytest.approx(brute_force(problem))
     second = [op.name for op in problem.operators if len(op.costs) == 3 and op.costs["NCHW"] == 4.0][1]
-    assert (choice.plan[second] == blocked(16)) == converts
+    assert (choice.solution.choice[second] == "NCHW16c") == converts
 
 
 @pytest.mark.parametrize("model", [reference.blocked_paths_cnn, reference.branchy_cnn, softmax_between_convs])
