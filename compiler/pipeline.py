@@ -5,7 +5,8 @@
                                            forms, convert to Relax
     simplify   passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
                                            canonicalize, CSE, dead code
-    layout     passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
+    layout     passes/layout_choice.py     (layouts="measure"/"replay") each op's layout, converters costed
+               passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
                passes/dense.py             constant matmul weights packed into column panels
     dispatch   passes/dispatch.py          each 3x3 conv: direct or Winograd, as measured (schedules/dispatch.py)
     legalize   passes/legalize.py          Relax operators to TIR PrimFuncs (blocked convs: ours)
@@ -24,6 +25,7 @@ Each phase is timed and the module after it is kept (``compiler/instrument.py``)
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -59,6 +61,8 @@ from support import tvm_log
 from support.reporting import summaries
 from support.targets import TargetLike, vector_lanes, vector_registers
 from support.threads import configure_threads
+
+log = logging.getLogger("relaxc")
 
 
 @dataclass
@@ -124,8 +128,9 @@ def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:
     costs = MeasuredLayoutCosts(config.layouts == "measure", store, lambda m: _build_candidate(m, c))
     choice = layout_choice.choose(mod, layouts, costs)
     if choice is None:
-        return {}, {"source": "rule", "why": f"not every time is in {store.path}: compile once with "
-                    "layouts='measure' on this CPU"}
+        why = f"not every time is in {store.path}: compile once with layouts='measure' on this CPU"
+        log.info("layout choice: the rule, %s", why)
+        return {}, {"source": "rule", "why": why}
     return choice.plan, {"source": "measured" if costs.measured else "stored", **choice.summary()}
 
 

@@ -108,19 +108,39 @@ def _eliminate(problem: Problem, max_table: int) -> dict[str, str] | None:
             if factor is None:
                 return None
             factors.append(factor)
+    tables: dict[int, Factor] = dict(enumerate(factors))
+    touching: dict[str, set[int]] = {v: set() for v in domains}  # variable -> the tables over it
+    for i, (scope, _) in tables.items():
+        for v in scope:
+            touching[v].add(i)
+
+    def scope_of(variable: str) -> tuple[str, ...]:  # the variables sharing a table with it, it included
+        return tuple(dict.fromkeys(u for i in sorted(touching[variable]) for u in tables[i][0]))
+
+    def size(scope: tuple[str, ...]) -> int:
+        return math.prod(len(domains[u]) for u in scope)
+
+    sizes = {v: size(scope_of(v)) for v in domains}  # of the table eliminating v would make
     eliminated: list[tuple[str, tuple[str, ...], np.ndarray]] = []  # variable, the rest, its best index
-    remaining = set(domains)
-    while remaining:
-        variable, scope = min(((v, _union(factors, v)) for v in sorted(remaining)),
-                              key=lambda vs: math.prod(len(domains[u]) for u in vs[1]))
-        if math.prod(len(domains[u]) for u in scope) > max_table:
+    while sizes:
+        variable = min(sizes, key=lambda v: (sizes[v], v))
+        scope = scope_of(variable)
+        if size(scope) > max_table:
             return None
-        table = sum(_expand(f, scope, domains) for f in factors if variable in f[0])
+        table = sum(_expand(tables[i], scope, domains) for i in sorted(touching[variable]))
         axis = scope.index(variable)
         rest = scope[:axis] + scope[axis + 1:]
-        factors = [f for f in factors if variable not in f[0]] + [(rest, table.min(axis))]
+        for i in touching.pop(variable):
+            for v in tables.pop(i)[0]:
+                if v != variable:
+                    touching[v].discard(i)
+        tables[len(eliminated) + len(factors)] = (rest, table.min(axis))
+        for v in rest:
+            touching[v].add(len(eliminated) + len(factors))
         eliminated.append((variable, rest, table.argmin(axis)))
-        remaining.remove(variable)
+        del sizes[variable]
+        for v in rest:
+            sizes[v] = size(scope_of(v))
     choice: dict[str, str] = {}
     for variable, rest, best in reversed(eliminated):
         choice[variable] = domains[variable][best[tuple(domains[v].index(choice[v]) for v in rest)]]
@@ -139,11 +159,6 @@ def _converter_factor(problem: Problem, domains: dict[str, tuple[str, ...]], pro
         read_in = {domains[c][i] for c, i in zip(consumers, index[1:])}
         table[index] = problem.conversions(producer, domains[producer][index[0]], read_in)
     return scope, table
-
-
-def _union(factors: list[Factor], variable: str) -> tuple[str, ...]:
-    """The variables sharing a factor with ``variable``, ``variable`` included, in a fixed order."""
-    return tuple(dict.fromkeys(v for scope, _ in factors if variable in scope for v in scope))
 
 
 def _expand(factor: Factor, scope: tuple[str, ...], domains: dict[str, tuple[str, ...]]) -> np.ndarray:

@@ -231,9 +231,9 @@ class _Value:
         return REGISTRY[next(iter(self.versions))]
 
 
-def _flat(exprs: list[relax.Expr]) -> list[relax.Expr]:
+def flatten_tuples(exprs: list[relax.Expr]) -> list[relax.Expr]:
     """Arguments with tuples expanded (call_tir passes its tensors in a tuple)."""
-    return [e for expr in exprs for e in (_flat(expr.fields) if isinstance(expr, relax.Tuple) else [expr])]
+    return [e for expr in exprs for e in (flatten_tuples(expr.fields) if isinstance(expr, relax.Tuple) else [expr])]
 
 
 def _same_map(index_map: tvm.tirx.IndexMap, func: Callable) -> bool:
@@ -367,7 +367,7 @@ class _Rewriter(relax.PyExprMutator):
     def _fallback(self, value: relax.Expr) -> relax.Expr:
         """Any other op: every argument in the layout the input graph gave it."""
         if isinstance(value, relax.Call):
-            if any(self._value(a) is not None for a in _flat(value.args)):
+            if any(self._value(a) is not None for a in flatten_tuples(value.args)):
                 self.stats.standard_ops += 1
                 self.stats.standard_op_kinds[getattr(value.op, "name", "call")] += 1
             return relax.Call(self.visit_expr(value.op), [self._get(a) for a in value.args],

@@ -22,25 +22,25 @@ in a layout where the layout pass, given that block for the whole graph, runs it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import tvm
 from tvm import relax
 
 from passes.ir import constant_array, is_op, static_shape
-from passes.layout import ELEMENTWISE, REGISTRY, STANDARD, Layout, blocked, homes, input_block, pack_conv_weight
+from passes.layout import (ELEMENTWISE, REGISTRY, STANDARD, Layout, blocked, flatten_tuples, homes, input_block,
+                           pack_conv_weight)
 from passes.graph_choice import Operator, Problem, Solution, solve
 
 OUTPUT = "<outputs>"  # the operator that reads the function's results, in NCHW
 
 
 class LayoutCosts(Protocol):
-    """Measured times (ms); None where a time is unknown (not measured, and not to be)."""
+    """Measured times (ms) of the modules ``conv_module`` and ``converter_module`` make, by key;
+    None where a time is unknown (not measured, and not to be). ``module`` makes the module to
+    time (only called for a time not known already)."""
 
-    def conv(self, call: relax.Call, module: tvm.IRModule, key: str) -> float | None: ...
-
-    def convert(self, shape: tuple[int, ...], source: Layout, target: Layout, module: tvm.IRModule,
-                key: str) -> float | None: ...
+    def ms(self, key: str, module: Callable[[], tvm.IRModule]) -> float | None: ...
 
 
 @dataclass
@@ -57,38 +57,39 @@ class Choice:
                 "default_ms": round(self.default_cost, 4), "changed": self.changed}
 
 
-def conv_module(call: relax.Call, layout: Layout) -> tvm.IRModule | None:
-    """A module whose ``main`` runs the NCHW convolution ``call`` in ``layout`` on an input already
-    in it (None where the weights are not constant or the layout cannot hold the groups)."""
+def conv_module(call: relax.Call, layout: Layout) -> Callable[[], tvm.IRModule] | None:
+    """What makes a module whose ``main`` runs the NCHW convolution ``call`` in ``layout`` on an
+    input already in it; None where the weights are not constant or the layout cannot hold the
+    groups. The weights are packed now, the module made when called."""
     array = constant_array(call.args[1])
     if array is None:
         return None
     attrs, channels = call.attrs, static_shape(call.args[0])[1]
     in_layout = layout if layout.standard else blocked(input_block(channels, layout.block))
-    if layout.standard:
-        conv = relax.Call(call.op, [None, call.args[1]], attrs, call.ty_args)
-    else:
-        packed = pack_conv_weight(array, int(attrs.groups), in_layout.block, layout.block)
+    packed = None if layout.standard else pack_conv_weight(array, int(attrs.groups), in_layout.block, layout.block)
+    if not layout.standard and packed is None:
+        return None
+
+    def conv(_bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
         if packed is None:
-            return None
+            return relax.Call(call.op, [x, call.args[1]], attrs, call.ty_args)
         kernel, kernel_layout, groups = packed
-        conv = relax.op.nn.conv2d(None, relax.const(kernel), strides=attrs.strides, padding=attrs.padding,
+        return relax.op.nn.conv2d(x, relax.const(kernel), strides=attrs.strides, padding=attrs.padding,
                                   dilation=attrs.dilation, groups=groups, data_layout=in_layout.name,
                                   kernel_layout=kernel_layout, out_layout=layout.name, out_dtype=attrs.out_dtype)
-    return _module(_laid_out(static_shape(call.args[0]), in_layout),
-                   lambda x: relax.Call(conv.op, [x, conv.args[1]], conv.attrs, conv.ty_args))
+
+    return lambda: _module(_laid_out(static_shape(call.args[0]), in_layout), conv)
 
 
 def converter_module(shape: tuple[int, ...], source: Layout, target: Layout) -> tvm.IRModule:
     """A module whose ``main`` converts an NCHW ``shape`` tensor from ``source`` to ``target`` as
     the layout pass does (through NCHW)."""
-    channels = shape[1]
 
     def convert(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
-        standard = x if source.standard else bb.emit(source.to_standard(x, channels))
+        standard = x if source.standard else bb.emit(source.to_standard(x, shape[1]))
         return standard if target.standard else target.from_standard(standard)
 
-    return _module(_laid_out(shape, source), convert, builder=True)
+    return _module(_laid_out(shape, source), convert)
 
 
 def _laid_out(shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
@@ -96,12 +97,12 @@ def _laid_out(shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
     return shape if layout.standard else (n, layout.padded(c) // layout.block, h, w, layout.block)
 
 
-def _module(shape: tuple[int, ...], body, builder: bool = False) -> tvm.IRModule:
+def _module(shape: tuple[int, ...], body: Callable[[relax.BlockBuilder, relax.Expr], relax.Expr]) -> tvm.IRModule:
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = bb.emit_output(body(bb, x) if builder else body(x))
+            out = bb.emit_output(body(bb, x))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -120,14 +121,6 @@ def _is_conv(value: relax.Expr) -> bool:
 
 def _elementwise(value: relax.Expr) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ELEMENTWISE
-
-
-def _flat(value: relax.Expr) -> list[relax.Expr]:
-    if isinstance(value, relax.Call):
-        return [e for a in value.args for e in _flat(a)] if value.args else []
-    if isinstance(value, relax.Tuple):
-        return [e for f in value.fields for e in _flat(f)]
-    return [value]
 
 
 @dataclass
@@ -164,7 +157,8 @@ def build_problem(mod: tvm.IRModule, layouts: list[Layout], costs: LayoutCosts) 
     for block in func.body.blocks:
         for binding in block.bindings:
             var, value = binding.var, binding.value
-            inputs = tuple(dict.fromkeys(names[a] for a in _flat(value) if isinstance(a, relax.Var) and a in names))
+            args = flatten_tuples(list(value.args) if isinstance(value, relax.Call) else [value])
+            inputs = tuple(dict.fromkeys(names[a] for a in args if isinstance(a, relax.Var) and a in names))
             if not inputs and var not in default:
                 continue
             priced = _priced(var, value, runs, default, costs)
@@ -197,7 +191,7 @@ def _priced(var: relax.Var, value: relax.Expr, runs: dict[str, dict[relax.Var, L
     modules = {name: conv_module(value, REGISTRY[name]) for name in offered}
     if None in modules.values():  # a form only the layout pass builds (a windowed grouped conv)
         return {default[var].name: 0.0}
-    priced = {name: costs.conv(value, module, _conv_key(value, REGISTRY[name])) for name, module in modules.items()}
+    priced = {name: costs.ms(_conv_key(value, REGISTRY[name]), module) for name, module in modules.items()}
     return None if None in priced.values() else priced
 
 
@@ -213,8 +207,8 @@ def _converter_times(operators: list[Operator], shapes: dict[str, tuple[int, ...
                 for target in op.costs:
                     if source != target and (shape, source, target) not in times:
                         a, b = REGISTRY[source], REGISTRY[target]
-                        ms = costs.convert(shape, a, b, converter_module(shape, a, b),
-                                           f"convert-{'x'.join(map(str, shape))}-{source}-{target}")
+                        ms = costs.ms(f"convert-{'x'.join(map(str, shape))}-{source}-{target}",
+                                        lambda: converter_module(shape, a, b))
                         if ms is None:
                             return None
                         times[shape, source, target] = ms

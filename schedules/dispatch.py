@@ -189,18 +189,13 @@ class MeasuredLayoutCosts:
         self.known = self.store.load() if self.store is not None else {}
         self.measured = 0
 
-    def conv(self, _call: relax.Call, module: tvm.IRModule, key: str) -> float | None:
-        return self._time(module, key)
-
-    def convert(self, _shape, _source, _target, module: tvm.IRModule, key: str) -> float | None:
-        return self._time(module, key)
-
-    def _time(self, module: tvm.IRModule, key: str) -> float | None:
+    def ms(self, key: str, module: Callable[[], tvm.IRModule]) -> float | None:
         if key in self.known:
             return self.known[key]["ms"]
         if not self.measure:
             return None
         start = time.perf_counter()
+        module = module()
         vm = relax.VirtualMachine(self.build(module), tvm.cpu())
         shape = [int(d) for d in module["main"].params[0].ty.shape.values]
         data = tvm.runtime.tensor(np.random.default_rng(0).uniform(-1, 1, shape).astype("float32"))
