@@ -121,9 +121,11 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
 
 def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:
     """The graph-level layout choice from the times measured for this CPU (``passes/layout_choice.py``):
-    the target's block, half of it, and NCHW; the layout pass's own choice where a time is missing."""
+    the target's block, the other of 8 and 16 lanes (half a block on AVX-512, two vectors on AVX2),
+    and NCHW; the layout pass's own choice where a time is missing."""
     config = c.config
-    layouts = [blocked(config.layout_block), blocked(config.layout_block // 2), STANDARD]
+    block = config.layout_block
+    layouts = [blocked(block), blocked(block * 2 if block < 16 else block // 2), STANDARD]
     store = DispatchStore(RecordStore.of(cache_root(config.cache_dir), config.target), LAYOUT_FILE)
     costs = MeasuredLayoutCosts(config.layouts == "measure", store, lambda m: _build_candidate(m, c))
     choice = layout_choice.choose(mod, layouts, costs)
