@@ -208,7 +208,7 @@ def _converter_times(operators: list[Operator], shapes: dict[str, tuple[int, ...
                     if source != target and (shape, source, target) not in times:
                         a, b = REGISTRY[source], REGISTRY[target]
                         ms = costs.ms(f"convert-{'x'.join(map(str, shape))}-{source}-{target}",
-                                        lambda: converter_module(shape, a, b))
+                                      lambda: converter_module(shape, a, b))
                         if ms is None:
                             return None
                         times[shape, source, target] = ms
