@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import tvm
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
@@ -235,7 +236,24 @@ def _runner(target: Target) -> ms.runner.Runner | str:
     if target.kind.name != "llvm":
         return "local"
     return ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(
-        number=1, repeat=RUNS_PER_TRIAL, min_repeat_ms=0, enable_cpu_cache_flush=True))
+        number=1, repeat=RUNS_PER_TRIAL, min_repeat_ms=0, enable_cpu_cache_flush=True),
+        f_alloc_argument=alloc_arguments)
+
+
+def alloc_arguments(device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:
+    """MetaSchedule's random arguments, but integer tensors all zero: they are indices (token ids, a
+    gather's positions), and random ones read outside the data, so BERT's embedding lookups (``take``)
+    crashed in every trial and never got a record (``tuning="strict"`` then failed on a new CPU).
+    Runs in the measuring worker."""
+    random_fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure")
+
+    def fill(tensor: tvm.runtime.Tensor) -> None:
+        if tensor.dtype.startswith(("int", "uint")):
+            tensor.copyfrom(np.zeros(tensor.shape, tensor.dtype))
+        else:
+            random_fill(tensor)
+
+    return ms.runner.utils.alloc_argument_common(fill, device, args_info, alloc_repeat)
 
 
 def _space(target: Target) -> ms.space_generator.SpaceGenerator | str:
