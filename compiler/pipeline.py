@@ -159,8 +159,8 @@ def _build_candidate(mod: tvm.IRModule, c: Compilation) -> relax.VMExecutable:
     return codegen.build(mod, c.config.target)
 
 
-def _legalize(_c: Compilation) -> list[tvm.transform.Pass]:
-    return [legalize_ops(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant()]
+def _legalize(c: Compilation) -> list[tvm.transform.Pass]:
+    return [legalize_ops(c.config.target), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant()]
 
 
 def _fuse(_c: Compilation) -> list[tvm.transform.Pass]:

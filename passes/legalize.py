@@ -14,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax, te, topi
+from tvm.target import Target
 
 from passes.ir import static_shape
+from support import targets
 
 STAGE_ATTR = "relaxc.stage"  # on a TE block that schedules keep as a stage of its own (not inlined)
 
@@ -212,9 +214,46 @@ def _extremum(largest: bool):
 _DEFAULT_RESIZE2D = tvm.ir.Op.get("relax.image.resize2d").get_attr("FLegalize")
 
 
-def legalize_ops() -> tvm.transform.Pass:
-    """TVM's LegalizeOps with the blocked convolution, separable resizes, cumsum, and float max/min
-    reductions that start from infinity."""
-    return relax.transform.LegalizeOps({"relax.nn.conv2d": _conv2d, "relax.image.resize2d": _resize2d,
-                                        "relax.cumsum": _cumsum, "relax.max": _extremum(True),
-                                        "relax.min": _extremum(False)})
+def softmax_padded_rows(data: te.Tensor, multiple: int) -> te.Tensor:
+    """Softmax over the last axis whose two reductions (max, sum of exponentials) run over the row
+    padded to a ``multiple`` of the vector width, the padding read as the reduction's identity
+    through an index clamped to the row (no load leaves it). The ``Rows`` schedule can then split
+    each reduction into vector-wide partial results, as it does for rows that divide: a 197-token
+    row (ViT) was one chain of dependent scalar maxima and sums, 4x slower. A single row (a
+    classifier's 1,000 classes) keeps TOPI's form: one chain costs microseconds there, and its kernel
+    keeps the workload of the committed tuning records."""
+    *rows, length = (int(d) for d in data.shape)
+    padded = -(-length // multiple) * multiple
+    last = lambda k: te.min(k, length - 1)  # noqa: E731 - the clamped index
+    k = te.reduce_axis((0, padded), name="k")
+    lowest = tvm.tirx.min_value(data.dtype)
+    maxelem = te.compute(rows, lambda *i: te.max(tvm.tirx.Select(k < length, data[(*i, last(k))], lowest), axis=k),
+                         name="T_softmax_maxelem")
+    exp = te.compute(data.shape, lambda *i: te.exp(data[i] - maxelem[i[:-1]]), name="T_softmax_exp")
+    k = te.reduce_axis((0, padded), name="k")
+    zero = tvm.tirx.const(0, data.dtype)
+    expsum = te.compute(rows, lambda *i: te.sum(tvm.tirx.Select(k < length, exp[(*i, last(k))], zero), axis=k),
+                        name="T_softmax_expsum")
+    return te.compute(data.shape, lambda *i: exp[i] / expsum[i[:-1]], name="T_softmax_norm")
+
+
+def _softmax(multiple: int):
+    default = tvm.ir.Op.get("relax.nn.softmax").get_attr("FLegalize")
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        shape = static_shape(call.args[0])
+        if (shape is None or int(call.attrs.axis) % len(shape) != len(shape) - 1
+                or shape[-1] % multiple == 0 or shape[-1] < 2 * multiple or np.prod(shape[:-1]) == 1):
+            return default(bb, call)
+        return bb.call_te(softmax_padded_rows, call.args[0], multiple, primfunc_name_hint="softmax")
+    return legalize
+
+
+def legalize_ops(target: Target) -> tvm.transform.Pass:
+    """TVM's LegalizeOps with the blocked convolution, separable resizes, cumsum, float max/min
+    reductions that start from infinity, and on CPU softmax rows padded to the vector width."""
+    ops = {"relax.nn.conv2d": _conv2d, "relax.image.resize2d": _resize2d, "relax.cumsum": _cumsum,
+           "relax.max": _extremum(True), "relax.min": _extremum(False)}
+    if target.kind.name == "llvm":
+        ops["relax.nn.softmax"] = _softmax(targets.vector_lanes(target))
+    return relax.transform.LegalizeOps(ops)

@@ -74,7 +74,8 @@ def _conv_module(channels: int = 20, consumers=("softmax",), prefix=None) -> tvm
 
 
 def _run(mod: tvm.IRModule, x: np.ndarray) -> list[np.ndarray]:
-    built = tvm.compile(legalize_ops()(mod), target=tvm.target.Target({"kind": "llvm"}))
+    target = tvm.target.Target({"kind": "llvm"})
+    built = tvm.compile(legalize_ops(target)(mod), target=target)
     result = relax.VirtualMachine(built, tvm.cpu())["main"](tvm.runtime.tensor(x))
     return [result.numpy()] if isinstance(result, tvm.runtime.Tensor) else [r.numpy() for r in result]
 

@@ -7,6 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import compiler
 from tests import reference
+from tests.helpers import host_runs_avx2
 
 
 def _model(nodes, width: int, inits=(), opset: int = 18):
@@ -61,4 +62,26 @@ def test_a_pool_window_is_not_a_row(block):
     art = compiler.compile(model, target="cpu", tuning="off", layout_block=block)
     assert art.report()["schedules"].get("rows", 0) == 0, art.report()["schedules"]
     x = reference.random_inputs(art.inputs, seed=1)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+AVX2 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # 8 lanes where the host has 16
+
+
+@pytest.mark.parametrize("target", ["cpu", AVX2], ids=["host", "avx2"])
+@pytest.mark.parametrize("width", [197, 49, 33])
+def test_softmax_rows_that_do_not_divide_reduce_in_vector_partial_results(width, target):
+    """A row that is not a whole number of vectors (ViT's 197 tokens, Swin's 49) is reduced over its
+    padded length, the padding reading as the identity: max and sum run as vector-wide partial
+    results (rfactor blocks in the scheduled kernel), and the result still matches onnxruntime with
+    -inf entries and rows of large values."""
+    if target is AVX2 and not host_runs_avx2():
+        pytest.skip("this CPU does not run AVX2 code")
+    model = _model(_forms(width)["softmax"][0], width)
+    art = compiler.compile(model, target=target, tuning="off")
+    scheduled = art.ir("schedule")
+    assert "T_softmax_maxelem_rf" in scheduled and "T_softmax_expsum_rf" in scheduled
+    x = reference.random_inputs(art.inputs, seed=1)
+    x["x"][..., ::7] = -np.inf
+    x["x"][1] *= 50
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
