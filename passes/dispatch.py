@@ -105,17 +105,34 @@ def scratch_bytes(workload: ConvWorkload, name: str, lanes: int, registers: int)
     return WinogradPlan.of(workload, tile_size(name), lanes, registers).scratch_bytes(channels)
 
 
-def emit_winograd(bb: relax.BlockBuilder, call: relax.Call, workload: ConvWorkload, m: int, lanes: int,
+class Kernels:
+    """``BlockBuilder.call_te`` made once per kernel and argument shapes: the unrolled transforms
+    take TE most of the dispatch phase to turn into PrimFuncs (ResNet-50's 13 Winograd convolutions
+    are 4 workloads; DenseNet-121's 58 are 4), and every convolution of a workload shares them."""
+
+    def __init__(self, bb: relax.BlockBuilder) -> None:
+        self.bb = bb
+        self.made: dict[tuple, tuple[relax.GlobalVar, relax.StructInfo]] = {}
+
+    def call(self, function: Callable, tensors: list[relax.Expr], *params) -> relax.Expr:
+        key = (function.__name__, tuple((static_shape(t), t.ty.dtype) for t in tensors), params)
+        if key not in self.made:
+            func, _, output = relax.utils.gen_call_tir_inputs(function, *tensors, *params)
+            self.made[key] = (self.bb.add_func(func, function.__name__), output)
+        gvar, output = self.made[key]
+        return relax.call_tir(gvar, tensors, output)
+
+
+def emit_winograd(kernels: Kernels, call: relax.Call, workload: ConvWorkload, m: int, lanes: int,
                   registers: int) -> relax.Expr:
     """The three Winograd kernels for the blocked 3x3 convolution ``call`` of ``workload``."""
     plan = WinogradPlan.of(workload, m, lanes, registers)
     u = winograd.transform_weight(unblocked_weight(constant_array(call.args[1])), m)  # (alpha^2, C, K)
     packed = pack_panels(u.astype(np.float32), plan.tile.vectors * lanes)
-    v = bb.emit(bb.call_te(winograd.winograd_input, call.args[0], m, workload.padding, plan.rows,
-                           primfunc_name_hint="winograd_input"))
-    product = bb.emit(bb.call_te(winograd.winograd_product, v, relax.const(packed), plan.tile.rows,
-                                 primfunc_name_hint="winograd_product"))
-    return bb.call_te(winograd.winograd_output, product, m, static_shape(call), primfunc_name_hint="winograd_output")
+    bb = kernels.bb
+    v = bb.emit(kernels.call(winograd.winograd_input, [call.args[0]], m, workload.padding, plan.rows))
+    product = bb.emit(kernels.call(winograd.winograd_product, [v, relax.const(packed)], plan.tile.rows))
+    return kernels.call(winograd.winograd_output, [product], m, static_shape(call))
 
 
 @relax.expr_functor.mutator
@@ -126,6 +143,7 @@ class _Rewriter(relax.PyExprMutator):
         self.lanes = lanes
         self.registers = registers
         self.choices: list[dict] = []
+        self.kernels = Kernels(self.builder_)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -137,7 +155,7 @@ class _Rewriter(relax.PyExprMutator):
         self.choices.append({"workload": workload.key, "choice": choice, **how})
         if choice == DIRECT:
             return call
-        return emit_winograd(self.builder_, call, workload, tile_size(choice), self.lanes, self.registers)
+        return emit_winograd(self.kernels, call, workload, tile_size(choice), self.lanes, self.registers)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.Dispatch")

@@ -38,7 +38,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from passes.dispatch import DIRECT, WINOGRAD, ConvWorkload, candidates, emit_winograd, scratch_bytes, tile_size
+from passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, candidates, emit_winograd, scratch_bytes,
+                             tile_size)
 from schedules.cache import RecordStore
 from support.files import atomic_write
 from support.errors import UserError
@@ -220,7 +221,7 @@ def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) ->
             else:
                 conv = bb.normalize(conv)  # typed: emit_winograd reads its output shape
                 workload, _ = candidates(conv)
-                out = bb.emit(emit_winograd(bb, conv, workload, tile_size(name), lanes, registers))
+                out = bb.emit(emit_winograd(Kernels(bb), conv, workload, tile_size(name), lanes, registers))
             result = bb.emit_output(out)
         bb.emit_func_output(result)
     return bb.get()
