@@ -91,10 +91,23 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
         sch.compute_at(block, row, preserve_unit_loops=True)
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         if not any(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
-            vectorize_innermost(sch, block, lanes)  # where a width divides the row; else LLVM's vectoriser
+            _vectorize_row(sch, block, lanes)
     for partial in filter(None, partials):
         _vectorize_partial(sch, partial)
     return sch
+
+
+def _vectorize_row(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    """Vectorise the block's loop along the row: a row longer than a vector that does not divide
+    into vectors runs its whole vectors, then the rest (LLVM's vectoriser, given 1,500 columns,
+    kept the 4-lane vectors that divide them: Whisper's softmax ran at half speed)."""
+    loop = sch.get_loops(block)[-1]
+    extent = loop_extent(sch, loop)
+    if extent is None or extent <= lanes or extent % lanes == 0:
+        vectorize_innermost(sch, block, lanes)  # where a width divides the row; else LLVM's vectoriser
+        return
+    whole, _ = sch.loop_partition(loop, [extent - extent % lanes, None])
+    sch.vectorize(sch.split(whole, factors=[None, lanes])[1])
 
 
 def _row_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
@@ -157,3 +170,14 @@ def _vectorize_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV) ->
     loops = sch.get_loops(partial)
     sch.vectorize(loops[-1])
     sch.decompose_reduction(partial, loops[1])
+    chunks = loop_extent(sch, loops[1])
+    if _reads_padded_row(sch.get(partial)) and chunks and chunks > 1:  # the last vector alone reads past the row
+        sch.loop_partition(loops[1], [chunks - 1, None])
+
+
+def _reads_padded_row(block: s_tir.SBlock) -> bool:
+    """Whether a reduction reads its row padded to whole vectors (``passes/legalize.softmax_padded_rows``:
+    the identity past the row's end, through a clamped index); whole vectors before the last then
+    load plainly, once the last is a loop of its own."""
+    value = block.body.value if isinstance(block.body, tirx.BufferStore) else None
+    return value is not None and isinstance(getattr(value, "b", None), tirx.Select)
