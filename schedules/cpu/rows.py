@@ -5,11 +5,12 @@ their elementwise neighbours and the attention mask.
 Every block is computed inside one parallel loop over the rows, so a row is read from memory once
 and its max, sums and normalised values are made while it is in L1 (the ``Tiled`` rule parallelised
 each block on its own and vectorised along the rows, which are not contiguous: scalar code, and each
-stage streamed the whole tensor again). Along the row, loops are vectorised where a vector width
-divides them; others (ViT's 197 tokens) are left to LLVM's loop vectoriser, which handles the tail.
-The reductions themselves run in ``lanes`` partial results, one vector, when the row divides into
-vectors (rfactor), so a sum or max is not one long chain of dependent scalar operations. Kernels of
-any other shape answer None.
+stage streamed the whole tensor again). Along the row, loops run in whole vectors, then the rest
+(ViT's 197 tokens: 12 vectors and 5 elements). The reductions themselves run in ``lanes`` partial
+results, one vector, when the row divides into vectors (rfactor), so a sum or max is not one long
+chain of dependent scalar operations; a softmax's rows that do not divide arrive padded to whole
+vectors from legalisation (``passes/legalize.softmax_padded_rows``). Kernels of any other shape
+answer None.
 
 A row may also span several axes that are not innermost in memory: a LayerNorm over the channels
 of blocked NCHW{b}c data (ConvNeXt's) reduces over the channel blocks and their lanes at each
