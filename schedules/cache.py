@@ -42,6 +42,7 @@ def mean_seconds(entry: list) -> float:
 DEFAULT_ROOT = "tuning_logs"
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 SELECTION_FILE = "selected.json"  # each kernel's schedule, chosen by measuring candidates side by side
+MEASUREMENT_FILES = ("dispatch.json", "layouts.json")  # implementations' and layouts' times (schedules/dispatch.py)
 log = logging.getLogger("relaxc")
 
 
@@ -305,6 +306,21 @@ def _parses(line: str) -> bool:
 
 # --- maintenance: list, verify, merge, prune, save, load -----------------------------------------
 
+def read_measurements(path: str) -> dict[str, dict]:
+    """The measured workloads of a ``MEASUREMENT_FILES`` file (none if it does not exist)."""
+    try:
+        with open(path) as f:
+            return json.load(f)["workloads"]
+    except FileNotFoundError:
+        return {}
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise UserError(f"{path} is not a valid measurement file ({err}); delete it to measure again") from None
+
+
+def write_measurements(path: str, workloads: dict[str, dict]) -> None:
+    atomic_write(path, json.dumps({"workloads": workloads}, indent=1, sort_keys=True))
+
+
 def stores(root: str) -> list[str]:
     """Target keys under ``root`` that hold a record database."""
     if not os.path.isdir(root):
@@ -339,6 +355,11 @@ def merge(source_root: str, root: str) -> dict[str, int]:
             _merge_manifest(source_store.manifest_path, store.manifest_path)
             if source_store.selections():
                 store.save_selections(source_store.selections(), replace=False)  # a local choice stays
+            for name in MEASUREMENT_FILES:  # dispatch and layout times: a local measurement stays
+                theirs = read_measurements(os.path.join(source_store.dir, name))
+                if theirs:
+                    path = os.path.join(store.dir, name)
+                    write_measurements(path, {**theirs, **read_measurements(path)})
         added[key] = len(records)
     return added
 
@@ -388,7 +409,8 @@ def _lock(directory: str):
 
 
 def save(path: str, root: str) -> str:
-    """Archive every store under ``root`` (databases and manifests) to ``path`` (.tar.gz), atomically."""
+    """Archive every store under ``root`` (databases, manifests, selections, dispatch and layout
+    times) to ``path`` (.tar.gz), atomically."""
     keys = stores(root)
     if not keys:
         raise UserError(f"no tuning records under {root}")
@@ -398,7 +420,7 @@ def save(path: str, root: str) -> str:
     with Staging() as staging:
         with tarfile.open(staging.path(path), "w:gz") as archive:
             for key in keys:
-                for name in DATABASE_FILES + ("manifest.json", SELECTION_FILE):
+                for name in DATABASE_FILES + ("manifest.json", SELECTION_FILE) + MEASUREMENT_FILES:
                     member = os.path.join(root, key, name)
                     if os.path.exists(member):
                         archive.add(member, arcname=f"{key}/{name}")

@@ -26,7 +26,6 @@ the input and output).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import statistics
@@ -40,16 +39,14 @@ from tvm import relax
 
 from passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, candidates, emit_winograd, scratch_bytes,
                              tile_size)
-from schedules.cache import RecordStore
-from support.files import atomic_write
+from schedules.cache import MEASUREMENT_FILES, RecordStore, read_measurements, write_measurements
 from support.errors import UserError
 
 log = logging.getLogger("relaxc")
 MODES = ("replay", "measure", "heuristic", "off")
 STRATEGIES = ("latency", "memory")
 LAYOUT_MODES = ("rule", "replay", "measure")  # compile(layouts=...): passes/layout_choice.py
-FILE = "dispatch.json"
-LAYOUT_FILE = "layouts.json"
+FILE, LAYOUT_FILE = MEASUREMENT_FILES  # dispatch.json (implementations), layouts.json (the layout choice)
 ERROR_LIMIT = 1e-4  # max |candidate - direct| / max |direct|: the project's float32 tolerance
 ROUNDS = 3  # the candidates take turns this many times
 RUNS_PER_ROUND = 5
@@ -74,21 +71,13 @@ class DispatchStore:
         return os.path.join(self.store.dir, self.file)
 
     def load(self) -> dict[str, dict]:
-        try:
-            with open(self.path) as f:
-                return json.load(f)["workloads"]
-        except FileNotFoundError:
-            return {}
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise UserError(f"{self.path} is not a valid dispatch file ({err}); delete it to measure again") from None
+        return read_measurements(self.path)
 
     def save(self, key: str, entry: dict) -> None:
         """Add one workload's measurement (the others kept): written to a temporary file and renamed."""
         os.makedirs(self.store.dir, exist_ok=True)
         with self.store.lock():
-            workloads = self.load()
-            workloads[key] = entry
-            atomic_write(self.path, json.dumps({"workloads": workloads}, indent=1, sort_keys=True))
+            write_measurements(self.path, {**self.load(), key: entry})
 
 
 def decide(entry: dict, strategy: str) -> str:

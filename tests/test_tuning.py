@@ -239,13 +239,22 @@ def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
     copy = cache.describe_store(str(tmp_path / "other"), key)
     assert copy["records"] == original["records"] and copy["workloads"] == original["workloads"]
     assert copy["models"] == original["models"] and copy["bad_lines"] == []
+    measured = cache.read_measurements(str(log_dir / key / "dispatch.json"))  # tuning measured dispatch first
+    assert measured and cache.read_measurements(str(tmp_path / "other" / key / "dispatch.json")) == measured
     # the loaded records replay like the originals
     replayed = compiler.compile(reference.small_cnn(), cache_dir=str(tmp_path / "other")).report()["tuning"]
     assert replayed["tasks_with_records"] == original["workloads"]
     run = lambda *a: relaxc("cache", *a, timeout=300)  # noqa: E731
     assert run("verify", "--log-dir", str(tmp_path / "other")).returncode == 0
+    local = dict(measured)
+    workload = next(iter(local))
+    local[workload] = {**local[workload], "measured_on": "here"}
+    del local[next(w for w in local if w != workload)]
+    cache.write_measurements(str(tmp_path / "other" / key / "dispatch.json"), local)
     assert run("merge", str(log_dir), "--log-dir", str(tmp_path / "other")).returncode == 0
     assert cache.describe_store(str(tmp_path / "other"), key)["records"] == 2 * original["records"]
+    merged = cache.read_measurements(str(tmp_path / "other" / key / "dispatch.json"))
+    assert merged.keys() == measured.keys() and merged[workload]["measured_on"] == "here"  # a local one stays
     proc = run("prune", "--log-dir", str(tmp_path / "other"))
     assert proc.returncode == 0 and f"-> {original['workloads']} records" in proc.stdout
     with open(tmp_path / "other" / key / "database_tuning_record.json", "a") as f:
