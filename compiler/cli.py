@@ -234,11 +234,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
                 print(f"  {entry.get('model')} [{fingerprint}] trials {entry.get('trials')}, "
                       f"{entry.get('minutes')} min, every kernel covered: {entry.get('complete')}")
             print(f"  {info['selected']} kernels with a schedule chosen by measurement (selected.json)")
+            for name, count in info["measured"].items():
+                if count:
+                    print(f"  {count} workloads measured in {name}")
             for bad in info["bad_lines"]:
                 print(f"  unparsable line {bad}")
             if info["bad_selection"]:
                 print(f"  invalid selection file {info['bad_selection']} (ignored: the best records apply)")
-            problems += len(info["bad_lines"]) + (not info["compatible"]) + bool(info["bad_selection"])
+            for bad in info["bad_measurements"]:
+                print(f"  {bad}")
+            problems += (len(info["bad_lines"]) + (not info["compatible"]) + bool(info["bad_selection"])
+                         + len(info["bad_measurements"]))
         return 1 if args.action == "verify" and problems else 0
     if args.action == "merge":
         print(json.dumps(cache.merge(args.path, root)))

@@ -255,7 +255,8 @@ class RecordStore:
         atomic_write(self.selection_path, json.dumps({"kernels": chosen}, indent=1, sort_keys=True))
 
     def describe(self) -> dict:
-        """What the store holds: record and workload counts, versions, models, unparsable lines."""
+        """What the store holds: record and workload counts, versions, models, unparsable lines,
+        dispatch and layout measurements."""
         manifest = self.manifest()
         workloads, records = (self._read(name)[0] for name in DATABASE_FILES)
         return {
@@ -269,7 +270,18 @@ class RecordStore:
             "bad_lines": [f"{os.path.basename(path)}:{number}" for path, number in self.bad_lines()],
             "selected": len(self.selections()),
             "bad_selection": self._selection_problem(),
+            **self._measurements(),
         }
+
+    def _measurements(self) -> dict:
+        """Workloads measured per ``MEASUREMENT_FILES`` file, and the files that do not parse."""
+        measured, bad = {}, []
+        for name in MEASUREMENT_FILES:
+            try:
+                measured[name] = len(read_measurements(os.path.join(self.dir, name)))
+            except UserError as err:
+                bad.append(str(err))
+        return {"measured": measured, "bad_measurements": bad}
 
     def _selection_problem(self) -> str | None:
         try:

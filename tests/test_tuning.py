@@ -255,12 +255,15 @@ def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
     assert cache.describe_store(str(tmp_path / "other"), key)["records"] == 2 * original["records"]
     merged = cache.read_measurements(str(tmp_path / "other" / key / "dispatch.json"))
     assert merged.keys() == measured.keys() and merged[workload]["measured_on"] == "here"  # a local one stays
+    assert f"{len(measured)} workloads measured in dispatch.json" in run("list", "--log-dir", str(tmp_path / "other")).stdout
     proc = run("prune", "--log-dir", str(tmp_path / "other"))
     assert proc.returncode == 0 and f"-> {original['workloads']} records" in proc.stdout
     with open(tmp_path / "other" / key / "database_tuning_record.json", "a") as f:
         f.write("{not json\n")
+    (tmp_path / "other" / key / "layouts.json").write_text("{not json")
     proc = run("verify", "--log-dir", str(tmp_path / "other"))
     assert proc.returncode == 1 and "unparsable line database_tuning_record.json:" in proc.stdout
+    assert "layouts.json is not a valid measurement file" in proc.stdout
     with pytest.raises(compiler.UserError, match="not a relaxc cache archive"):
         compiler.load_cache(str(log_dir / key / "manifest.json"), cache_dir=str(tmp_path / "x"))
 
