@@ -43,8 +43,8 @@ from compiler.options import Config, Options
 from passes import fast_math
 from passes.dense import PackDenseWeights
 from passes.dispatch import Dispatch
-from schedules.cache import RecordStore, cache_root
-from schedules.dispatch import LAYOUT_FILE, Chooser, DispatchStore, MeasuredLayoutCosts
+from schedules.cache import LAYOUT_FILE, RecordStore, cache_root
+from schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
 from passes.channels_last import ChannelsLastToNCHW
 from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)

@@ -42,7 +42,9 @@ def mean_seconds(entry: list) -> float:
 DEFAULT_ROOT = "tuning_logs"
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 SELECTION_FILE = "selected.json"  # each kernel's schedule, chosen by measuring candidates side by side
-MEASUREMENT_FILES = ("dispatch.json", "layouts.json")  # implementations' and layouts' times (schedules/dispatch.py)
+DISPATCH_FILE = "dispatch.json"  # each convolution workload's implementations, measured (schedules/dispatch.py)
+LAYOUT_FILE = "layouts.json"  # convolution and converter times of the layout choice (passes/layout_choice.py)
+MEASUREMENT_FILES = (DISPATCH_FILE, LAYOUT_FILE)
 log = logging.getLogger("relaxc")
 
 

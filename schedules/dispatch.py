@@ -39,14 +39,13 @@ from tvm import relax
 
 from passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, candidates, emit_winograd, scratch_bytes,
                              tile_size)
-from schedules.cache import MEASUREMENT_FILES, RecordStore, read_measurements, write_measurements
+from schedules.cache import DISPATCH_FILE, RecordStore, read_measurements, write_measurements
 from support.errors import UserError
 
 log = logging.getLogger("relaxc")
 MODES = ("replay", "measure", "heuristic", "off")
 STRATEGIES = ("latency", "memory")
 LAYOUT_MODES = ("rule", "replay", "measure")  # compile(layouts=...): passes/layout_choice.py
-FILE, LAYOUT_FILE = MEASUREMENT_FILES  # dispatch.json (implementations), layouts.json (the layout choice)
 ERROR_LIMIT = 1e-4  # max |candidate - direct| / max |direct|: the project's float32 tolerance
 ROUNDS = 3  # the candidates take turns this many times
 RUNS_PER_ROUND = 5
@@ -64,7 +63,7 @@ class DispatchStore:
     """The measured candidates of every workload of one target: ``<store>/dispatch.json``."""
 
     store: RecordStore
-    file: str = FILE  # or LAYOUT_FILE: the layout choice's measured times
+    file: str = DISPATCH_FILE  # or LAYOUT_FILE: the layout choice's measured times
 
     @property
     def path(self) -> str:

@@ -10,7 +10,7 @@ import onnx
 
 import compiler
 from passes.dispatch import DIRECT, WINOGRAD
-from schedules.dispatch import FILE
+from schedules.cache import DISPATCH_FILE
 from schedules import cache
 from support import targets
 
@@ -49,5 +49,5 @@ def store_choosing(tmp_path, model: onnx.ModelProto, choice: str) -> str:
                             for name in [DIRECT, *WINOGRAD.values()]}}
     directory = tmp_path / cache.target_key(targets.resolve("cpu"))
     directory.mkdir(parents=True)
-    (directory / FILE).write_text(json.dumps({"workloads": {w: entry for w in workloads}}))
+    (directory / DISPATCH_FILE).write_text(json.dumps({"workloads": {w: entry for w in workloads}}))
     return str(tmp_path)

@@ -11,7 +11,7 @@ import compiler
 from passes import winograd
 from passes.dispatch import DIRECT, WINOGRAD
 from schedules import cache
-from schedules.dispatch import ERROR_LIMIT, FILE, decide
+from schedules.dispatch import ERROR_LIMIT, decide
 from support import targets
 from tests import reference
 from tests.helpers import relaxc, store_choosing
@@ -55,7 +55,7 @@ def test_measure_stores_then_replay_measures_nothing(tmp_path):
     assert all(c["ms"] > 0 and c["error"] <= ERROR_LIMIT for c in conv["candidates"].values())
     assert conv["candidates"][DIRECT]["error"] == 0 and conv["candidates"][WINOGRAD[4]]["scratch_bytes"] > 0
     assert conv["choice"] == decide({"candidates": conv["candidates"]}, "latency")
-    stored = json.loads((tmp_path / cache.target_key(targets.resolve("cpu")) / FILE).read_text())["workloads"]
+    stored = json.loads((tmp_path / cache.target_key(targets.resolve("cpu")) / cache.DISPATCH_FILE).read_text())["workloads"]
     assert list(stored) == [conv["workload"]]
     again = compiler.compile(model, tuning="off", dispatch="replay", cache_dir=str(tmp_path))
     assert again.report()["dispatch"]["sources"] == {"stored": 1}

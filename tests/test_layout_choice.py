@@ -16,7 +16,7 @@ from compiler import frontend, pipeline
 from passes import layout_choice
 from passes.layout import STANDARD, blocked
 from schedules import cache
-from schedules.dispatch import LAYOUT_FILE
+from schedules.cache import LAYOUT_FILE
 from support import targets
 from tests import reference
 
