@@ -12,10 +12,14 @@ channel pair instead of 9 m^2: 2.25x fewer for F(2x2, 3x3), 4x fewer for F(4x4, 
 3. ``winograd_output``: every output tile Y = A^T M A, in the blocked output layout; FuseOps fuses
    the bias, activation and residual add into it.
 
-Each transform is written as one expression per element of the tile, with only the nonzero
-coefficients of the matrices (a multiplication by 0 is not folded away by LLVM: IEEE says 0 * inf
-is nan), selected by the element's position; the schedules unroll the positions, so the selection
-is resolved at compile time and LLVM shares the separable partial sums.
+Each transform runs in two stages, as it is separable (d B, then B^T (d B); M A, then A^T (M A)),
+the first a stage of its own (``STAGE_ATTR``) that the schedule computes per tile in registers.
+Each stage's element is one expression with only the nonzero coefficients of the matrices (a
+multiplication by 0 is not folded away by LLVM: IEEE says 0 * inf is nan), selected by the
+element's position among alpha (or m) expressions; the schedules unroll the positions, so the
+selection is resolved at compile time. (One expression selecting among all alpha^2 positions ran
+as fast but took TVM 0.46 s to build per F(4x4) input transform against 0.11 s: every unrolled
+position is a copy of the whole selection until the simplifier folds it.)
 
 The error grows with the tile: the transforms multiply by up to 8 (F(4x4)) and subtract. Dispatch
 measures it against the direct convolution for every workload and refuses a candidate above the
@@ -29,6 +33,7 @@ import tvm
 from tvm import te, topi
 
 from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
+from passes.legalize import STAGE_ATTR
 
 INPUT_ATTR = "relaxc.winograd_input"  # on the input transform's block: the output tile size m
 OUTPUT_ATTR = "relaxc.winograd_output"  # on the output transform's block: m
@@ -96,15 +101,15 @@ def _select(index: tvm.tirx.PrimExpr, choices: list) -> tvm.tirx.PrimExpr:
 
 
 def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
-    """OIHW 3x3 weights (O x I x 3 x 3) to U = G g G^T: (alpha^2, I, O), in float64."""
+    """OIHW 3x3 weights (O x I x 3 x 3) to U = G g G^T: (alpha^2, I, O), in float64.
+
+    One matrix product for all channel pairs: U[a alpha + b] = sum G[a, k] G[b, l] g[k, l] is
+    kron(G, G) times the nine taps (an einsum took 0.2-0.5 s per 512-channel layer of compile time,
+    two products with transposes between them 10 ms)."""
     _, g, _ = MATRICES[m]
     out_channels, channels = weight.shape[:2]
-    alpha = m + 2
-    # two plain matrix products (an einsum took 0.2-0.5 s per 512-channel layer of compile time)
-    right = weight.astype(np.float64).reshape(-1, 3) @ g.T  # g G^T: (O * I * 3, alpha)
-    right = right.reshape(out_channels * channels, 3, alpha).transpose(1, 0, 2).reshape(3, -1)
-    u = (g @ right).reshape(alpha, out_channels, channels, alpha)  # G (g G^T): (alpha, O, I, alpha)
-    return np.ascontiguousarray(u.transpose(0, 3, 2, 1)).reshape(alpha * alpha, channels, out_channels)
+    taps = weight.transpose(1, 0, 2, 3).reshape(channels * out_channels, 9)  # (I * O, 9)
+    return (np.kron(g, g) @ taps.T.astype(np.float64)).reshape(-1, channels, out_channels)
 
 
 def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int], rows: int) -> te.Tensor:
@@ -121,16 +126,17 @@ def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int], 
     _, _, bt = MATRICES[m]
     count = batch * th * tw
 
-    def element(t, p, c):
+    def row_times_b(i, col, p, c):  # (d B)[i, col] of tile p
         p = te.min(p, count - 1)
         n, y, x = p // (th * tw), p % (th * tw) // tw * m, p % tw * m
-        d = [[pad[n, c // block, y + i, x + j, c % block] for j in range(alpha)] for i in range(alpha)]
-        rows_t = [[_combine(bt[col], d[i]) for col in range(alpha)] for i in range(alpha)]  # d B, row by row
-        return _select(t, [_combine(bt[r], [rows_t[i][col] for i in range(alpha)])
-                           for r in range(alpha) for col in range(alpha)])
+        d = [pad[n, c // block, y + i, x + j, c % block] for j in range(alpha)]
+        return _select(col, [_combine(bt[k], d) for k in range(alpha)])
 
-    return te.compute((alpha * alpha, rows, outer * block), element, name="winograd_input",
-                      attrs={INPUT_ATTR: m})
+    db = te.compute((alpha, alpha, rows, outer * block), row_times_b, name="winograd_input_rows",
+                    attrs={STAGE_ATTR: 1})
+    return te.compute((alpha * alpha, rows, outer * block), lambda t, p, c: _select(
+        t // alpha, [_combine(bt[r], [db[i, t % alpha, p, c] for i in range(alpha)]) for r in range(alpha)]),
+        name="winograd_input", attrs={INPUT_ATTR: m})
 
 
 def winograd_product(v: te.Tensor, packed: te.Tensor, tile_rows: int) -> te.Tensor:
@@ -144,19 +150,20 @@ def winograd_product(v: te.Tensor, packed: te.Tensor, tile_rows: int) -> te.Tens
 
 
 def winograd_output(product: te.Tensor, m: int, shape: tuple[int, int, int, int, int]) -> te.Tensor:
-    """M (alpha^2, rows, K) to the NCHW{b}c output of ``shape``: Y = A^T M A per tile."""
+    """M (alpha^2, rows, K) to the NCHW{b}c output of ``shape``: Y = A^T M A per tile, in two
+    stages as the input transform: M A (a stage of its own), then A^T (M A)."""
     batch, outer, out_h, out_w, block = shape
     th, tw = tiles(out_h, out_w, m)
     alpha = m + 2
     at, _, _ = MATRICES[m]
+    _, rows, columns = (int(d) for d in product.shape)
+    ma = te.compute((alpha, m, rows, columns), lambda a, col, p, c: _select(
+        col, [_combine(at[k], [product[a * alpha + b, p, c] for b in range(alpha)]) for k in range(m)]),
+        name="winograd_output_columns", attrs={STAGE_ATTR: 1})
 
     def element(n, o, y, x, i):
         p = n * th * tw + y // m * tw + x // m
-        c = o * block + i
-        mm = [[product[a * alpha + b, p, c] for b in range(alpha)] for a in range(alpha)]
-        columns = [[_combine(at[col], mm[a]) for a in range(alpha)] for col in range(m)]  # M A, per column
-        return _select(y % m, [_select(x % m, [_combine(at[r], columns[col]) for col in range(m)])
+        return _select(y % m, [_combine(at[r], [ma[a, x % m, p, o * block + i] for a in range(alpha)])
                                for r in range(m)])
 
     return te.compute(shape, element, name="winograd_output", attrs={OUTPUT_ATTR: m})
-

@@ -1,11 +1,13 @@
 """The ``Winograd`` CPU rule: the input and output transforms of ``passes/winograd.py``.
 
-Both transforms compute a whole tile of values from a whole tile of values (B^T d B, A^T M A): the
-tile's positions are unrolled, so each element's coefficient selection is resolved at compile time
-and LLVM shares the separable partial sums between the elements, and the channels are the vector.
-The input transform's loop nest runs tile by tile (p, channel vector) writing its alpha^2
-values; the output transform runs along output rows, each m x m tile with its fused epilogue
-(bias, activation, residual add). The product between them is the ``Dense`` rule's.
+Both transforms compute a whole tile of values from a whole tile of values (B^T d B, A^T M A) in
+two stages: the tile's positions are unrolled, so each element's coefficient selection is resolved
+at compile time, the first stage is computed per tile into a local buffer that LLVM keeps in
+registers, and the channels are the vector. The input transform's loop nest runs tile by tile
+(p, channel vector) writing its alpha^2 values; the output transform runs along output rows, each
+m x m tile with its fused epilogue (bias, activation, residual add). Where the next convolution's
+input transform is fused into the same kernel, the output transform's stages run as whole tensors
+before it. The product between them is the ``Dense`` rule's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
+from passes.legalize import STAGE_ATTR
 from passes.winograd import INPUT_ATTR, OUTPUT_ATTR
 from schedules.cpu.rule import CpuRule
 from schedules.cpu.tiled import inline_elementwise, loop_extent, schedule_spatial
@@ -30,34 +33,61 @@ class Winograd(CpuRule):
         marked = {attr: b for b in blocks for attr in (INPUT_ATTR, OUTPUT_ATTR)
                   if attr in sch.get(b.block_rv).annotations}
         if INPUT_ATTR in marked:
+            block = marked[INPUT_ATTR].block_rv
+            stage = _stage_of(sch, block)
             for info in blocks:
                 if info is marked[INPUT_ATTR]:
-                    _schedule_input(sch, info.block_rv, unit.lanes)
-                else:
+                    _schedule_input(sch, block, stage, unit.lanes)
+                elif not sch.get(info.block_rv).same_as(sch.get(stage)):
                     schedule_spatial(sch, info.block_rv, unit.lanes)  # the padding
             return sch
         if OUTPUT_ATTR in marked:
             m = int(sch.get(marked[OUTPUT_ATTR].block_rv).annotations[OUTPUT_ATTR])
             remaining = inline_elementwise(sch, blocks)
-            if len(remaining) != 1:
+            if len(remaining) != 2:
                 return None
-            _schedule_output(sch, remaining[0].block_rv, m, unit.lanes)
+            stage, block = (info.block_rv for info in remaining)
+            _schedule_output(sch, block, stage, m, unit.lanes)
             return sch
         return None
 
 
-def _schedule_input(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+def _stage_of(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> s_tir.schedule.SBlockRV:
+    """The transform's first stage: the producer marked ``STAGE_ATTR``."""
+    return next(b for b in sch.get_producers(block) if STAGE_ATTR in sch.get(b).annotations)
+
+
+def _tile_stage(sch: s_tir.Schedule, stage: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV,
+                lanes: int) -> None:
+    """The first stage computed under ``loop`` for one tile, into a local buffer, unrolled with its
+    channels the vector: its constant indices let LLVM keep it in registers."""
+    sch.compute_at(stage, loop)
+    sch.set_scope(stage, 0, "local")
+    loops = sch.get_loops(stage)
+    depth = next(i for i, each in enumerate(loops) if sch.get(each).same_as(sch.get(loop)))
+    *tile, channels = loops[depth + 1:]
+    for t in tile:
+        sch.unroll(t)
+    if loop_extent(sch, channels) in (lanes, lanes // 2):
+        sch.vectorize(channels)
+
+
+def _schedule_input(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, stage: s_tir.schedule.SBlockRV,
+                    lanes: int) -> None:
     """Loops (t, p, c): per tile p and channel vector, all alpha^2 positions t unrolled."""
     t, p, c = sch.get_loops(block)
     width = lanes if (loop_extent(sch, c) or 0) % lanes == 0 else 1
     c_outer, c_inner = sch.split(c, factors=[None, width])
     sch.reorder(p, c_outer, t, c_inner)
-    sch.parallel(sch.fuse(p, c_outer))
+    tile = sch.fuse(p, c_outer)
+    sch.parallel(tile)
     sch.unroll(t)
     sch.vectorize(c_inner)
+    _tile_stage(sch, stage, tile, lanes)
 
 
-def _schedule_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, m: int, lanes: int) -> None:
+def _schedule_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, stage: s_tir.schedule.SBlockRV,
+                     m: int, lanes: int) -> None:
     """Loops ([n,] o, y, x, i): split into m x m tiles, the tile unrolled, the channel block the vector."""
     *outer, y, x, i = sch.get_loops(block)  # a batch of 1 has no loop
     y_outer, y_inner = sch.split(y, factors=[None, m])
@@ -68,3 +98,4 @@ def _schedule_output(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, m: int
     sch.unroll(x_inner)
     if loop_extent(sch, i) in (lanes, lanes // 2):
         sch.vectorize(i)
+    _tile_stage(sch, stage, x_outer, lanes)

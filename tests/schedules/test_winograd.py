@@ -1,5 +1,8 @@
 """The Winograd rule: it takes the transforms, Dense takes the products, the epilogue is fused into
-the output transform, and the result is right for both tile sizes."""
+the output transform, each transform's first stage is computed per tile in a local buffer, and the
+result is right for both tile sizes."""
+
+import re
 
 import numpy as np
 import pytest
@@ -19,5 +22,10 @@ def test_transforms_and_products_get_their_rules(tmp_path, choice):
              if isinstance(f, tirx.PrimFunc) and "winograd" in gv.name_hint}
     assert kinds == {"winograd_input": "winograd", "winograd_product": "dense",
                      "fused_winograd_output_add_relu": "winograd"}  # bias and ReLU fused into the output transform
+    for kernel, stage in (("winograd_input", "winograd_input_rows"), ("fused_winograd_output_add_relu",
+                                                                       "winograd_output_columns")):
+        script = art.module("final")[kernel].script()
+        assert re.search(rf'{stage}_local = T\.sblock_alloc_buffer\([^\n]*scope="local"', script)
+        assert script.index("T.parallel(") < script.index(f'T.sblock("{stage}")')  # per tile, not the whole tensor
     x = np.random.default_rng(2).standard_normal((1, 32, 10, 10)).astype(np.float32)
     reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
