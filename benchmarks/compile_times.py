@@ -1,10 +1,13 @@
-"""Compile times of the bundled models from two source trees (say, before and after a refactor).
+"""Compile times of the bundled models from two source trees or two sets of options.
 
     git worktree add /tmp/before <commit>
     .venv/bin/python -m benchmarks.compile_times /tmp/before . --repeat 3 [resnet50 squeezenet ...]
+    .venv/bin/python -m benchmarks.compile_times . . --before-options dispatch=off --options tuning=off
 
-Each model is compiled ``--repeat`` times in a fresh process per tree (median), the trees taking
-turns model by model, so a slow spell of the machine hits both. Prints a Markdown table.
+Each model is compiled ``--repeat`` times in a fresh process per side (median), the sides taking
+turns model by model, so a slow spell of the machine hits both. ``--options`` apply to both sides,
+``--before-options`` and ``--after-options`` to one (``compiler.compile`` keywords). Prints a
+Markdown table.
 """
 
 from __future__ import annotations
@@ -21,17 +24,23 @@ import statistics, time, compiler
 times = []
 for _ in range({repeat}):
     start = time.perf_counter()
-    compiler.compile("onnx:{name}")
+    compiler.compile("onnx:{name}", **{options!r})
     times.append(time.perf_counter() - start)
 print(statistics.median(times))
 """
 
 
-def seconds(tree: str, name: str, repeat: int) -> float:
+def seconds(tree: str, name: str, repeat: int, options: dict[str, str]) -> float:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-    out = subprocess.run([sys.executable, "-c", CODE.format(repeat=repeat, name=name)], cwd=tree, env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", CODE.format(repeat=repeat, name=name, options=options)], cwd=tree,
+                         env=env, capture_output=True, text=True, check=True).stdout
     return float(out.strip().splitlines()[-1])
+
+
+def _options(pairs: list[str]) -> dict[str, str]:
+    if any("=" not in pair for pair in pairs):
+        raise SystemExit(f"options are KEY=VALUE, not {' '.join(pairs)}")
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,11 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("before", help="source tree to compare against")
     parser.add_argument("after", help="source tree to measure")
     parser.add_argument("models", nargs="*", default=list(models.BUNDLED), help="bundled model names")
-    parser.add_argument("--repeat", type=int, default=3, help="compiles per model and tree (median)")
+    parser.add_argument("--repeat", type=int, default=3, help="compiles per model and side (median)")
+    parser.add_argument("--options", nargs="*", default=[], metavar="KEY=VALUE", help="compile options of both sides")
+    parser.add_argument("--before-options", nargs="*", default=[], metavar="KEY=VALUE", help="of the first side")
+    parser.add_argument("--after-options", nargs="*", default=[], metavar="KEY=VALUE", help="of the second side")
     args = parser.parse_args(argv)
+    common = _options(args.options)
+    sides = [(args.before, {**common, **_options(args.before_options)}),
+             (args.after, {**common, **_options(args.after_options)})]
     print("| model | before (s) | after (s) | after / before |\n| --- | ---: | ---: | ---: |")
     for name in args.models:
-        before, after = (seconds(tree, name, args.repeat) for tree in (args.before, args.after))
+        before, after = (seconds(tree, name, args.repeat, options) for tree, options in sides)
         print(f"| onnx:{name} | {before:.2f} | {after:.2f} | {after / before:.2f} |", flush=True)
     return 0
 
