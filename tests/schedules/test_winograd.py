@@ -5,7 +5,9 @@ result is right for both tile sizes."""
 import re
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 from tvm import tirx
 
 import compiler
@@ -29,3 +31,36 @@ def test_transforms_and_products_get_their_rules(tmp_path, choice):
         assert script.index("T.parallel(") < script.index(f'T.sblock("{stage}")')  # per tile, not the whole tensor
     x = np.random.default_rng(2).standard_normal((1, 32, 10, 10)).astype(np.float32)
     reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
+
+
+def _two_convolutions(chained: bool) -> onnx.ModelProto:
+    """Two 3x3 convolutions + bias + ReLU of 32 channels on 12x12: one after the other (VGG: the first's
+    output transform is fused with the second's input transform) or side by side, concatenated
+    (GoogLeNet: two output transforms in one kernel)."""
+    rng = np.random.default_rng(3)
+    consts = [reference._const(n, rng.standard_normal(s) / (np.sqrt(288) if n.startswith("w") else 1))
+              for n, s in (("w1", (32, 32, 3, 3)), ("b1", (32,)), ("w2", (32, 32, 3, 3)), ("b2", (32,)))]
+    second = "r1" if chained else "x"
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", [second, "w2", "b2"], ["c2"], pads=[1] * 4),
+             helper.make_node("Relu", ["c2"], ["r2"])]
+    if not chained:
+        nodes.append(helper.make_node("Concat", ["r1", "r2"], ["y"], axis=1))
+    out = ("r2", 32) if chained else ("y", 64)
+    return reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 12, 12])],
+                            [helper.make_tensor_value_info(out[0], TensorProto.FLOAT, [1, out[1], 12, 12])], consts)
+
+
+@pytest.mark.parametrize("chained", [True, False], ids=["fused-with-next-input", "concatenated"])
+def test_fused_transforms_stay_with_the_rule(tmp_path, chained):
+    model = _two_convolutions(chained)
+    art = compiler.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, "winograd4"))
+    kinds = {gv.name_hint: schedule_kind(f) for gv, f in art.module("final").functions.items()
+             if isinstance(f, tirx.PrimFunc) and "winograd_output" in gv.name_hint}
+    fused = [name for name in kinds if ("winograd_input" if chained else "concatenate") in name]
+    assert len(fused) == 1 and set(kinds.values()) == {"winograd"}, kinds
+    x = np.random.default_rng(4).standard_normal((1, 32, 12, 12)).astype(np.float32)
+    want = reference.ort_run(model, {"x": x})
+    assert want[0].std() > 0.1
+    reference.assert_matches(art.run(x), want)
