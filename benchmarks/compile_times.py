@@ -13,6 +13,7 @@ Markdown table.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -30,17 +31,25 @@ print(statistics.median(times))
 """
 
 
-def seconds(tree: str, name: str, repeat: int, options: dict[str, str]) -> float:
+def seconds(tree: str, name: str, repeat: int, options: dict) -> float:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
     out = subprocess.run([sys.executable, "-c", CODE.format(repeat=repeat, name=name, options=options)], cwd=tree,
                          env=env, capture_output=True, text=True, check=True).stdout
     return float(out.strip().splitlines()[-1])
 
 
-def _options(pairs: list[str]) -> dict[str, str]:
+def _options(pairs: list[str]) -> dict:
+    """KEY=VALUE pairs; a VALUE that parses as JSON (8, true) is that value, any other a string."""
     if any("=" not in pair for pair in pairs):
         raise SystemExit(f"options are KEY=VALUE, not {' '.join(pairs)}")
-    return dict(pair.split("=", 1) for pair in pairs)
+    return {key: _value(value) for key, value in (pair.split("=", 1) for pair in pairs)}
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,9 +106,9 @@ def scratch_bytes(workload: ConvWorkload, name: str, lanes: int, registers: int)
 
 
 class Kernels:
-    """``BlockBuilder.call_te`` made once per kernel and argument shapes: the unrolled transforms
-    take TE most of the dispatch phase to turn into PrimFuncs (ResNet-50's 13 Winograd convolutions
-    are 4 workloads; DenseNet-121's 58 are 4), and every convolution of a workload shares them."""
+    """``BlockBuilder.call_te`` made once per kernel and argument shapes: every convolution of a
+    workload shares its transforms' PrimFuncs (ResNet-50's 13 Winograd convolutions are 4 workloads;
+    DenseNet-121's 58 are 4), made by TE once instead of per convolution."""
 
     def __init__(self, bb: relax.BlockBuilder) -> None:
         self.bb = bb
