@@ -58,7 +58,8 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     options: the fields of ``compiler.TuneOptions`` (``trials``, ``trials_per_task``, ``minutes``,
     ``kernels``, ``reselect``) and of ``compiler.Options`` but ``tuning``, as keywords. Records go to
     ``<cache_dir>/<target key>/`` as they are measured, so an interrupted run loses nothing and a
-    rerun resumes. Then each kernel whose records changed (every kernel with ``reselect``) gets its
+    rerun resumes. Then each kernel whose records changed (every kernel with ``reselect``; only those
+    matching ``kernels``, if given) gets its
     schedule chosen: the default and the best records measured again side by side, the fastest
     winning, or the quickest to build within 3% of it. Later ``compile`` calls replay the choices.
     Dispatch (``dispatch="replay"``, the default, becomes ``"measure"`` here) measures every

@@ -164,15 +164,16 @@ class Selection:
     target: Target
     reselect: bool = False  # measure again even kernels whose records did not change
 
-    def run(self, tasks: list[ms.ExtractedTask]) -> dict:
-        """Select every kernel of ``tasks`` that has records and no up-to-date choice; returns a summary."""
+    def run(self, tasks: list[ms.ExtractedTask], wanted: set[str] | None = None) -> dict:
+        """Select every kernel of ``tasks`` (of those named in ``wanted``, if given) that has records and
+        no up-to-date choice; returns a summary over all of ``tasks``."""
         if self.target.kind.name != "llvm":  # the candidates are timed in this process, on its CPU
             return {"selected": 0, "skipped": "selection measures on the CPU; GPU kernels keep their best record"}
         hashes = {workload_hash(t.dispatched[0]): t for t in tasks}
         lines = self.store.records_of(hashes)
         chosen = self.store.selections()
-        todo = [h for h in hashes
-                if lines.get(h) and (self.reselect or chosen.get(h, {}).get("records") != len(lines[h]))]
+        todo = [h for h, t in hashes.items() if lines.get(h) and (wanted is None or t.task_name in wanted)
+                and (self.reselect or chosen.get(h, {}).get("records") != len(lines[h]))]
         for key in tqdm(todo, desc="[relaxc] select", unit="kernel", file=tvm_log.console(), dynamic_ncols=True):
             task = hashes[key]
             entry = self._select(task, lines[key])

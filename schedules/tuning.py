@@ -119,7 +119,8 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     the tasks take turns, round by round, sharing one XGBoost cost model. Then every kernel whose
     records changed (all of them with ``reselect``) gets its schedule chosen by measuring the
     default and its best records side by side (``schedules/selection.py``); ``trials=0`` only does that.
-    ``kernels`` (glob patterns of kernel names) limits tuning to the kernels that match.
+    ``kernels`` (glob patterns of kernel names) limits tuning and selection to the kernels that match:
+    ``trials=0, reselect=True`` with ``kernels`` measures only those again.
     """
     if trials < 0:
         raise UserError(f"trials must be at least 0, not {trials}")
@@ -171,7 +172,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
             summary["trials"] = progress.trials
         after = [_records(database, task) for task in tasks]
         summary["records_after"] = sum(after)
-        summary["selection"] = Selection(store, target, reselect).run(tasks)
+        summary["selection"] = Selection(store, target, reselect).run(tasks, wanted)
         summary["minutes"] = round((time.time() - started) / 60, 2)
         if fingerprint:
             previous = store.manifest().get("fingerprints", {}).get(fingerprint, {})

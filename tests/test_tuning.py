@@ -113,6 +113,9 @@ def test_tuning_ends_by_choosing_each_kernel_by_measurement(tuned, tmp_path):
     assert proc.returncode == 0 and '"selected": 0' in proc.stdout
     reselected = compiler.tune(reference.small_cnn(), trials=0, reselect=True, cache_dir=str(copy))
     assert reselected["selection"]["selected"] == n
+    one = sorted(e["task"] for e in chosen.values())[0]  # --kernels limits the selection too
+    limited = compiler.tune(reference.small_cnn(), trials=0, reselect=True, kernels=[one], cache_dir=str(copy))
+    assert limited["selection"]["selected"] == 1 and limited["selection"]["kernels_with_choice"] == n
 
 
 def test_an_invalid_selection_file_is_ignored_with_a_warning(tuned, tmp_path, caplog):
