@@ -21,7 +21,7 @@ from tvm import relax
 from tvm.ir import GenericConst
 
 from passes import winograd
-from passes.dense import Tile, pack_panels, register_tile, round_up
+from passes.dense import Tile, register_tile, round_up
 from passes.ir import constant_array, is_op, rewrite_emitting, static_shape
 
 log = logging.getLogger("relaxc")
@@ -138,8 +138,7 @@ def emit_winograd(kernels: Kernels, call: relax.Call, workload: ConvWorkload, m:
                   registers: int) -> relax.Expr:
     """The three Winograd kernels for the blocked 3x3 convolution ``call`` of ``workload``."""
     plan = WinogradPlan.of(workload, m, lanes, registers)
-    u = winograd.transform_weight(unblocked_weight(constant_array(call.args[1])), m)  # (alpha^2, C, K)
-    packed = pack_panels(u.astype(np.float32), plan.tile.vectors * lanes)
+    packed = winograd.transform_weight(unblocked_weight(constant_array(call.args[1])), m, plan.tile.vectors * lanes)
     bb = kernels.bb
     v = bb.emit(kernels.call(winograd.winograd_input, [call.args[0]], m, workload.padding, plan.rows))
     product = bb.emit(kernels.call(winograd.winograd_product, [v, relax.const(packed)], plan.tile.rows))
