@@ -32,6 +32,12 @@ from compiler import frontend
 from compiler.runtime import random_inputs
 
 RUNS = 10
+# the same work under each runtime's names: relaxc kernel name prefixes and onnxruntime op types
+KINDS = {"matmul": "matmul, Gemm", "dense": "matmul, Gemm", "Gemm": "matmul, Gemm", "MatMul": "matmul, Gemm",
+         "FusedGemm": "matmul, Gemm", "FusedMatMul": "matmul, Gemm",
+         "max": "pooling", "avg": "pooling", "adaptive": "pooling", "MaxPool": "pooling",
+         "AveragePool": "pooling", "GlobalAveragePool": "pooling",
+         "te": "layout transforms", "ReorderInput": "layout transforms", "ReorderOutput": "layout transforms"}
 
 
 def _relaxc_calls(art: compiler.Artifact, inputs: dict[str, np.ndarray]
@@ -62,7 +68,10 @@ def _relaxc_kind(symbol: str, args: list) -> str:
     shapes = [tuple(a.shape) for a in args if hasattr(a, "shape")]
     if "conv2d" in symbol and len(shapes) >= 3:
         return _conv_kind(shapes[1], shapes[0], shapes[-1])
-    return symbol if symbol.startswith("vm.builtin") else symbol.removeprefix("fused_").split("_")[0]
+    if symbol.startswith("vm.builtin"):
+        return "VM builtins"
+    name = symbol.removeprefix("fused_").split("_")[0]
+    return KINDS.get(name, name)
 
 
 def _ort_kinds(path: str) -> dict[str, str]:
@@ -73,7 +82,7 @@ def _ort_kinds(path: str) -> dict[str, str]:
     for node in model.graph.node:
         strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [1])
         weight = shapes.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
-        kinds[node.name] = (f"conv {weight[2]}x{weight[3]} s{strides[0]}" if weight else node.op_type)
+        kinds[node.name] = f"conv {weight[2]}x{weight[3]} s{strides[0]}" if weight else KINDS.get(node.op_type, node.op_type)
     return kinds
 
 
