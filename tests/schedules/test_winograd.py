@@ -57,7 +57,7 @@ def _two_convolutions(chained: bool) -> onnx.ModelProto:
 def test_output_transforms_fuse_as_convolutions(tmp_path, chained):
     """An output transform takes its epilogue and nothing else: neither the next convolution's input
     transform (VGG) nor a concat of several output transforms (GoogLeNet) shares its kernel, which
-    built 2-4x slower that way and ran no faster."""
+    was slow to build that way."""
     model = _two_convolutions(chained)
     art = compiler.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, "winograd4"))
     kernels = {gv.name_hint: f for gv, f in art.module("final").functions.items() if isinstance(f, tirx.PrimFunc)}
