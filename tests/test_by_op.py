@@ -1,6 +1,6 @@
-"""benchmarks/by_op.py: relaxc's kernels and onnxruntime's nodes land in the same kinds."""
+"""benchmarks/by_op.py and cache_state.py: relaxc's kernels and onnxruntime's nodes land in the same kinds; kernels timed in each cache state."""
 
-from benchmarks import by_op
+from benchmarks import by_op, cache_state
 from tests import reference
 
 
@@ -10,3 +10,9 @@ def test_both_runtimes_convolutions_are_grouped_alike():
     assert convs == {"conv 3x3 s1", "conv 1x1 s1"}
     assert convs <= set(theirs)  # onnxruntime fuses its convolutions' epilogues: no other conv kind
     assert our_total >= sum(ours[k] for k in convs) > 0 and their_total > 0
+
+
+def test_cache_states_time_the_matching_calls_four_ways():
+    states, count = cache_state.cache_states(reference.small_cnn(), "fused_conv2d*", rounds=2,
+                                             tuning="off", dispatch="off")  # all three convolutions direct
+    assert count == 3 and len(states) == 4 and all(ms > 0 for ms in states.values())
