@@ -18,7 +18,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from passes.legalize import STAGE_ATTR
 from passes.winograd import INPUT_ATTR, OUTPUT_ATTR
 from schedules.cpu.rule import CpuRule
-from schedules.cpu.tiled import inline_elementwise, loop_extent, schedule_spatial
+from schedules.cpu.tiled import inline_elementwise, loop_extent
 from support.targets import VectorUnit
 
 
@@ -95,11 +95,8 @@ def _pad_per_tile(sch: s_tir.Schedule, stage: s_tir.schedule.SBlockRV, loop: s_t
     ms per inference. With the caches flushed some shapes run slower this way (the 128-channel 28x28
     one 2x): the selection measures both where a store holds the older schedule's record."""
     pad = sch.get_producers(stage)[0]
-    for producer in sch.get_producers(pad):
-        try:
-            sch.compute_inline(producer)
-        except s_tir.ScheduleError:
-            schedule_spatial(sch, producer, lanes)
+    for producer in sch.get_producers(pad):  # one that cannot be inlined: the kernel is not this rule's
+        sch.compute_inline(producer)
     tile_input = sch.cache_read(stage, 0, "local")
     sch.compute_at(tile_input, loop)
     sch.compute_inline(pad)
