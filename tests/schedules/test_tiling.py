@@ -2,12 +2,15 @@
 
 import math
 
+import numpy as np
 import pytest
+import tvm
 from tvm import s_tir, te, tirx, topi
 from tvm.target import Target
 
 from schedules.cpu import Basic, Tiled, tiled
 from schedules.cpu.tiled import MAX_TILE, _tile, _vector_width
+from support import targets
 
 AVX512 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 
@@ -109,6 +112,45 @@ def test_a_read_indexed_by_every_tiled_axis_is_not_reused():
     out = te.compute((1, 4, 56, 56, 16), lambda n, o, y, x, i: te.max(data[n, o, y + kh, x + kw, i], axis=[kh, kw]),
                      name="conv")
     assert _accumulators(Tiled().apply(te.create_prim_func([data, out]), AVX512, False)) == (8, 16)
+
+
+def _pointwise_conv(channels: int) -> tirx.PrimFunc:
+    """A 1x1 conv in NCHW16c with ReLU, ``channels`` -> 256 channels on a 14x14 map (unit kernel
+    loops included, as the layout pass makes it)."""
+    data = te.placeholder((1, channels // 16, 14, 14, 16), name="data")
+    weight = te.placeholder((16, channels // 16, 1, 1, 16, 16), name="weight")
+    ic, kh, kw, ib = (te.reduce_axis((0, n), name) for n, name in ((channels // 16, "ic"), (1, "kh"), (1, "kw"), (16, "ib")))
+    out = te.compute((1, 16, 14, 14, 16), lambda n, o, y, x, i: te.sum(
+        data[n, ic, y + kh, x + kw, ib] * weight[o, ic, kh, kw, ib, i], axis=[ic, kh, kw, ib]), name="conv")
+    relu = te.compute(out.shape, lambda *i: te.max(out(*i), 0.0), name="relu")
+    return te.create_prim_func([data, weight, relu])
+
+
+def _serial_extents(sch: s_tir.Schedule, block: str) -> list[int]:
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(block))]
+    return [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.SERIAL]
+
+
+@pytest.mark.parametrize("channels, serial", [
+    (1024, [1024 // tiled.CHUNK, 7, 2, 1, tiled.CHUNK // 16, 16]),  # chunks outside the tiles of 7 rows
+    (256, [256 // 16, 16])])  # a shorter reduction: each tile reduces over all of it
+def test_a_long_pointwise_reduction_runs_in_chunks_over_rows_of_tiles(channels, serial):
+    """The chunk loop encloses the rows' tiles, the accumulators initialised once outside it."""
+    sch = Tiled().apply(_pointwise_conv(channels), AVX512, False)
+    assert _serial_extents(sch, "conv_update") == serial
+    assert (len(_serial_extents(sch, "conv_init")) == 3) == (channels >= tiled.LONG_REDUCTION)
+
+
+def test_a_pointwise_conv_in_chunks_computes_the_conv():
+    target = targets.resolve("cpu")
+    lib = tvm.compile(Tiled().apply(_pointwise_conv(1024), target, False).mod, target=target)
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((1, 64, 14, 14, 16)).astype(np.float32)
+    weight = rng.standard_normal((16, 64, 1, 1, 16, 16)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((1, 16, 14, 14, 16), np.float32))
+    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    expected = np.maximum(np.einsum("cyxb,ocbi->oyxi", data[0], weight[:, :, 0, 0]), 0)
+    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-3)
 
 
 def _padded_conv(depthwise: bool) -> tirx.PrimFunc:
