@@ -31,6 +31,7 @@ MIN_PARALLEL_ROWS = 16  # fewer rows than this: one flat parallel loop balances 
 MAX_WHOLE_ROW = 14  # a short row with no good factor (13) is tiled whole: 13 accumulators still fit
 LONG_REDUCTION = 1024  # a pointwise conv reducing over this many channels or more reduces in chunks
 CHUNK = 128  # channels per chunk: the chunk's weights for a tile's output channels stay in L1
+MIN_TILES_PER_CHUNK = 4  # register tiles each chunk's weights serve, at least
 TRANSCENDENTAL = {"tirx.exp", "tirx.sigmoid", "tirx.tanh", "tirx.erf", "tirx.pow", "tirx.log"}
 
 
@@ -275,10 +276,13 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo,
 def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduction: list[s_tir.schedule.LoopRV],
                   second: tuple[int, int] | None
                   ) -> tuple[list[s_tir.schedule.LoopRV], s_tir.schedule.LoopRV, list[s_tir.schedule.LoopRV]] | None:
-    """For a blocked pointwise conv over ``LONG_REDUCTION`` channels or more: each parallel
-    iteration takes a block of rows for its output channels and reduces over the input channels
-    in chunks of ``CHUNK``, every tile of the rows in turn per chunk, the accumulators in a local
-    buffer of the rows. Returns the loops to fuse into the parallel loop, the chunk loop and the loops inside it in order; None for any other kernel (``outer``: output channel blocks, rows, columns, vectors).
+    """For a blocked pointwise conv over ``LONG_REDUCTION`` channels or more whose register tile
+    spans several output channel blocks (``second``: AVX-512's registers; AVX2's hold a row tile
+    only and keep the plain tiling): each parallel iteration takes a block of rows for its output
+    channels and reduces over the input channels in chunks of ``CHUNK``, every tile of the rows in
+    turn per chunk, the accumulators in a local buffer of the rows. Returns the loops to fuse into
+    the parallel loop, the chunk loop and the loops inside it in order; None for any other kernel
+    (``outer``: output channel blocks, rows, columns, vectors).
 
     Tile by tile over the whole reduction, each tile reads its input as one short run per channel
     block (64 runs of 448 bytes for 1024 channels), which the prefetchers do not follow: in the model,
@@ -296,6 +300,8 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
     if height is None or groups is None:
         return None
     block = next((r for r in range(height, 0, -1) if height % r == 0 and groups * (height // r) >= MIN_PARALLEL_ROWS), 1)
+    if block * (loop_extent(sch, columns) or 1) < MIN_TILES_PER_CHUNK:
+        return None  # a chunk's weights would serve one or two tiles: the 2048 -> 512 conv in rows of one, 0.78 ms
     row_outer, row_inner = sch.split(rows, factors=[None, block])
     chunk_outer, chunk_inner = sch.split(reduction[0], factors=[None, max(1, CHUNK // extents[1])])
     return [channels, row_outer], chunk_outer, [row_inner, columns, vectors, chunk_inner, reduction[1]]
