@@ -203,7 +203,8 @@ class Deployed(Runner):
         device_code.register_cuda_binaries(os.path.dirname(library), manifest.get("device_code", []))
         dev = open_device(device)
         spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
-        super().__init__(tvm.runtime.load_module(library), dev, [spec(t) for t in manifest["inputs"]],
+        self.executable = tvm.runtime.load_module(library)  # as an Artifact's: benchmarks instrument its VM
+        super().__init__(self.executable, dev, [spec(t) for t in manifest["inputs"]],
                          [spec(t) for t in manifest["outputs"]], concurrency, input_high(manifest["inputs"]))
         self.manifest = manifest
 

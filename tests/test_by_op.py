@@ -1,6 +1,9 @@
-"""benchmarks/by_op.py and cache_state.py: relaxc's kernels and onnxruntime's nodes land in the same kinds; kernels timed in each cache state."""
+"""benchmarks/by_op.py, cache_state.py and ab.py: relaxc's kernels and onnxruntime's nodes land in the same kinds;
+kernels timed in each cache state; two exported builds timed against each other."""
 
-from benchmarks import by_op, cache_state
+import compiler
+from benchmarks import ab, by_op, cache_state
+from compiler.runtime import random_inputs
 from tests import reference
 
 
@@ -16,3 +19,18 @@ def test_cache_states_time_the_matching_calls_four_ways():
     states, count = cache_state.cache_states(reference.small_cnn(), "fused_conv2d*", rounds=2,
                                              tuning="off", dispatch="off")  # all three convolutions direct
     assert count == 3 and len(states) == 4 and all(ms > 0 for ms in states.values())
+
+
+def test_ab_times_two_builds_whole_and_kernel_by_kernel(tmp_path):
+    model = reference.small_cnn()
+    art = compiler.compile(model, tuning="off")
+    builds = {}
+    for name in ("first", "second"):
+        art.export(tmp_path / f"{name}.so")
+        builds[name] = compiler.load(tmp_path / f"{name}.so")
+    inputs = random_inputs(art.inputs)
+    ms = ab.whole_model(model, builds, inputs, repeat=4)  # checks both against onnxruntime first
+    assert set(ms) == {"first", "second", "onnxruntime"} and all(v > 0 for v in ms.values())
+    kernels = ab.by_kernel(builds, inputs, rounds=1)
+    assert set(kernels["first"]) == set(kernels["second"])
+    assert sum(1 for name in kernels["first"] if name.startswith("fused_conv2d") or "winograd" in name) >= 3

@@ -1,0 +1,94 @@
+"""Two builds of one model against each other and onnxruntime, in one process (``python -m benchmarks.ab``).
+
+    .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/before.so   # in the old tree
+    .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/after.so    # in the new one
+    .venv/bin/python -m benchmarks.ab onnx:resnet50 /tmp/before.so /tmp/after.so [--rounds 3]
+
+Runs in separate processes minutes apart measure the VM's swings more than a change (onnxruntime's
+ResNet-50 read 31.8 to 48.8 ms in consecutive runs on the Emerald Rapids VM). Here both builds and
+onnxruntime take turns in blocks (``harness.alternate``), one line per round; then every kernel of
+both builds is timed in model order (``benchmarks.by_op``: caches as the model leaves them), the
+builds taking turns, and the kernels whose time differs most are listed, so a change's own kernels
+can be read against the drift of the unchanged ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+
+import compiler
+from benchmarks import by_op, harness, reference
+from compiler.runtime import random_inputs
+
+RUNS = 10  # inferences per build and turn, kernel by kernel
+SHOWN = 12  # kernels listed, largest difference first
+
+
+def whole_model(spec: str, builds: dict[str, compiler.Deployed], inputs: dict, repeat: int) -> dict[str, float]:
+    """Median milliseconds of each build and of onnxruntime, taking turns in blocks."""
+    session = reference.ort_session(harness._load(spec))
+    for build in builds.values():
+        reference.assert_matches(build.run(inputs), session.run(None, inputs))
+    runs = {name: (lambda b=build: b.run(inputs)) for name, build in builds.items()}
+    runs["onnxruntime"] = lambda: session.run(None, inputs)
+    return harness.alternate(runs, repeat)
+
+
+def by_kernel(builds: dict[str, compiler.Deployed], inputs: dict, rounds: int) -> dict[str, dict[str, float]]:
+    """Per build, each kernel's milliseconds per inference (the sum of its calls' medians), the
+    kernels timed one by one in model order, the builds taking turns in rounds."""
+    calls = {name: [c for c in by_op._relaxc_calls(build, inputs)[1] if not c[0].startswith("vm.builtin")]
+             for name, build in builds.items()}
+    times = {name: collections.defaultdict(list) for name in builds}
+    for _ in range(rounds):
+        for name, sequence in calls.items():
+            for _ in range(RUNS):
+                for i, (_, func, args) in enumerate(sequence):
+                    start = time.perf_counter()
+                    func(*args)
+                    times[name][i].append(time.perf_counter() - start)
+    result: dict[str, dict[str, float]] = {}
+    for name, sequence in calls.items():
+        per_kernel: dict[str, float] = collections.defaultdict(float)
+        for i, (symbol, _, _) in enumerate(sequence):
+            per_kernel[symbol] += statistics.median(times[name][i]) * 1e3
+        result[name] = dict(per_kernel)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("first", help="an exported build (.so with its .json manifest)")
+    parser.add_argument("second")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=40, help="inferences per runtime and round")
+    args = parser.parse_args()
+    builds = {"first": compiler.load(args.first), "second": compiler.load(args.second)}
+    inputs = random_inputs(builds["first"].inputs, high=builds["first"].input_high)
+    print(f"{args.model}: first {args.first}, second {args.second}, 2 threads both, median of {args.repeat}\n")
+    print("| round | first (ms) | second (ms) | onnxruntime (ms) | first / ort | second / ort |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for round_ in range(1, args.rounds + 1):
+        ms = whole_model(args.model, builds, inputs, args.repeat)
+        ort = ms["onnxruntime"]
+        print(f"| {round_} | {ms['first']:.2f} | {ms['second']:.2f} | {ort:.2f} | {ms['first'] / ort:.3f} "
+              f"| {ms['second'] / ort:.3f} |")
+    kernels = by_kernel(builds, inputs, 2 * args.rounds)
+    first, second = kernels["first"], kernels["second"]
+    names = sorted(set(first) | set(second), key=lambda k: -abs(second.get(k, 0.0) - first.get(k, 0.0)))
+    print(f"\nKernels in model order, median of {2 * args.rounds * RUNS} inferences each (ms per inference)\n")
+    print("| kernel | first | second | second - first |\n| --- | ---: | ---: | ---: |")
+    for name in names[:SHOWN]:
+        a, b = first.get(name, 0.0), second.get(name, 0.0)
+        print(f"| {name} | {a:.3f} | {b:.3f} | {b - a:+.3f} |")
+    a, b = sum(first.values()), sum(second.values())
+    print(f"| all kernels | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+
+
+if __name__ == "__main__":
+    main()
