@@ -175,8 +175,9 @@ def input_block(channels: int, block: int) -> int:
     few (at most half a block): an RGB stem's input is then its 3 channels at each pixel, unpadded.
 
     Padded to ``block`` lanes a 3-channel stem would do 16/3 of the work, padded to a 4-lane block
-    4/3: ResNet-50's 7x7 stem took 2.02 ms that way and 1.54 ms on 3 channels (in the model, on a
-    loaded 2-core Emerald Rapids VM). The convolution still writes ``block``-wide output vectors.
+    4/3: ResNet-50's 7x7 stem took 1.09-1.35 ms that way and 0.83-1.01 ms on 3 channels (in the
+    model, ``python -m benchmarks.ab``, 2-core Emerald Rapids VM). The convolution still writes
+    ``block``-wide output vectors.
     """
     return channels if channels <= block // 2 else block
 

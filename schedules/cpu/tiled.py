@@ -285,12 +285,13 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
     (``outer``: output channel blocks, rows, columns, vectors).
 
     Tile by tile over the whole reduction, each tile reads its input as one short run per channel
-    block (64 runs of 448 bytes for 1024 channels), which the prefetchers do not follow: in the model,
-    after its producer, ResNet-50's 1024 -> 256 conv at 14 x 14 took 0.70 ms that way and 0.59-0.62 ms
-    in chunks, where each chunk's input for the rows is one run per block and its weights stay in
-    L1 (the 2048 -> 512 at 7 x 7: 0.73 -> 0.64 ms, 1024 -> 512 at 14 x 14: 1.26 -> 1.16; Emerald
-    Rapids, 2 cores). A shorter reduction lost: the 128 -> 512 conv at 28 x 28 took 0.54 ms tile by
-    tile and 1.0 ms in one chunk (the accumulators of whole rows go through memory)."""
+    block (64 runs of 448 bytes for 1024 channels), which the prefetchers do not follow; in chunks,
+    each chunk's input for the rows is one run per block and its weights stay in L1. ResNet-50's five
+    1024 -> 256 convs at 14 x 14, in the model (``python -m benchmarks.ab``, Emerald Rapids, 2 cores):
+    2.17-3.34 ms per inference tile by tile, 1.94-2.59 in chunks; the 2048 -> 512 ones at 7 x 7 and
+    the 1024 -> 512 at 14 x 14 gained less. A shorter reduction lost (a variant of this rule, not
+    kept): the 128 -> 512 conv at 28 x 28 took 0.54 ms tile by tile and 1.0 ms in one chunk (the
+    accumulators of whole rows go through memory)."""
     extents = [loop_extent(sch, loop) for loop in reduction]
     if len(outer) != 4 or len(reduction) != 2 or None in extents or math.prod(extents) < LONG_REDUCTION \
             or second is None or second[0] != 0:
