@@ -60,7 +60,8 @@ def test_report_and_ir_per_phase():
     assert [p["name"] for p in report["phases"]] == ["import", "simplify", "layout", "dispatch", "legalize", "fuse",
                                                      "tune", "schedule", "lower", "build"]
     assert report["layout"]["block"] in (8, 16) and report["layout"]["why"] == "the target's fp32 vector lanes"
-    assert report["layout"]["blocked_ops"] > 0 and report["layout"]["padded_tensors"][0]["from"] == 3
+    assert report["layout"]["blocked_ops"] > 0
+    assert {p["from"] for p in report["layout"]["padded_tensors"]} == {20}  # the 3-channel input: unpadded
     assert all(p["seconds"] >= 0 for p in report["phases"])
     assert report["ops"]["Conv"] == 3 and report["ops"]["BatchNormalization"] == 1
     assert report["schedules"].get("none", 0) == 0 and report["schedules"]["tiled"] >= 4
