@@ -20,7 +20,6 @@ import collections
 import statistics
 import time
 
-
 import compiler
 from benchmarks import by_op, harness, reference
 from compiler.runtime import random_inputs

@@ -7,7 +7,8 @@ register-tiled, and where the target has registers to spare so is an axis along 
 that is broadcast (not indexed by the vector axis) is reused: a blocked conv's output channel
 chunks, so each input value feeds two or three weight vectors. The reduction runs inside the tile
 with the accumulators in a local buffer, and everything outside the tile is fused into one
-parallel loop. Elementwise epilogues (bias, ReLU)
+parallel loop; a pointwise conv over many channels instead reduces in chunks, each parallel
+iteration running a block of rows' tiles per chunk (``_chunked_rows``). Elementwise epilogues (bias, ReLU)
 are computed right after their tile while it is hot. A kernel of another shape is not this
 rule's: it answers None and the next rule (``Basic``) takes it.
 """
