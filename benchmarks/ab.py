@@ -18,21 +18,27 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
-import time
+
+import onnx
 
 import compiler
 from benchmarks import by_op, harness, reference
+from compiler import frontend
 from compiler.runtime import random_inputs
 
-RUNS = 10  # inferences per build and turn, kernel by kernel
 SHOWN = 12  # kernels listed, largest difference first
 
 
-def whole_model(spec: str, builds: dict[str, compiler.Deployed], inputs: dict, repeat: int) -> dict[str, float]:
-    """Median milliseconds of each build and of onnxruntime, taking turns in blocks."""
-    session = reference.ort_session(harness._load(spec))
+def checked_session(spec: str | onnx.ModelProto, builds: dict[str, compiler.Deployed], inputs: dict):
+    """An onnxruntime session of the model, after every build's outputs were checked against it."""
+    session = reference.ort_session(frontend.load_model(spec)[0])
     for build in builds.values():
         reference.assert_matches(build.run(inputs), session.run(None, inputs))
+    return session
+
+
+def whole_model(builds: dict[str, compiler.Deployed], session, inputs: dict, repeat: int) -> dict[str, float]:
+    """Median milliseconds of each build and of onnxruntime, taking turns in blocks."""
     runs = {name: (lambda b=build: b.run(inputs)) for name, build in builds.items()}
     runs["onnxruntime"] = lambda: session.run(None, inputs)
     return harness.alternate(runs, repeat)
@@ -47,11 +53,7 @@ def by_kernel(builds: dict[str, compiler.Deployed], inputs: dict, rounds: int) -
     times = {name: collections.defaultdict(list) for name in builds}
     for round_ in range(rounds):
         for name, sequence in (list(calls.items()) if round_ % 2 == 0 else list(calls.items())[::-1]):
-            for _ in range(RUNS):
-                for i, (_, func, args) in enumerate(sequence):
-                    start = time.perf_counter()
-                    func(*args)
-                    times[name][i].append(time.perf_counter() - start)
+            by_op.time_in_order(sequence, times[name])
     result: dict[str, dict[str, float]] = {}
     for name, sequence in calls.items():
         per_kernel: dict[str, float] = collections.defaultdict(float)
@@ -74,15 +76,16 @@ def main() -> None:
     print(f"{args.model}: first {args.first}, second {args.second}, 2 threads both, median of {args.repeat}\n")
     print("| round | first (ms) | second (ms) | onnxruntime (ms) | first / ort | second / ort |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    session = checked_session(args.model, builds, inputs)
     for round_ in range(1, args.rounds + 1):
-        ms = whole_model(args.model, builds, inputs, args.repeat)
+        ms = whole_model(builds, session, inputs, args.repeat)
         ort = ms["onnxruntime"]
         print(f"| {round_} | {ms['first']:.2f} | {ms['second']:.2f} | {ort:.2f} | {ms['first'] / ort:.3f} "
               f"| {ms['second'] / ort:.3f} |")
     kernels = by_kernel(builds, inputs, 2 * args.rounds)
     first, second = kernels["first"], kernels["second"]
     names = sorted(set(first) | set(second), key=lambda k: -abs(second.get(k, 0.0) - first.get(k, 0.0)))
-    print(f"\nKernels in model order, median of {2 * args.rounds * RUNS} inferences each (ms per inference)\n")
+    print(f"\nKernels in model order, median of {2 * args.rounds * by_op.RUNS} inferences each (ms per inference)\n")
     print("| kernel | first | second | second - first |\n| --- | ---: | ---: | ---: |")
     for name in names[:SHOWN]:
         a, b = first.get(name, 0.0), second.get(name, 0.0)

@@ -57,6 +57,16 @@ def _relaxc_calls(art: compiler.Artifact, inputs: dict[str, np.ndarray]
     return vm, calls
 
 
+def time_in_order(calls: list[tuple[str, object, list]], times: dict[int, list[float]], runs: int = RUNS) -> None:
+    """``runs`` inferences' worth of ``calls``, one by one in model order; each call's seconds are
+    appended to ``times[its index]``."""
+    for _ in range(runs):
+        for i, (_, func, args) in enumerate(calls):
+            start = time.perf_counter()
+            func(*args)
+            times[i].append(time.perf_counter() - start)
+
+
 def _conv_kind(kernel: tuple[int, ...], data: tuple[int, ...], out: tuple[int, ...]) -> str:
     stride = "s2" if data[-3] > out[-3] * 1.5 else "s1"
     return f"conv {kernel[-4]}x{kernel[-3]} {stride}"
@@ -98,11 +108,7 @@ def compare(spec: str | onnx.ModelProto, rounds: int, **options) -> tuple[dict[s
         kinds = _ort_kinds(os.path.join(tmp, "optimized.onnx"))
         times: dict[int, list[float]] = collections.defaultdict(list)
         for _ in range(rounds):
-            for _ in range(RUNS):
-                for i, (_, func, args) in enumerate(calls):
-                    start = time.perf_counter()
-                    func(*args)
-                    times[i].append(time.perf_counter() - start)
+            time_in_order(calls, times)
             for _ in range(RUNS):
                 session.run(None, inputs)
         with open(session.end_profiling()) as f:

@@ -29,7 +29,8 @@ def test_ab_times_two_builds_whole_and_kernel_by_kernel(tmp_path):
         art.export(tmp_path / f"{name}.so")
         builds[name] = compiler.load(tmp_path / f"{name}.so")
     inputs = random_inputs(art.inputs)
-    ms = ab.whole_model(model, builds, inputs, repeat=4)  # checks both against onnxruntime first
+    session = ab.checked_session(model, builds, inputs)  # asserts both match onnxruntime
+    ms = ab.whole_model(builds, session, inputs, repeat=4)
     assert set(ms) == {"first", "second", "onnxruntime"} and all(v > 0 for v in ms.values())
     kernels = ab.by_kernel(builds, inputs, rounds=1)
     assert set(kernels["first"]) == set(kernels["second"])
