@@ -114,16 +114,35 @@ def test_a_read_indexed_by_every_tiled_axis_is_not_reused():
     assert _accumulators(Tiled().apply(te.create_prim_func([data, out]), AVX512, False)) == (8, 16)
 
 
-def _pointwise_conv(channels: int) -> tirx.PrimFunc:
-    """A 1x1 conv in NCHW16c with ReLU, ``channels`` -> 256 channels on a 14x14 map (unit kernel
-    loops included, as the layout pass makes it)."""
-    data = te.placeholder((1, channels // 16, 14, 14, 16), name="data")
-    weight = te.placeholder((16, channels // 16, 1, 1, 16, 16), name="weight")
+def _pointwise_conv(channels: int, size: int = 14, out_channels: int = 256) -> tirx.PrimFunc:
+    """A 1x1 conv in NCHW16c with ReLU, ``channels`` -> ``out_channels`` on a ``size`` x ``size``
+    map (unit kernel loops included, as the layout pass makes it)."""
+    data = te.placeholder((1, channels // 16, size, size, 16), name="data")
+    weight = te.placeholder((out_channels // 16, channels // 16, 1, 1, 16, 16), name="weight")
     ic, kh, kw, ib = (te.reduce_axis((0, n), name) for n, name in ((channels // 16, "ic"), (1, "kh"), (1, "kw"), (16, "ib")))
-    out = te.compute((1, 16, 14, 14, 16), lambda n, o, y, x, i: te.sum(
+    out = te.compute((1, out_channels // 16, size, size, 16), lambda n, o, y, x, i: te.sum(
         data[n, ic, y + kh, x + kw, ib] * weight[o, ic, kh, kw, ib, i], axis=[ic, kh, kw, ib]), name="conv")
     relu = te.compute(out.shape, lambda *i: te.max(out(*i), 0.0), name="relu")
     return te.create_prim_func([data, weight, relu])
+
+
+@pytest.mark.parametrize("row, channels, tile", [
+    (56, 4, (4, 4)),  # 8 loads per 16 FMAs; 8 x 2 would load 10
+    (28, 32, (4, 4)),
+    (14, 16, (7, 2)),  # 7 is the row's only factor from 4 to 8
+    (7, 3, (7, 3)),
+    (13, 4, None)])  # no factor from 4 to 8: the row tile rule decides
+def test_square_tile_loads_fewest_vectors_per_fma(row, channels, tile):
+    assert tiled._square_tile(row, channels, 24) == tile
+
+
+@pytest.mark.parametrize("mcpu, unrolled", [("znver4", [4, 4]),  # AVX-512: 4 channel blocks x 4 columns
+                                            ("znver3", [8])])  # AVX2's 16 registers: the row tile alone
+def test_a_pointwise_conv_tiles_output_channels_as_far_as_columns(mcpu, unrolled):
+    target = Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    sch = Tiled().apply(_pointwise_conv(64, size=56, out_channels=64), target, False)
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("conv_update"))]
+    assert [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.UNROLLED] == unrolled
 
 
 def _serial_extents(sch: s_tir.Schedule, block: str) -> list[int]:
