@@ -219,3 +219,45 @@ def test_an_epilogue_that_broadcasts_the_reduction_runs_apart_and_in_parallel():
     assert "sigmoid" not in str(multiply.body)
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("out"))]
     assert loops[0].kind == tirx.ForKind.PARALLEL and int(loops[0].extent) > 1
+
+
+def _classifier(depth: int, columns: int) -> tirx.PrimFunc:
+    """A classifier's FC as the importer makes it: a 1 x K vector times a K x N matrix, plus a bias."""
+    x = te.placeholder((1, depth), name="x")
+    weight = te.placeholder((depth, columns), name="weight")
+    bias = te.placeholder((columns,), name="bias")
+    k = te.reduce_axis((0, depth), name="k")
+    product = te.compute((1, columns), lambda i, j: te.sum(x[i, k] * weight[k, j], axis=k), name="matmul")
+    out = te.compute((1, columns), lambda i, j: product[i, j] + bias[j], name="add")
+    return te.create_prim_func([x, weight, bias, out])
+
+
+@pytest.mark.parametrize("depth, columns, parts", [(2048, 1000, 8),  # ResNet-50's classifier
+                                                   (256, 64, None)])  # too small: split by columns
+def test_a_large_matrix_vector_product_streams_rows_in_parallel_parts(depth, columns, parts):
+    sch = Tiled().apply(_classifier(depth, columns), AVX512, False)
+    try:
+        loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_rf_update"))]
+    except (s_tir.ScheduleError, ValueError):
+        loops = None  # no partial sums
+    assert (loops and [int(l.extent) for l in loops if l.kind == tirx.ForKind.PARALLEL]) == ([parts] if parts else None)
+
+
+def test_a_matrix_vector_product_in_parts_computes_the_product():
+    target = targets.resolve("cpu")
+    lib = tvm.compile(Tiled().apply(_classifier(2048, 1000), target, False).mod, target=target)
+    rng = np.random.default_rng(0)
+    x, weight, bias = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2048), (2048, 1000), (1000,)))
+    out = tvm.runtime.tensor(np.zeros((1, 1000), np.float32))
+    lib(*(tvm.runtime.tensor(a) for a in (x, weight, bias)), out)
+    np.testing.assert_allclose(out.numpy(), x @ weight + bias, rtol=1e-4, atol=1e-3)
+
+
+def test_a_matrix_vector_product_over_a_transposed_weight_is_not_split_in_parts():
+    """An N x K weight: a vector of columns would gather from N rows; the parts are not for it."""
+    x = te.placeholder((1, 2048), name="x")
+    weight = te.placeholder((1000, 2048), name="weight")
+    k = te.reduce_axis((0, 2048), name="k")
+    product = te.compute((1, 1000), lambda i, j: te.sum(x[i, k] * weight[j, k], axis=k), name="matmul")
+    sch = Tiled().apply(te.create_prim_func([x, weight, product]), AVX512, False)
+    assert "matmul_rf" not in sch.mod["main"].script()
