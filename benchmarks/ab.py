@@ -13,9 +13,9 @@ can be read against the drift of the unchanged ones (kernels are matched by name
 renames one lists it twice, each with 0 on the other side).
 
 One run is not enough: given the same build twice, a run read one copy's kernels 5.7 ms (17 %) and
-its whole model a few percent faster, and the next run neither (Emerald Rapids VM; the bias is
-fixed within a run, so taking turns does not remove it). Run it several times in both orders and
-trust a kernel that moves the same way in every run (``docs/benchmarks.md``).
+its whole model a few percent faster, and the next run neither (Emerald Rapids VM, whose speed
+changes in steps within seconds; taking turns cancels a steady drift, not a step). Run it several
+times in both orders and trust a kernel that moves the same way in every run (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
