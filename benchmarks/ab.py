@@ -51,14 +51,17 @@ def whole_model(builds: dict[str, compiler.Deployed], session, inputs: dict, rep
 
 def by_kernel(builds: dict[str, compiler.Deployed], inputs: dict, rounds: int) -> dict[str, dict[str, float]]:
     """Per build, each kernel's milliseconds per inference (the sum of its calls' medians), the
-    kernels timed one by one in model order, the builds taking turns in rounds, the first one first
-    in every other round (whichever runs second was up to 8 % slower on the Emerald Rapids VM)."""
+    kernels timed one by one in model order, ``by_op.RUNS`` inferences per round, the builds taking
+    turns every inference, the first one first every other time: a step in the VM's speed then
+    falls on both builds alike (with turns of ten inferences, four copies of one build read
+    29.5-37.8 ms on the Emerald Rapids VM; both builds run on TVM's one thread pool, so turns this
+    short do not make two pools fight)."""
     calls = {name: [c for c in by_op._relaxc_calls(build, inputs)[1] if not c[0].startswith("vm.builtin")]
              for name, build in builds.items()}
     times = {name: collections.defaultdict(list) for name in builds}
-    for round_ in range(rounds):
-        for name, sequence in (list(calls.items()) if round_ % 2 == 0 else list(calls.items())[::-1]):
-            by_op.time_in_order(sequence, times[name])
+    for turn in range(rounds * by_op.RUNS):
+        for name, sequence in (list(calls.items()) if turn % 2 == 0 else list(calls.items())[::-1]):
+            by_op.time_in_order(sequence, times[name], runs=1)
     result: dict[str, dict[str, float]] = {}
     for name, sequence in calls.items():
         per_kernel: dict[str, float] = collections.defaultdict(float)
