@@ -14,8 +14,10 @@ renames one lists it twice, each with 0 on the other side).
 
 One run is not enough: given the same build twice, a run read one copy's kernels 5.7 ms (17 %) and
 its whole model a few percent faster, and the next run neither (Emerald Rapids VM, whose speed
-changes in steps within seconds; taking turns cancels a steady drift, not a step). Run it several
-times in both orders and trust a kernel that moves the same way in every run (``docs/benchmarks.md``).
+changes in steps within seconds). Kernels now take turns every inference, which evens out the
+steps, but copies of one build still differed by up to 8 % in one call (their memory's
+placement, likely). Run it several times in both orders and trust a kernel that moves the same
+way in every run (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
