@@ -39,8 +39,9 @@ SHOWN = 12  # kernels listed, largest difference first
 def checked_session(spec: str | onnx.ModelProto, builds: dict[str, compiler.Deployed], inputs: dict):
     """An onnxruntime session of the model, after every build's outputs were checked against it."""
     session = reference.ort_session(frontend.load_model(spec)[0])
+    expected = session.run(None, inputs)
     for build in builds.values():
-        reference.assert_matches(build.run(inputs), session.run(None, inputs))
+        reference.assert_matches(build.run(inputs), expected)
     return session
 
 
@@ -61,8 +62,9 @@ def by_kernel(builds: dict[str, compiler.Deployed], inputs: dict, rounds: int) -
     calls = {name: [c for c in by_op._relaxc_calls(build, inputs)[1] if not c[0].startswith("vm.builtin")]
              for name, build in builds.items()}
     times = {name: collections.defaultdict(list) for name in builds}
+    order = list(calls.items())
     for turn in range(rounds * by_op.RUNS):
-        for name, sequence in (list(calls.items()) if turn % 2 == 0 else list(calls.items())[::-1]):
+        for name, sequence in (order if turn % 2 == 0 else order[::-1]):
             by_op.time_in_order(sequence, times[name], runs=1)
     result: dict[str, dict[str, float]] = {}
     for name, sequence in calls.items():
