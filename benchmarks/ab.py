@@ -31,6 +31,7 @@ import onnx
 import compiler
 from benchmarks import by_op, harness, reference
 from compiler import frontend
+from compiler.profile import model_calls
 from compiler.runtime import random_inputs
 
 SHOWN = 12  # kernels listed, largest difference first
@@ -59,7 +60,7 @@ def by_kernel(builds: dict[str, compiler.Deployed], inputs: dict, rounds: int) -
     falls on both builds alike (with turns of ten inferences, four copies of one build read
     29.5-37.8 ms on the Emerald Rapids VM; both builds run on TVM's one thread pool, so turns this
     short do not make two pools fight)."""
-    calls = {name: [c for c in by_op._relaxc_calls(build, inputs)[1] if not c[0].startswith("vm.builtin")]
+    calls = {name: [c for c in model_calls(build, inputs)[1] if not c[0].startswith("vm.builtin")]
              for name, build in builds.items()}
     times = {name: collections.defaultdict(list) for name in builds}
     order = list(calls.items())

@@ -21,14 +21,12 @@ import statistics
 import tempfile
 import time
 
-import numpy as np
 import onnx
-import tvm
-from tvm import relax
 
 import compiler
 from benchmarks import reference
 from compiler import frontend
+from compiler.profile import model_calls
 from compiler.runtime import random_inputs
 
 RUNS = 10
@@ -38,23 +36,6 @@ KINDS = {"matmul": "matmul, Gemm", "dense": "matmul, Gemm", "Gemm": "matmul, Gem
          "max": "pooling", "avg": "pooling", "adaptive": "pooling", "MaxPool": "pooling",
          "AveragePool": "pooling", "GlobalAveragePool": "pooling",
          "te": "layout transforms", "ReorderInput": "layout transforms", "ReorderOutput": "layout transforms"}
-
-
-def _relaxc_calls(art: compiler.Artifact, inputs: dict[str, np.ndarray]
-                  ) -> tuple[relax.VirtualMachine, list[tuple[str, object, list]]]:
-    """Every call ``main`` makes (kernels and builtins), with the arguments it made it with; and the
-    VM, which must outlive the calls (the arena they write belongs to it)."""
-    calls = []
-
-    def instrument(func, symbol, before_run, _ret, *args):
-        if before_run:
-            calls.append((symbol, func, list(args)))
-        return 0  # VMInstrumentReturnKind.NO_OP
-
-    vm = relax.VirtualMachine(art.executable, tvm.cpu())
-    vm.set_instrument(instrument)
-    vm["main"](*[tvm.runtime.tensor(inputs[name], tvm.cpu()) for name, _, _ in art.inputs])
-    return vm, calls
 
 
 def time_in_order(calls: list[tuple[str, object, list]], times: dict[int, list[float]], runs: int = RUNS) -> None:
@@ -101,7 +82,7 @@ def compare(spec: str | onnx.ModelProto, rounds: int, **options) -> tuple[dict[s
     model = frontend.load_model(spec)[0]
     art = compiler.compile(spec, **options)
     inputs = random_inputs(art.inputs, high=art.input_high)
-    _vm, calls = _relaxc_calls(art, inputs)
+    _vm, calls = model_calls(art, inputs)
     with tempfile.TemporaryDirectory() as tmp:
         session = reference.ort_session(model, profile_prefix=os.path.join(tmp, "ort"),
                                         optimized_path=os.path.join(tmp, "optimized.onnx"))

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.cache_state onnx:resnet50 "fused_conv2d_NCHWc13_*" [--tuning strict]
 
-Each call of the kernels whose names match, on the model's own arguments (``benchmarks.by_op``),
+Each call of the kernels whose names match, on the model's own arguments (``compiler.profile.model_calls``),
 timed four ways, median of ``--rounds``: right after the call before it in the model (as in an
 inference), right after itself (weights and input warm), after sweeping 64 MB through the caches,
 and after the call before it and a 2 ms pause (the thread pool's workers gone to sleep). Says
@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 import compiler
-from benchmarks import by_op
+from compiler.profile import model_calls
 from compiler.runtime import random_inputs
 
 SWEEP_BYTES = 64 << 20  # more than this VM's L3 share
@@ -35,7 +35,7 @@ def _seconds(call) -> float:
 def cache_states(spec: str | onnx.ModelProto, pattern: str, rounds: int, **options) -> tuple[dict[str, float], int]:
     """Median milliseconds of one matching call in each state, and how many calls match."""
     art = compiler.compile(spec, **options)
-    _vm, calls = by_op._relaxc_calls(art, random_inputs(art.inputs, high=art.input_high))
+    _vm, calls = model_calls(art, random_inputs(art.inputs, high=art.input_high))
     chosen = [i for i, (symbol, _, _) in enumerate(calls) if i and fnmatch.fnmatchcase(symbol, pattern)]
     if not chosen:
         raise SystemExit(f"no kernel matches {pattern}")

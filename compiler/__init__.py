@@ -61,7 +61,9 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     rerun resumes. Then each kernel whose records changed (every kernel with ``reselect``; only those
     matching ``kernels``, if given) gets its
     schedule chosen: the default and the best records measured again side by side, the fastest
-    winning, or the quickest to build within 3% of it. Later ``compile`` calls replay the choices.
+    winning, or the quickest to build within 3% of it; each timed alone with its weights flushed
+    from the caches, or, with ``selection="sequence"``, every kernel inside the model's own
+    sequence of calls (``schedules/sequence.py``). Later ``compile`` calls replay the choices.
     Dispatch (``dispatch="replay"``, the default, becomes ``"measure"`` here) measures every
     convolution's candidates first, so the kernels tuned are those the model will run.
     Returns a summary (tasks, trials, records, selection, minutes, stop reason, dispatch choices).
@@ -86,12 +88,35 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
                               trials_per_task=settings.trials_per_task, minutes=settings.minutes,
                               cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
                               model=art.report()["model"], reselect=settings.reselect,
-                              kernels=tuple(settings.kernels))
+                              kernels=tuple(settings.kernels), select=settings.selection == "alone")
+    if settings.selection == "sequence":
+        replayed = compile_model(model, target, shapes, dataclasses.replace(compile_options, tuning="replay"),
+                                 constants)
+        summary["selection"] = _select_in_sequence(replayed, settings.kernels, compile_options.cache_dir)
     report = art.report()
     diagnostics.translate(said, report["ops"])
     if "dispatch" in report:
         summary["dispatch"] = {k: report["dispatch"][k] for k in ("choices", "sources")}
     return summary
+
+
+def _select_in_sequence(art: "Artifact", kernels: tuple[str, ...], cache_dir: str | None) -> dict:
+    """``schedules.sequence.select_in_sequence`` on one inference of ``art`` (compiled replaying the
+    records), for the kernels matching the ``kernels`` globs (all if none)."""
+    import fnmatch
+
+    import tvm
+
+    from compiler.profile import model_calls
+    from compiler.runtime import random_inputs
+    from schedules.cache import RecordStore, cache_root
+    from schedules.sequence import select_in_sequence
+
+    _vm, calls = model_calls(art, random_inputs(art.inputs, high=art.input_high))
+    fused = {gv.name_hint: f for gv, f in art.module("fuse").functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    wanted = {name for name in fused if any(fnmatch.fnmatchcase(name, k) for k in kernels)} if kernels else None
+    return select_in_sequence(calls, fused, RecordStore.of(cache_root(cache_dir), art.target), art.target, wanted,
+                              model=art.report()["model"])
 
 
 def save_cache(path: str, cache_dir: str | None = None) -> str:

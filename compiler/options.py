@@ -18,6 +18,7 @@ from tvm.target import Target
 from compiler.backend import toolchain
 from passes.memory import PLANNERS
 from schedules.dispatch import LAYOUT_MODES, MODES as DISPATCH_MODES, STRATEGIES
+from schedules.sequence import SELECTIONS
 from schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
 from support import targets
 from support.errors import TargetError, UserError
@@ -132,4 +133,8 @@ class TuneOptions:
                                        "report()['tuning'])", metavar="GLOB")
     reselect: bool = _option(False, "measure every kernel's default and best records side by side again, "
                              "even if its records did not change")
+    selection: str = _option("alone", "how each kernel's schedule is chosen among its default and best records: "
+                             "timed alone, cold ('alone': the kernels whose records changed, every one with "
+                             "--reselect), or in the model's sequence after tuning ('sequence': every kernel, "
+                             "schedules/sequence.py)", choices=SELECTIONS)
 

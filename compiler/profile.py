@@ -28,6 +28,7 @@ from schedules.default import schedule_kind
 
 MIN_BLOCK_SECONDS = 2e-4  # a timed block lasts at least this long: timer and call overhead stay small
 BLOCKS = 5
+Call = tuple[str, Any, list[Any]]  # a VM call: the callee's symbol, the callee, its arguments
 
 
 @dataclass
@@ -103,12 +104,30 @@ def _time_call(call: Callable[[], Any]) -> float:
     return statistics.median(blocks)
 
 
+def model_calls(program: Any, inputs: dict[str, np.ndarray]) -> tuple[relax.VirtualMachine, list[Call]]:
+    """Every call one inference of ``program`` (an ``Artifact`` or a ``Deployed``) makes, kernels
+    and builtins, in order, with the arguments it made it with (the VM's own tensors, views of its
+    arena: calling them again in order replays the model as it runs); and the VM, which must
+    outlive the calls (the arena belongs to it)."""
+    calls: list[Call] = []
+
+    def instrument(func, symbol, before_run, _ret, *args):
+        if before_run:
+            calls.append((symbol, func, list(args)))
+        return 0  # VMInstrumentReturnKind.NO_OP
+
+    vm = relax.VirtualMachine(program.executable, tvm.cpu())
+    vm.set_instrument(instrument)
+    vm["main"](*[tvm.runtime.tensor(inputs[name], tvm.cpu()) for name, _, _ in program.inputs])
+    return vm, calls
+
+
 def profile(art: Artifact, inputs: dict[str, np.ndarray]) -> Profile:
     """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how)."""
     final = art.module("final")
     kernels = {gv.name_hint: f for gv, f in final.functions.items() if isinstance(f, tirx.PrimFunc)}
     device = tvm.cpu()
-    calls: list[tuple[str, Any, list[Any]]] = []
+    calls: list[Call] = []
 
     def instrument(func, symbol, before_run, _ret, *args):
         if before_run and symbol in kernels:

@@ -110,19 +110,24 @@ def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int =
         seen.add(trace)
         for label, variant in ((f"record {len(seen)}", entry),
                                (f"record {len(seen)}, unroll <= {UNROLL_CAP}", capped_unroll(entry))):
-            if variant is None:
-                continue
-            sch = s_tir.Schedule(mod)
-            try:
-                apply_trace(variant, sch)
-            except Exception as err:  # noqa: BLE001 - a record that no longer applies is skipped, not fatal
-                log.warning("%s of %s does not apply (%s); skipped", label, mod["main"].attrs.get("global_symbol"),
-                            str(err).splitlines()[0])
-                continue
-            found.append(Candidate(label, sch, variant))
+            if variant is not None:
+                found.extend(from_record(mod, variant, label))
         if len(seen) == top_k:
             break
     return found
+
+
+def from_record(mod: tvm.IRModule, entry: list, label: str) -> list[Candidate]:
+    """The candidate scheduled by replaying ``entry`` (a record's JSON) on ``mod``; none if the record
+    no longer applies (logged)."""
+    sch = s_tir.Schedule(mod)
+    try:
+        apply_trace(entry, sch)
+    except Exception as err:  # noqa: BLE001 - a record that no longer applies is skipped, not fatal
+        log.warning("%s of %s does not apply (%s); skipped", label, mod["main"].attrs.get("global_symbol"),
+                    str(err).splitlines()[0])
+        return []
+    return [Candidate(label, sch, entry)]
 
 
 def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds: int = ROUNDS,

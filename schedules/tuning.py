@@ -110,7 +110,7 @@ def _records(database, task: ms.ExtractedTask) -> int:
 
 def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_task: int | None = None,
                 minutes: float | None = None, cache_dir: str | None = None, fingerprint: str = "",
-                model: str = "", reselect: bool = False, kernels: tuple[str, ...] = ()) -> dict:
+                model: str = "", reselect: bool = False, kernels: tuple[str, ...] = (), select: bool = True) -> dict:
     """Tune the kernels of ``mod`` (after layout and fusion) into the target's record store.
 
     MetaSchedule commits a task's measurements to the database only when its scheduler next visits
@@ -120,7 +120,8 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     records changed (all of them with ``reselect``) gets its schedule chosen by measuring the
     default and its best records side by side (``schedules/selection.py``); ``trials=0`` only does that.
     ``kernels`` (glob patterns of kernel names) limits tuning and selection to the kernels that match:
-    ``trials=0, reselect=True`` with ``kernels`` measures only those again.
+    ``trials=0, reselect=True`` with ``kernels`` measures only those again. ``select`` False leaves
+    the selection to the caller (``compiler.tune`` with ``selection="sequence"``).
     """
     if trials < 0:
         raise UserError(f"trials must be at least 0, not {trials}")
@@ -172,7 +173,8 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
             summary["trials"] = progress.trials
         after = [_records(database, task) for task in tasks]
         summary["records_after"] = sum(after)
-        summary["selection"] = Selection(store, target, reselect).run(tasks, wanted)
+        summary["selection"] = (Selection(store, target, reselect).run(tasks, wanted) if select
+                                else {"selected": 0, "skipped": "selected in the model's sequence instead"})
         summary["minutes"] = round((time.time() - started) / 60, 2)
         if fingerprint:
             previous = store.manifest().get("fingerprints", {}).get(fingerprint, {})

@@ -21,7 +21,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import compiler
 from compiler import frontend
-from schedules import cache, selection, tuning
+from schedules import cache, selection, sequence, tuning
 from support import targets, versions
 from schedules.cache import RecordStore
 from tests import reference
@@ -116,6 +116,29 @@ def test_tuning_ends_by_choosing_each_kernel_by_measurement(tuned, tmp_path):
     one = sorted(e["task"] for e in chosen.values())[0]  # --kernels limits the selection too
     limited = compiler.tune(reference.small_cnn(), trials=0, reselect=True, kernels=[one], cache_dir=str(copy))
     assert limited["selection"]["selected"] == 1 and limited["selection"]["kernels_with_choice"] == n
+
+
+def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_it(tuned, tmp_path):
+    log_dir, _ = tuned
+    copy = tmp_path / "copy"
+    shutil.copytree(log_dir, copy)
+    summary = compiler.tune(reference.small_cnn(), trials=0, selection="sequence", cache_dir=str(copy))
+    result = summary["selection"]
+    assert result["selected"] == len(result["kernels"]) >= 1 and result["runs_per_candidate"] == sequence.RUNS
+    chosen = {e["task"]: e for e in RecordStore.of(str(copy), targets.resolve("cpu")).selections().values()}
+    for name, kernel in result["kernels"].items():
+        entry = chosen[name]
+        assert entry["measured"] == "in sequence, test" and entry["choice"] == kernel["choice"]
+        times = kernel["candidates_ms"]
+        assert len(times) == entry["candidates"] >= 2 and kernel["before"] in times
+        assert entry["ms"] == times[kernel["choice"]] <= min(times.values()) * (1 + selection.TOLERANCE)
+        if kernel["choice"] != kernel["before"]:  # a choice changes only for a measurable difference
+            assert times[kernel["before"]] > min(times.values()) * (1 + selection.TOLERANCE)
+    assert result["changed"] == sorted(n for n, k in result["kernels"].items() if k["choice"] != k["before"])
+    art = compiler.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict")
+    assert art.report()["tuning"]["chose_default"] == sorted(n for n, e in chosen.items() if e["choice"] == "default")
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
 
 
 def test_an_invalid_selection_file_is_ignored_with_a_warning(tuned, tmp_path, caplog):
