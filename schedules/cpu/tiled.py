@@ -5,10 +5,12 @@ legalisation they share a shape: spatial loops then reduction loops. The innermo
 (contiguous in the output; the channel block in NCHWc) is vectorised, the next one is
 register-tiled, and where the target has registers to spare so is an axis along which the operand
 that is broadcast (not indexed by the vector axis) is reused: a blocked conv's output channel
-chunks, so each input value feeds two or three weight vectors (a pointwise conv's tile is as
+chunks, so each input value feeds two or three weight vectors (a blocked conv's tile is as
 square as the row allows, ``_square_tile``: 4 x 4 rather than 8 x 2). The reduction runs inside the tile
 with the accumulators in a local buffer, and everything outside the tile is fused into one
-parallel loop; a pointwise conv over many channels instead reduces in chunks, each parallel
+parallel loop, rows first where a conv's input outweighs its weights and output
+(``_input_dominates``: each thread then reads part of the input, not all of it), output channels
+first otherwise; a pointwise conv over many channels instead reduces in chunks, each parallel
 iteration running a block of rows' tiles per chunk (``_chunked_rows``), and a large
 matrix-vector product (a classifier) sums its rows in parallel parts (``_matrix_vector_in_parts``). Elementwise epilogues (bias, ReLU)
 are computed right after their tile while it is hot. A kernel of another shape is not this
@@ -94,7 +96,7 @@ def _second_tile(sch: s_tir.Schedule, axes: list[s_tir.schedule.LoopRV], reuse: 
 
 
 def _square_tile(row: int | None, channels: int | None, budget: int) -> tuple[int, int] | None:
-    """(columns, output channel blocks) of a pointwise conv's register tile with the fewest loads
+    """(columns, output channel blocks) of a blocked conv's register tile with the fewest loads
     per FMA, (c + k) / (c * k), within ``budget`` accumulators (the larger tile on a tie); None
     if ``row`` has no factor from ``MIN_ACCUMULATORS`` to ``MAX_TILE``.
 
@@ -102,8 +104,9 @@ def _square_tile(row: int | None, channels: int | None, budget: int) -> tuple[in
     once per two channel blocks; 4 x 4 loads 8 and reads it once per four. ResNet-50 in one
     process, the kernels in the model's sequence (``python -m benchmarks.ab``, Emerald Rapids, 2
     cores): its three 64 -> 256 convs at 56 x 56 1.73 -> 1.58 ms per inference, the 64 -> 64 one
-    0.17 -> 0.11; the 14- and 7-wide maps keep 7 x 2. Pointwise only: a 3x3 conv's tiles were
-    measured the other way (``_second_tile``)."""
+    0.17 -> 0.11; the 14- and 7-wide maps keep 7 x 2. 3x3 convs too since 2026-11-26: ResNet-50's
+    stride-2 128-channel one (28-wide output) 7 x 2 -> 4 x 4 with rows first, 0.10-0.13 ms faster
+    per inference in the model in four runs of ``benchmarks.ab``."""
     if row is None or channels is None:
         return None
     tiles = [(c, k) for c in range(MIN_ACCUMULATORS, MAX_TILE + 1) for k in range(1, channels + 1)
@@ -127,6 +130,34 @@ def _broadcast_reuse(info: SBlockInfo, sch: s_tir.Schedule) -> list[bool]:
     the broadcast."""
     variables, broadcast = _broadcast_reads(info, sch)
     return [var is not None and any(var.name not in names for names in broadcast) for var in variables]
+
+
+def _input_dominates(info: SBlockInfo, sch: s_tir.Schedule) -> bool:
+    """Whether the reads broadcast to a vector (a conv's input) hold more bytes than the other reads
+    and the output together (its weights and result). Call before the loops are split.
+
+    Such a conv runs its parallel loop rows first: with output channels first each of the 2 threads
+    reads the whole input. ResNet-50 on Emerald Rapids, in the model (``benchmarks.ab``, four runs,
+    both orders, kernels then selected in sequence): 512 -> 128 at 28 x 28 (three calls) 0.34-0.44
+    ms faster per inference, 256 -> 128 at 56 x 56 0.12-0.28, 512 -> 256 0.12-0.19, the stride-2
+    256 -> 512 0.07-0.12; the kernel sums 0.74-1.19 ms faster."""
+    variables, _ = _broadcast_reads(info, sch)
+    vector = variables[-1].name if variables[-1] is not None else None
+    block = sch.get(info.block_rv)
+    broadcast, other = 0, sum(_bytes(w.source) for w in block.writes)
+    for read in block.reads:
+        if any(read.source.same_as(w.source) for w in block.writes):
+            continue  # the accumulator
+        names = {v.name for r in read.region for v in tirx.analysis.undefined_vars(r.min)}
+        if vector is not None and vector not in names:
+            broadcast += _bytes(read.source)
+        else:
+            other += _bytes(read.source)
+    return broadcast > other
+
+
+def _bytes(buffer: tirx.Buffer) -> int:
+    return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
 
 
 def _inline_lane_padding(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
@@ -261,6 +292,7 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo,
             return in_parts
     width = _vector_width(loop_extent(sch, spatial[-1]), lanes)
     reuse = _broadcast_reuse(info, sch) if width > 1 else [False] * n_spatial
+    rows_first = width > 1 and n_spatial == 4 and _input_dominates(info, sch)
     vec_outer, vec_inner = sch.split(spatial[-1], factors=[None, width])
     budget = accumulators(unit.registers)
     square = None
@@ -269,8 +301,8 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo,
         tile = _tile(row)
         if tile < MIN_ACCUMULATORS and row is not None and row <= MAX_WHOLE_ROW:
             tile = row
-        if n_spatial == 4 and len(reduction) == 2 and reuse[0] and budget // tile >= 2:
-            square = _square_tile(row, loop_extent(sch, spatial[0]), budget)  # a pointwise conv, AVX-512
+        if n_spatial == 4 and reuse[0] and budget // tile >= 2:
+            square = _square_tile(row, loop_extent(sch, spatial[0]), budget)  # a blocked conv, AVX-512
             tile = square[0] if square is not None else tile
         tile_outer, tile_inner = sch.split(spatial[-2], factors=[None, tile])
         outer = list(spatial[:-2]) + [tile_outer, vec_outer]
@@ -285,6 +317,8 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo,
         inner.insert(0, second_inner)
     chunked = _chunked_rows(sch, outer, reduction, second)
     if chunked is None:
+        if rows_first and square is not None:  # each thread reads part of the input, all the weights
+            outer = [outer[1], outer[2], outer[0], outer[3]]
         sch.reorder(*outer, *reduction, *inner)
         parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         first_reduction = reduction[0]

@@ -105,6 +105,15 @@ def test_conv_tile_reuses_each_broadcast_input_where_registers_allow(mcpu, tile)
     assert _accumulators(Tiled().apply(_blocked_conv(), target, False)) == tile
 
 
+@pytest.mark.parametrize("mcpu, unrolled", [("znver4", [4, 4]),  # 4 channel blocks x 4 columns: 8 loads per 16 FMAs
+                                            ("znver3", [8])])  # AVX2: the row tile alone
+def test_a_blocked_3x3_conv_tile_is_as_square_as_the_row_allows(mcpu, unrolled):
+    target = Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    sch = Tiled().apply(_blocked_conv(), target, False)
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("conv_update"))]
+    assert [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.UNROLLED] == unrolled
+
+
 def test_a_read_indexed_by_every_tiled_axis_is_not_reused():
     """Pooling reads its input at the vectorised channel too: nothing is broadcast, one axis tiled."""
     data = te.placeholder((1, 4, 58, 58, 16), name="data")
@@ -143,6 +152,33 @@ def test_a_pointwise_conv_tiles_output_channels_as_far_as_columns(mcpu, unrolled
     sch = Tiled().apply(_pointwise_conv(64, size=56, out_channels=64), target, False)
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("conv_update"))]
     assert [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.UNROLLED] == unrolled
+
+
+def _row_binding(sch: s_tir.Schedule) -> str:
+    """How the conv's output row is bound to the loops (TVMScript of the row's block variable)."""
+    script = sch.mod.script()
+    update = script[script.index('sblock("conv_update")'):]
+    return next(line for line in update.splitlines() if "v1 = T.axis.spatial" in line)
+
+
+@pytest.mark.parametrize("channels, out_channels, rows_first", [
+    (256, 128, True),  # input 3.2 MB, weights 0.1 MB and output 1.6 MB: each thread reads half the rows
+    (64, 256, False)])  # output 3.2 MB: each thread writes half the channels
+def test_a_conv_whose_input_dominates_runs_rows_first_in_parallel(channels, out_channels, rows_first):
+    sch = Tiled().apply(_pointwise_conv(channels, size=56, out_channels=out_channels), AVX512, False)
+    assert ("%" not in _row_binding(sch)) == rows_first  # the row is the parallel loop's outermost part
+
+
+def test_a_conv_run_rows_first_computes_the_conv():
+    target = targets.resolve("cpu")
+    lib = tvm.compile(Tiled().apply(_pointwise_conv(256, size=56, out_channels=128), target, False).mod, target=target)
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((1, 16, 56, 56, 16)).astype(np.float32)
+    weight = rng.standard_normal((8, 16, 1, 1, 16, 16)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((1, 8, 56, 56, 16), np.float32))
+    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    expected = np.maximum(np.einsum("cyxb,ocbi->oyxi", data[0], weight[:, :, 0, 0]), 0)
+    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-3)
 
 
 def _serial_extents(sch: s_tir.Schedule, block: str) -> list[int]:
