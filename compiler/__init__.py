@@ -112,7 +112,8 @@ def _select_in_sequence(art: "Artifact", kernels: tuple[str, ...], cache_dir: st
     from schedules.cache import RecordStore, cache_root
     from schedules.sequence import select_in_sequence
 
-    _vm, calls = model_calls(art, random_inputs(art.inputs, high=art.input_high))
+    on_cpu = art.target.kind.name == "llvm"  # GPU kernels keep their best record: nothing to run here
+    _vm, calls = model_calls(art, random_inputs(art.inputs, high=art.input_high)) if on_cpu else (None, [])
     fused = {gv.name_hint: f for gv, f in art.module("fuse").functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
     wanted = {name for name in fused if any(fnmatch.fnmatchcase(name, k) for k in kernels)} if kernels else None
     return select_in_sequence(calls, fused, RecordStore.of(cache_root(cache_dir), art.target), art.target, wanted,
