@@ -147,12 +147,13 @@ def _kernel(symbol: str, key: str, mod: tvm.IRModule, lines: list[str], chosen: 
 
 def _drop_wrong(kernel: Kernel, calls: list[tuple[str, Any, list[Any]]]) -> None:
     """Drop the candidates whose outputs at the kernel's first call differ from the current
-    schedule's (each candidate runs after the model's calls before it, run again: a kernel may
+    schedule's (each candidate runs after the model's kernels before it, run again: a kernel may
     write in place)."""
     first = kernel.calls[0]
+    before = [(callee, args) for symbol, callee, args in calls[:first] if not _builtin(symbol)]
     outputs = []
     for function in kernel.functions:
-        for _, callee, args in calls[:first]:
+        for callee, args in before:
             callee(*args)
         args = calls[first][2]
         function(*args)
@@ -175,7 +176,7 @@ def _time(kernels: list[Kernel], calls: list[tuple[str, Any, list[Any]]], runs: 
     calls. First, not counted, inferences that run every candidate once (page faults of new code)."""
     by_call = {i: kernel for kernel in kernels for i in kernel.calls}
     sequence = [(by_call.get(i), callee, args) for i, (symbol, callee, args) in enumerate(calls)
-                if not symbol.startswith("vm.builtin")]  # builtins allocate: replaying them would leak
+                if not _builtin(symbol)]
     most = max((len(k.candidates) for k in kernels), default=0)
     for warmup in range(most):
         _infer(sequence, {k.name: warmup % len(k.candidates) for k in kernels})
@@ -205,3 +206,8 @@ def _infer(sequence: list[tuple[Kernel | None, Any, list[Any]]], choice: dict[st
         function(*args)
         spent[kernel.name] += time.perf_counter() - start
     return spent
+
+
+def _builtin(symbol: str) -> bool:
+    """A VM builtin (allocation, kills): not replayed, each would allocate again."""
+    return symbol.startswith("vm.builtin")
