@@ -169,18 +169,6 @@ def test_a_conv_whose_input_dominates_runs_rows_first_in_parallel(channels, out_
     assert ("%" not in _row_binding(sch)) == rows_first  # the row is the parallel loop's outermost part
 
 
-def test_a_conv_run_rows_first_computes_the_conv():
-    target = targets.resolve("cpu")
-    lib = tvm.compile(Tiled().apply(_pointwise_conv(256, size=56, out_channels=128), target, False).mod, target=target)
-    rng = np.random.default_rng(0)
-    data = rng.standard_normal((1, 16, 56, 56, 16)).astype(np.float32)
-    weight = rng.standard_normal((8, 16, 1, 1, 16, 16)).astype(np.float32)
-    out = tvm.runtime.tensor(np.zeros((1, 8, 56, 56, 16), np.float32))
-    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
-    expected = np.maximum(np.einsum("cyxb,ocbi->oyxi", data[0], weight[:, :, 0, 0]), 0)
-    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-3)
-
-
 def _serial_extents(sch: s_tir.Schedule, block: str) -> list[int]:
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(block))]
     return [int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.SERIAL]
@@ -196,13 +184,16 @@ def test_a_long_pointwise_reduction_runs_in_chunks_over_rows_of_tiles(channels, 
     assert (len(_serial_extents(sch, "conv_init")) == 3) == (channels >= tiled.LONG_REDUCTION)
 
 
-def test_a_pointwise_conv_in_chunks_computes_the_conv():
+@pytest.mark.parametrize("channels, out_channels, size", [
+    (1024, 256, 14),  # reduced in chunks
+    (256, 128, 56)])  # rows first in parallel (AVX-512)
+def test_a_pointwise_conv_computes_the_conv(channels, out_channels, size):
     target = targets.resolve("cpu")
-    lib = tvm.compile(Tiled().apply(_pointwise_conv(1024), target, False).mod, target=target)
+    lib = tvm.compile(Tiled().apply(_pointwise_conv(channels, size, out_channels), target, False).mod, target=target)
     rng = np.random.default_rng(0)
-    data = rng.standard_normal((1, 64, 14, 14, 16)).astype(np.float32)
-    weight = rng.standard_normal((16, 64, 1, 1, 16, 16)).astype(np.float32)
-    out = tvm.runtime.tensor(np.zeros((1, 16, 14, 14, 16), np.float32))
+    data = rng.standard_normal((1, channels // 16, size, size, 16)).astype(np.float32)
+    weight = rng.standard_normal((out_channels // 16, channels // 16, 1, 1, 16, 16)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((1, out_channels // 16, size, size, 16), np.float32))
     lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
     expected = np.maximum(np.einsum("cyxb,ocbi->oyxi", data[0], weight[:, :, 0, 0]), 0)
     np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-3)
