@@ -14,12 +14,16 @@ defaults are set when a compile starts or an artifact is loaded (``support/threa
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+import functools
+import logging
+from typing import TYPE_CHECKING, Any, Callable
 
 from compiler.options import Options, TuneOptions
 from compiler.runtime import Deployed, load
 from support.errors import (ExportError, InputError, ModelError, ShapeError, TargetError,
                             UnsupportedOperatorError, UserError)
+
+log = logging.getLogger("relaxc")
 
 if TYPE_CHECKING:
     from compiler.artifact import Artifact
@@ -65,12 +69,17 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     from the caches, or, with ``selection="sequence"``, every kernel inside the model's own
     sequence of calls (``schedules/sequence.py``). Later ``compile`` calls replay the choices.
     Dispatch (``dispatch="replay"``, the default, becomes ``"measure"`` here) measures every
-    convolution's candidates first, so the kernels tuned are those the model will run.
+    convolution's candidates first, so the kernels tuned are those the model will run; with
+    ``selection="sequence"`` each convolution workload with several accurate candidates is then
+    decided by timing them in the model too (``schedules/dispatch_sequence.py``), the kernels of
+    the implementations it changes to are tuned (with the same trials), and only then are the
+    schedules selected.
     Returns a summary (tasks, trials, records, selection, minutes, stop reason, dispatch choices).
     """
     from compiler import diagnostics
     from compiler.pipeline import compile_model
     from compiler.runtime import open_device
+    from schedules.dispatch import forcing
     from schedules.tuning import tune_module
     from support import tvm_log
 
@@ -84,20 +93,64 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     if art.target.kind.name != "llvm":
         open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
     with tvm_log.captured() as said:  # MetaSchedule's workers inherit the captured stderr too
-        summary = tune_module(art.module("fuse"), art.target, trials=settings.trials,
-                              trials_per_task=settings.trials_per_task, minutes=settings.minutes,
-                              cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
-                              model=art.report()["model"], reselect=settings.reselect,
-                              kernels=tuple(settings.kernels), select=settings.selection == "alone")
-    if settings.selection == "sequence":
-        replayed = compile_model(model, target, shapes, dataclasses.replace(compile_options, tuning="replay"),
-                                 constants)
-        summary["selection"] = _select_in_sequence(replayed, settings.kernels, compile_options.cache_dir)
+        tune_kernels = functools.partial(tune_module, target=art.target, trials=settings.trials,
+                                         trials_per_task=settings.trials_per_task, minutes=settings.minutes,
+                                         cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
+                                         model=art.report()["model"], kernels=tuple(settings.kernels))
+        summary = tune_kernels(art.module("fuse"), reselect=settings.reselect, select=settings.selection == "alone")
+        if settings.selection == "sequence":
+            def replayed(forced: dict[str, str] | None = None) -> "Artifact":
+                with forcing(forced or {}):
+                    return compile_model(model, target, shapes, dataclasses.replace(compile_options, tuning="replay"),
+                                         constants)
+
+            art_replayed = replayed()
+            summary["dispatch_in_sequence"] = _dispatch_in_sequence(art_replayed, replayed, compile_options.cache_dir)
+            if summary["dispatch_in_sequence"]["changed"]:
+                art_replayed = replayed()
+                if settings.trials:  # the kernels of the implementations now chosen
+                    summary["tuned_after_dispatch"] = tune_kernels(art_replayed.module("fuse"), select=False)
+                    art_replayed = replayed()
+                untuned = summary["dispatch_in_sequence"]["untuned"] = art_replayed.report()["tuning"]["missing"]
+                if untuned:  # tuning="strict" would refuse the model until they are tuned
+                    log.warning("dispatch in sequence chose implementations whose kernels have no tuning record "
+                                "(%s): tune them (relaxc tune with --trials) before compiling with tuning='strict'",
+                                ", ".join(untuned))
+            summary["selection"] = _select_in_sequence(art_replayed, settings.kernels, compile_options.cache_dir)
     report = art.report()
     diagnostics.translate(said, report["ops"])
     if "dispatch" in report:
         summary["dispatch"] = {k: report["dispatch"][k] for k in ("choices", "sources")}
     return summary
+
+
+def _dispatch_in_sequence(art: "Artifact", compile_forced: "Callable[[dict[str, str]], Artifact]",
+                          cache_dir: str | None) -> dict:
+    """``schedules.dispatch_sequence.decide_in_sequence`` for the convolutions of ``art`` (compiled
+    replaying the records) whose dispatch has more than one accurate candidate; ``compile_forced``
+    compiles the model with some workloads' candidates fixed."""
+    import tvm
+
+    from compiler.profile import model_calls
+    from compiler.runtime import random_inputs
+    from schedules.cache import RecordStore, cache_root
+    from schedules.dispatch import DispatchStore
+    from schedules.dispatch_sequence import Variant, contested, decide_in_sequence
+
+    if art.target.kind.name != "llvm" or "dispatch" not in art.report():  # GPUs: one implementation so far
+        return {"workloads": 0, "changed": []}
+    inputs = random_inputs(art.inputs, high=art.input_high)
+
+    def build(workload: str, candidate: str) -> Variant:
+        variant = compile_forced({workload: candidate})
+        vm, calls = model_calls(variant, inputs)
+        kernels = {gv.name_hint: f for gv, f in variant.module("final").functions.items()
+                   if isinstance(f, tvm.tirx.PrimFunc)}
+        return Variant(calls, kernels, vm)
+
+    store = DispatchStore(RecordStore.of(cache_root(cache_dir), art.target))
+    return decide_in_sequence(contested(art.report()["dispatch"]["convolutions"]), build, store,
+                              art.report()["model"])
 
 
 def _select_in_sequence(art: "Artifact", kernels: tuple[str, ...], cache_dir: str | None) -> dict:

@@ -136,5 +136,6 @@ class TuneOptions:
     selection: str = _option("alone", "how each kernel's schedule is chosen among its default and best records: "
                              "timed alone, cold ('alone': the kernels whose records changed, every one with "
                              "--reselect), or in the model's sequence after tuning ('sequence': every kernel, "
-                             "schedules/sequence.py)", choices=SELECTIONS)
+                             "schedules/sequence.py, and before it each convolution's implementation, "
+                             "schedules/dispatch_sequence.py)", choices=SELECTIONS)
 

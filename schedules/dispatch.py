@@ -21,17 +21,21 @@ model), and compares every candidate's output with the direct convolution's on t
 candidate whose error exceeds ``ERROR_LIMIT`` (relative to the output's largest value) is refused.
 Strategies: ``latency`` takes the fastest candidate allowed, ``memory`` the one whose intermediate
 tensors are smallest (the direct convolution has none; Winograd's V and M are alpha^2 / m^2 times
-the input and output).
+the input and output). Under ``latency`` a choice measured in a model's own sequence of calls
+(``relaxc tune --selection sequence``: ``schedules/dispatch_sequence.py``, kept in the entry as
+``in_sequence``) overrides the times measured alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import tvm
@@ -50,6 +54,18 @@ ERROR_LIMIT = 1e-4  # max |candidate - direct| / max |direct|: the project's flo
 ROUNDS = 3  # the candidates take turns this many times
 RUNS_PER_ROUND = 5
 FLUSH_BYTES = 64 << 20  # more than any L3 of the machines seen
+_FORCED: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("relaxc_dispatch_forced", default={})
+
+
+@contextlib.contextmanager
+def forcing(choices: dict[str, str]) -> Iterator[None]:
+    """Compiles inside get these workloads' candidates (workload key -> candidate), whatever the
+    store says: ``schedules/dispatch_sequence.py`` builds the model once per candidate this way."""
+    token = _FORCED.set(choices)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
 
 
 def heuristic(workload: ConvWorkload, options: list[str]) -> str:
@@ -84,6 +100,9 @@ def decide(entry: dict, strategy: str) -> str:
     allowed = {name: c for name, c in entry["candidates"].items() if c["error"] <= ERROR_LIMIT}
     if strategy == "memory":
         return min(allowed, key=lambda name: (allowed[name]["scratch_bytes"], allowed[name]["ms"]))
+    in_sequence = entry.get("in_sequence", {}).get("choice")
+    if in_sequence in allowed:
+        return in_sequence
     return min(allowed, key=lambda name: allowed[name]["ms"])
 
 
@@ -106,11 +125,16 @@ class Chooser:
         self.known = self.store.load() if self.store is not None else {}
 
     def __call__(self, workload: ConvWorkload, options: list[str], call: relax.Call) -> tuple[str, dict]:
-        """The candidate for ``workload``, and how it was chosen: ``source`` (measured, stored or
+        """The candidate for ``workload``, and how it was chosen: ``source`` (forced, measured, stored or
         rule) and the measured ``candidates`` (ms, error, scratch bytes) where there are some."""
         if self.mode == "off":
             return DIRECT, {"source": "off"}
         key = workload.key
+        forced = _FORCED.get().get(key)
+        if forced is not None:
+            if forced not in options:
+                raise UserError(f"dispatch: {forced} is not a candidate of {key} ({', '.join(options)})")
+            return forced, {"source": "forced", "candidates": self.known.get(key, {}).get("candidates", {})}
         entry = self.known.get(key)
         source = "stored"
         current = entry is not None and set(entry["candidates"]) == set(options)  # not from fewer candidates

@@ -11,7 +11,7 @@ import compiler
 from passes import winograd
 from passes.dispatch import DIRECT, WINOGRAD
 from schedules import cache
-from schedules.dispatch import ERROR_LIMIT, decide
+from schedules.dispatch import ERROR_LIMIT, decide, forcing
 from support import targets
 from tests import reference
 from tests.helpers import relaxc, store_choosing
@@ -84,6 +84,29 @@ def test_decide_refuses_inaccurate_candidates_and_memory_strategy_takes_the_smal
                             WINOGRAD[4]: {"ms": 1.0, "error": ERROR_LIMIT * 2, "scratch_bytes": 50}}}
     assert decide(entry, "latency") == WINOGRAD[2]
     assert decide(entry, "memory") == DIRECT
+
+
+def test_a_choice_made_in_sequence_overrides_the_times_alone_under_latency_only():
+    entry = {"candidates": {DIRECT: {"ms": 3.0, "error": 0.0, "scratch_bytes": 0},
+                            WINOGRAD[2]: {"ms": 2.0, "error": 0.0, "scratch_bytes": 100},
+                            WINOGRAD[4]: {"ms": 1.0, "error": ERROR_LIMIT * 2, "scratch_bytes": 50}}}
+    assert decide({**entry, "in_sequence": {"choice": DIRECT}}, "latency") == DIRECT
+    assert decide({**entry, "in_sequence": {"choice": DIRECT}}, "memory") == DIRECT
+    assert decide({**entry, "in_sequence": {"choice": WINOGRAD[2]}}, "memory") == DIRECT
+    assert decide({**entry, "in_sequence": {"choice": WINOGRAD[4]}}, "latency") == WINOGRAD[2]  # not accurate enough
+
+
+def test_forcing_fixes_a_workloads_candidate_whatever_the_store_says(tmp_path):
+    model = reference.conv3x3(16, 16, 8, 8, 1)
+    store = store_choosing(tmp_path, model, WINOGRAD[4])
+    (conv,) = compiler.compile(model, tuning="off", cache_dir=store).report()["dispatch"]["convolutions"]
+    assert conv["choice"] == WINOGRAD[4]
+    with forcing({conv["workload"]: DIRECT}):
+        forced = compiler.compile(model, tuning="off", cache_dir=store).report()["dispatch"]
+    assert forced["choices"] == {DIRECT: 1} and forced["sources"] == {"forced": 1}
+    with forcing({conv["workload"]: "winograd7"}), pytest.raises(compiler.UserError, match="not a candidate"):
+        compiler.compile(model, tuning="off", cache_dir=store)
+    assert compiler.compile(model, tuning="off", cache_dir=store).report()["dispatch"]["choices"] == {WINOGRAD[4]: 1}
 
 
 def test_memory_strategy_compiles_direct_and_plans_less(tmp_path):

@@ -24,6 +24,7 @@ from compiler import frontend
 from schedules import cache, selection, sequence, tuning
 from support import targets, versions
 from schedules.cache import RecordStore
+from schedules.dispatch import DispatchStore
 from tests import reference
 
 from tests.helpers import ROOT, env, host_runs_avx2, relaxc, relaxc_command
@@ -135,7 +136,17 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
         if kernel["choice"] != kernel["before"]:  # a choice changes only for a measurable difference
             assert times[kernel["before"]] > min(times.values()) * (1 + selection.TOLERANCE)
     assert result["changed"] == sorted(n for n, k in result["kernels"].items() if k["choice"] != k["before"])
-    art = compiler.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict")
+    dispatched = summary["dispatch_in_sequence"]
+    stored = DispatchStore(RecordStore.of(str(copy), targets.resolve("cpu"))).load()
+    assert dispatched["workloads"] == len(dispatched["decisions"]) >= 1  # small_cnn's 20 -> 20 conv at least
+    for key, decision in dispatched["decisions"].items():
+        assert stored[key]["in_sequence"]["choice"] == decision["choice"] and stored[key]["in_sequence"]["model"] == "test"
+        assert decision["before"] in decision["ms"] and set(decision["ms"]) <= set(stored[key]["candidates"])
+    untuned = dispatched.get("untuned", [])  # trials=0: an implementation chosen now may lack records
+    art = compiler.compile(reference.small_cnn(), cache_dir=str(copy), tuning="replay" if untuned else "strict")
+    assert art.report()["tuning"]["missing"] == untuned
+    made = {c["workload"]: c["choice"] for c in art.report()["dispatch"]["convolutions"]}
+    assert all(made[key] == decision["choice"] for key, decision in dispatched["decisions"].items())
     assert art.report()["tuning"]["chose_default"] == sorted(n for n, e in chosen.items() if e["choice"] == "default")
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))

@@ -1,0 +1,77 @@
+"""Dispatch decided in the model's sequence (schedules/dispatch_sequence.py): which calls are a
+candidate's own, how they are timed, the tie rule and what is stored; the whole flow through
+``compiler.tune`` is in tests/test_tuning.py."""
+
+import json
+import time
+
+from tvm import te
+
+from passes.dispatch import DIRECT, WINOGRAD
+from schedules import dispatch_sequence
+from schedules.cache import RecordStore
+from schedules.dispatch import DispatchStore
+from schedules.dispatch_sequence import Variant, contested, decide_in_sequence, own_calls, time_variants
+from schedules.selection import TOLERANCE
+from support import targets
+
+
+def _kernel(symbol: str, scale: float):
+    a = te.placeholder((4,), name="a")
+    return te.create_prim_func([a, te.compute((4,), lambda i: a[i] * scale, name="b")]).with_attr("global_symbol", symbol)
+
+
+def _sleeping(seconds: float):
+    return lambda *_: time.sleep(seconds)
+
+
+def _variant(own_symbol: str, own_seconds: float, shared_symbol: str) -> Variant:
+    """A shared kernel (named differently per variant, as fusion numbers them), one of its own
+    called twice, and a builtin."""
+    calls = [("vm.builtin.alloc_tensor", _sleeping(0.004), []), (shared_symbol, _sleeping(0.003), []),
+             (own_symbol, _sleeping(own_seconds), []), (own_symbol, _sleeping(own_seconds), [])]
+    kernels = {shared_symbol: _kernel(shared_symbol, 2.0), own_symbol: _kernel(own_symbol, 3.0 + own_seconds)}
+    return Variant(calls, kernels)
+
+
+def test_own_calls_are_those_of_kernels_not_in_every_build_whatever_their_names():
+    variants = {"a": _variant("conv", 0.001, "shared1"), "b": _variant("winograd", 0.002, "shared2")}
+    assert own_calls(variants) == {"a": [2, 3], "b": [2, 3]}
+
+
+def test_a_variant_costs_the_medians_of_its_own_calls_only():
+    variants = {"fast": _variant("conv", 0.001, "shared1"), "slow": _variant("winograd", 0.003, "shared2")}
+    ms = time_variants(variants, runs=5)
+    assert 2.0 <= ms["fast"] < 3.0 and 6.0 <= ms["slow"] < 8.0  # two calls each; shared ones and builtins left out
+
+
+def test_decisions_keep_the_current_choice_within_the_tolerance_and_are_stored(tmp_path, monkeypatch):
+    monkeypatch.setattr(dispatch_sequence, "time_variants", lambda variants, runs: {
+        name: {"direct": 1.0, WINOGRAD[2]: 1.0 * (1 + TOLERANCE / 2), WINOGRAD[4]: 3.0}[name] for name in variants})
+    store = DispatchStore(RecordStore.of(str(tmp_path), targets.resolve("cpu")))
+    measured = {"candidates": {name: {"ms": 1.0, "error": 0.0, "scratch_bytes": 0}
+                               for name in (DIRECT, *WINOGRAD.values())}}
+    store.save("kept", measured)
+    store.save("changed", measured)
+    built = []
+
+    def build(workload: str, candidate: str) -> Variant:
+        built.append((workload, candidate))
+        return Variant([], {})
+
+    workloads = {"kept": (WINOGRAD[2], [DIRECT, WINOGRAD[2]]), "changed": (WINOGRAD[4], [DIRECT, WINOGRAD[4]])}
+    summary = decide_in_sequence(workloads, build, store, "model", runs=1)
+    assert built == [("kept", DIRECT), ("kept", WINOGRAD[2]), ("changed", DIRECT), ("changed", WINOGRAD[4])]
+    assert summary["changed"] == ["changed"] and summary["decisions"]["kept"]["choice"] == WINOGRAD[2]
+    stored = json.loads(open(store.path).read())["workloads"]
+    assert stored["changed"]["in_sequence"]["choice"] == DIRECT and stored["changed"]["in_sequence"]["model"] == "model"
+    assert stored["changed"]["candidates"] == measured["candidates"]  # the measurement alone is kept beside it
+
+
+def test_contested_workloads_have_several_accurate_measured_candidates():
+    convolutions = [
+        {"workload": "both", "choice": DIRECT, "candidates": {DIRECT: {"error": 0.0}, WINOGRAD[4]: {"error": 0.0}}},
+        {"workload": "one accurate", "choice": DIRECT, "candidates": {DIRECT: {"error": 0.0}, WINOGRAD[4]: {"error": 1.0}}},
+        {"workload": "ruled", "choice": WINOGRAD[4]},
+    ]
+    assert contested(convolutions) == {"both": (DIRECT, [DIRECT, WINOGRAD[4]])}
