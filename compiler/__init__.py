@@ -79,7 +79,6 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     from compiler import diagnostics
     from compiler.pipeline import compile_model
     from compiler.runtime import open_device
-    from schedules.dispatch import forcing
     from schedules.tuning import tune_module
     from support import tvm_log
 
@@ -99,28 +98,39 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
                                          model=art.report()["model"], kernels=tuple(settings.kernels))
         summary = tune_kernels(art.module("fuse"), reselect=settings.reselect, select=settings.selection == "alone")
         if settings.selection == "sequence":
-            def replayed(forced: dict[str, str] | None = None) -> "Artifact":
-                with forcing(forced or {}):
-                    return compile_model(model, target, shapes, dataclasses.replace(compile_options, tuning="replay"),
-                                         constants)
-
-            art_replayed = replayed()
-            summary["dispatch_in_sequence"] = _dispatch_in_sequence(art_replayed, replayed, compile_options.cache_dir)
-            if summary["dispatch_in_sequence"]["changed"]:
-                art_replayed = replayed()
-                if settings.trials:  # the kernels of the implementations now chosen
-                    summary["tuned_after_dispatch"] = tune_kernels(art_replayed.module("fuse"), select=False)
-                    art_replayed = replayed()
-                untuned = summary["dispatch_in_sequence"]["untuned"] = art_replayed.report()["tuning"]["missing"]
-                if untuned:  # tuning="strict" would refuse the model until they are tuned
-                    log.warning("dispatch in sequence chose implementations whose kernels have no tuning record "
-                                "(%s): tune them (relaxc tune with --trials) before compiling with tuning='strict'",
-                                ", ".join(untuned))
-            summary["selection"] = _select_in_sequence(art_replayed, settings.kernels, compile_options.cache_dir)
+            replay = dataclasses.replace(compile_options, tuning="replay")
+            summary.update(_in_sequence(lambda: compile_model(model, target, shapes, replay, constants), tune_kernels,
+                                        settings, compile_options.cache_dir))
     report = art.report()
     diagnostics.translate(said, report["ops"])
     if "dispatch" in report:
         summary["dispatch"] = {k: report["dispatch"][k] for k in ("choices", "sources")}
+    return summary
+
+
+def _in_sequence(compile_replayed: "Callable[[], Artifact]", tune_kernels: "Callable[..., dict]",
+                 settings: TuneOptions, cache_dir: str | None) -> dict:
+    """``selection="sequence"`` after tuning: dispatch decided in the model, the kernels of the
+    implementations it changed to tuned, then every kernel's schedule selected in the model."""
+    from schedules.dispatch import forcing
+
+    def replayed(forced: dict[str, str] | None = None) -> "Artifact":
+        with forcing(forced or {}):
+            return compile_replayed()
+
+    art = replayed()
+    summary = {"dispatch_in_sequence": _dispatch_in_sequence(art, replayed, cache_dir)}
+    if summary["dispatch_in_sequence"]["changed"]:
+        art = replayed()
+        if settings.trials:  # the kernels of the implementations now chosen
+            summary["tuned_after_dispatch"] = tune_kernels(art.module("fuse"), select=False)
+            art = replayed()
+        untuned = summary["dispatch_in_sequence"]["untuned"] = art.report()["tuning"]["missing"]
+        if untuned:  # tuning="strict" would refuse the model until they are tuned
+            log.warning("dispatch in sequence chose implementations whose kernels have no tuning record (%s): "
+                        "tune them (relaxc tune with --trials) before compiling with tuning='strict'",
+                        ", ".join(untuned))
+    summary["selection"] = _select_in_sequence(art, settings.kernels, cache_dir)
     return summary
 
 
