@@ -132,9 +132,10 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
         assert entry["measured"] == "in sequence, test" and entry["choice"] == kernel["choice"]
         times = kernel["candidates_ms"]
         assert len(times) == entry["candidates"] >= 2 and kernel["before"] in times
-        assert entry["ms"] == times[kernel["choice"]] <= min(times.values()) * (1 + selection.TOLERANCE)
+        rounding = 1e-4  # the times are kept to 0.1 us, the tie rule compares them unrounded (kernels of 7 us here)
+        assert entry["ms"] == times[kernel["choice"]] <= min(times.values()) * (1 + selection.TOLERANCE) + rounding
         if kernel["choice"] != kernel["before"]:  # a choice changes only for a measurable difference
-            assert times[kernel["before"]] > min(times.values()) * (1 + selection.TOLERANCE)
+            assert times[kernel["before"]] > min(times.values()) * (1 + selection.TOLERANCE) - rounding
     assert result["changed"] == sorted(n for n, k in result["kernels"].items() if k["choice"] != k["before"])
     dispatched = summary["dispatch_in_sequence"]
     stored = DispatchStore(RecordStore.of(str(copy), targets.resolve("cpu"))).load()
