@@ -16,7 +16,9 @@ kernels after it is not counted. Each candidate's output is checked against the 
 schedule's first. The current choice stays unless another candidate is faster by more than the
 selection's tolerance (ties would otherwise flip with the noise, run to run). The choices go to
 the store's ``selected.json`` as the other selection's do, so replay needs nothing new; a kernel
-shared by several models keeps the choice of the last model selected.
+shared by several models keeps the choice of the last model selected. A kernel whose choice stays,
+already measured in sequence for the same model, keeps its entry as it was (a selection run then
+rewrites only what it changed, not every entry's times).
 """
 
 from __future__ import annotations
@@ -86,27 +88,30 @@ def select_in_sequence(calls: list[tuple[str, Any, list[Any]]], kernels: dict[st
             selected.append(kernel)
     _time(selected, calls, runs)
     entries, summary = {}, {}
+    measured = f"in sequence, {model}".rstrip(", ")
     for kernel in selected:
         before = kernel.candidates[kernel.current]
         fastest = min(c.ms for c in kernel.candidates)
         # a choice changes only for a measurable difference: the current one within the tolerance stays
         winner = before if before.ms <= fastest * (1 + TOLERANCE) else choose(kernel.candidates)
         default = next((c for c in kernel.candidates if c.record is None), None)
-        entries[kernel.key] = {
-            "task": kernel.name, "choice": winner.label, "ms": round(winner.ms, 4), "build_s": round(winner.build_s, 3),
-            "record": winner.record and [winner.record[0], [winner.ms / 1e3], *winner.record[2:]],
-            "default_ms": default and round(default.ms, 4), "default_build_s": default and round(default.build_s, 3),
-            "fastest_ms": round(fastest, 4), "candidates": len(kernel.candidates),
-            "records": kernel.records, "tolerance": TOLERANCE, "measured": f"in sequence, {model}".rstrip(", "),
-            "selected_on": time.strftime("%Y-%m-%d %H:%M:%S")}
         summary[kernel.name] = {"choice": winner.label, "before": before.label, "ms": round(winner.ms, 4),
                                 "before_ms": round(before.ms, 4),
                                 "candidates_ms": {c.label: round(c.ms, 4) for c in kernel.candidates}}
         log.debug("select in sequence %s: %s %.3f ms (was %s %.3f ms)", kernel.name, winner.label, winner.ms,
                   before.label, before.ms)
+        if winner is before and chosen.get(kernel.key, {}).get("measured") == measured:
+            continue  # the same choice, measured the same way: its entry stays as it was (no churn in the store)
+        entries[kernel.key] = {
+            "task": kernel.name, "choice": winner.label, "ms": round(winner.ms, 4), "build_s": round(winner.build_s, 3),
+            "record": winner.record and [winner.record[0], [winner.ms / 1e3], *winner.record[2:]],
+            "default_ms": default and round(default.ms, 4), "default_build_s": default and round(default.build_s, 3),
+            "fastest_ms": round(fastest, 4), "candidates": len(kernel.candidates),
+            "records": kernel.records, "tolerance": TOLERANCE, "measured": measured,
+            "selected_on": time.strftime("%Y-%m-%d %H:%M:%S")}
     with store.lock():
         store.save_selections(entries)
-    return {"selected": len(entries), "runs_per_candidate": runs,
+    return {"selected": len(summary), "rewritten": len(entries), "runs_per_candidate": runs,
             "changed": sorted(name for name, s in summary.items() if s["choice"] != s["before"]),
             "sum_ms": round(sum(s["ms"] for s in summary.values()), 3),
             "sum_before_ms": round(sum(s["before_ms"] for s in summary.values()), 3), "kernels": summary}

@@ -149,6 +149,13 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
     made = {c["workload"]: c["choice"] for c in art.report()["dispatch"]["convolutions"]}
     assert all(made[key] == decision["choice"] for key, decision in dispatched["decisions"].items())
     assert art.report()["tuning"]["chose_default"] == sorted(n for n, e in chosen.items() if e["choice"] == "default")
+    first = RecordStore.of(str(copy), targets.resolve("cpu")).selections()
+    again = compiler.tune(reference.small_cnn(), trials=0, selection="sequence", cache_dir=str(copy))["selection"]
+    second = RecordStore.of(str(copy), targets.resolve("cpu")).selections()
+    kept = [key for key, e in first.items() if e["task"] in again["kernels"]
+            and again["kernels"][e["task"]]["choice"] == again["kernels"][e["task"]]["before"]]
+    assert kept and all(second[key] == first[key] for key in kept)  # a choice that stays is not rewritten
+    assert again["rewritten"] <= len(again["kernels"]) - len(kept)
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
 
