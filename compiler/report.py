@@ -47,13 +47,18 @@ def memory_summary(memory: dict) -> str:
 
 
 def dispatch_summary(dispatch: dict) -> str:
-    """Each convolution's candidates with their measured cost and error, the choice and its source."""
+    """Each convolution's candidates with their measured cost and error, the choice and its source,
+    and the times in a model's sequence that decided it, where there are some."""
     lines = [f"dispatch: {', '.join(f'{n} {name}' for name, n in dispatch['choices'].items()) or 'no candidates'}"
              f" ({', '.join(f'{n} {source}' for source, n in dispatch['sources'].items())})"]
     for conv in dispatch["convolutions"]:
         measured = conv.get("candidates", {})
         costs = "  ".join(f"{name} {c['ms']:.3f} ms (err {c['error']:.1e})" for name, c in measured.items())
         lines.append(f"  {conv['workload']:48s} -> {conv['choice']:9s} [{conv['source']}]  {costs}")
+        if "in_sequence" in conv:
+            seq = conv["in_sequence"]
+            times = "  ".join(f"{name} {ms:.3f} ms" for name, ms in seq["ms"].items())
+            lines.append(f"  {'':48s}    in sequence ({seq['model']}, chose {seq['choice']}): {times}")
     return "\n".join(lines)
 
 

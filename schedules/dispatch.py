@@ -126,7 +126,8 @@ class Chooser:
 
     def __call__(self, workload: ConvWorkload, options: list[str], call: relax.Call) -> tuple[str, dict]:
         """The candidate for ``workload``, and how it was chosen: ``source`` (forced, measured, stored or
-        rule) and the measured ``candidates`` (ms, error, scratch bytes) where there are some."""
+        rule), the measured ``candidates`` (ms, error, scratch bytes) where there are some, and the
+        ``in_sequence`` measurement where there is one."""
         if self.mode == "off":
             return DIRECT, {"source": "off"}
         key = workload.key
@@ -147,7 +148,10 @@ class Chooser:
                                 f"{self.store.path if self.store else 'the store'}; compile once with "
                                 "dispatch='measure' (or run `relaxc tune`) on this CPU")
             return heuristic(workload, options), {"source": "rule"}
-        return decide(entry, self.strategy), {"source": source, "candidates": entry["candidates"]}
+        how = {"source": source, "candidates": entry["candidates"]}
+        if "in_sequence" in entry:  # decided in a model's sequence: the times that decided it
+            how["in_sequence"] = entry["in_sequence"]
+        return decide(entry, self.strategy), how
 
     def _measure(self, workload: ConvWorkload, options: list[str], call: relax.Call) -> dict:
         start = time.perf_counter()

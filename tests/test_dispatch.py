@@ -8,6 +8,7 @@ import onnx
 import pytest
 
 import compiler
+from compiler.report import dispatch_summary
 from passes import winograd
 from passes.dispatch import DIRECT, WINOGRAD
 from schedules import cache
@@ -116,6 +117,18 @@ def test_memory_strategy_compiles_direct_and_plans_less(tmp_path):
     small = compiler.compile(model, tuning="off", cache_dir=store, strategy="memory").report()
     assert fast["dispatch"]["choices"] == {WINOGRAD[4]: 1} and small["dispatch"]["choices"] == {DIRECT: 1}
     assert small["memory"]["arena_bytes"] < fast["memory"]["arena_bytes"]
+
+
+def test_the_summary_shows_the_times_in_sequence_that_decided(tmp_path):
+    store = store_choosing(tmp_path, reference.conv3x3(16, 16, 8, 8, 1), WINOGRAD[4])
+    path = next(tmp_path.glob(f"*/{cache.DISPATCH_FILE}"))
+    stored = json.loads(path.read_text())
+    for entry in stored["workloads"].values():
+        entry["in_sequence"] = {"model": "conv", "choice": DIRECT, "ms": {DIRECT: 1.5, WINOGRAD[4]: 1.75}}
+    path.write_text(json.dumps(stored))
+    dispatch = compiler.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", cache_dir=store).report()["dispatch"]
+    assert dispatch["choices"] == {DIRECT: 1}
+    assert "in sequence (conv, chose direct): direct 1.500 ms  winograd4 1.750 ms" in dispatch_summary(dispatch)
 
 
 def test_inspect_prints_the_choices(tmp_path):
