@@ -72,8 +72,8 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     convolution's candidates first, so the kernels tuned are those the model will run; with
     ``selection="sequence"`` each convolution workload with several accurate candidates is then
     decided by timing them in the model too (``schedules/dispatch_sequence.py``), the kernels of
-    the implementations it changes to are tuned (with the same trials), and only then are the
-    schedules selected.
+    the implementations it changes to (those without records) are tuned with the same trials, and
+    only then are the schedules selected.
     Returns a summary (tasks, trials, records, selection, minutes, stop reason, dispatch choices).
     """
     from compiler import diagnostics
@@ -122,8 +122,9 @@ def _in_sequence(compile_replayed: "Callable[[], Artifact]", tune_kernels: "Call
     summary = {"dispatch_in_sequence": _dispatch_in_sequence(art, replayed, cache_dir)}
     if summary["dispatch_in_sequence"]["changed"]:
         art = replayed()
-        if settings.trials:  # the kernels of the implementations now chosen
-            summary["tuned_after_dispatch"] = tune_kernels(art.module("fuse"), select=False)
+        untuned = art.report()["tuning"]["missing"]
+        if settings.trials and untuned:  # the kernels of the implementations now chosen, and only those
+            summary["tuned_after_dispatch"] = tune_kernels(art.module("fuse"), select=False, kernels=tuple(untuned))
             art = replayed()
         untuned = summary["dispatch_in_sequence"]["untuned"] = art.report()["tuning"]["missing"]
         if untuned:  # tuning="strict" would refuse the model until they are tuned

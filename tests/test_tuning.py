@@ -160,6 +160,39 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
 
 
+def test_after_a_dispatch_change_only_the_untuned_kernels_are_tuned_then_selected(monkeypatch):
+    """compiler._in_sequence with its steps replaced: the new implementation's kernels (those
+    without records) get the trials, not every kernel short of its share; then the selection."""
+    missing = [["winograd_product2", "winograd_input2"], []]  # before tuning them, after
+
+    class Replayed:
+        def __init__(self):
+            self.missing = missing[0] if calls.count("tune") == 0 else missing[1]
+
+        def report(self):
+            return {"tuning": {"missing": self.missing}}
+
+        def module(self, phase):
+            return phase
+
+    calls, tuned_with = [], {}
+    monkeypatch.setattr(compiler, "_dispatch_in_sequence", lambda art, build, cache_dir: {"changed": ["w"]})
+    monkeypatch.setattr(compiler, "_select_in_sequence", lambda art, kernels, cache_dir: calls.append("select") or {})
+
+    def tune_kernels(mod, **kwargs):
+        calls.append("tune")
+        tuned_with.update(kwargs, mod=mod)
+        return {"trials": 10}
+
+    summary = compiler._in_sequence(Replayed, tune_kernels, compiler.TuneOptions(trials=10), None)
+    assert calls == ["tune", "select"] and tuned_with == {"mod": "fuse", "select": False,
+                                                          "kernels": ("winograd_product2", "winograd_input2")}
+    assert summary["dispatch_in_sequence"]["untuned"] == [] and summary["tuned_after_dispatch"] == {"trials": 10}
+    calls.clear()
+    summary = compiler._in_sequence(Replayed, tune_kernels, compiler.TuneOptions(trials=0), None)
+    assert calls == ["select"] and summary["dispatch_in_sequence"]["untuned"] == missing[0]
+
+
 def test_an_invalid_selection_file_is_ignored_with_a_warning(tuned, tmp_path, caplog):
     log_dir, _ = tuned
     copy = tmp_path / "copy"
