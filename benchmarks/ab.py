@@ -33,6 +33,7 @@ from benchmarks import by_op, harness, reference
 from compiler import frontend
 from compiler.profile import model_calls
 from compiler.runtime import random_inputs
+from schedules.sequence import is_builtin, time_in_order
 
 SHOWN = 12  # kernels listed, largest difference first
 
@@ -60,13 +61,13 @@ def by_kernel(builds: dict[str, compiler.Deployed], inputs: dict, rounds: int) -
     falls on both builds alike (with turns of ten inferences, four copies of one build read
     29.5-37.8 ms on the Emerald Rapids VM; both builds run on TVM's one thread pool, so turns this
     short do not make two pools fight)."""
-    calls = {name: [c for c in model_calls(build, inputs)[1] if not c[0].startswith("vm.builtin")]
+    calls = {name: [c for c in model_calls(build, inputs)[1] if not is_builtin(c[0])]
              for name, build in builds.items()}
     times = {name: collections.defaultdict(list) for name in builds}
     order = list(calls.items())
     for turn in range(rounds * by_op.RUNS):
         for name, sequence in (order if turn % 2 == 0 else order[::-1]):
-            by_op.time_in_order(sequence, times[name], runs=1)
+            time_in_order(sequence, times[name], runs=1)
     result: dict[str, dict[str, float]] = {}
     for name, sequence in calls.items():
         per_kernel: dict[str, float] = collections.defaultdict(float)

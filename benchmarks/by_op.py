@@ -19,7 +19,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 
 import onnx
 
@@ -28,6 +27,7 @@ from benchmarks import reference
 from compiler import frontend
 from compiler.profile import model_calls
 from compiler.runtime import random_inputs
+from schedules.sequence import is_builtin, time_in_order
 
 RUNS = 10
 # the same work under each runtime's names: relaxc kernel name prefixes and onnxruntime op types
@@ -36,16 +36,6 @@ KINDS = {"matmul": "matmul, Gemm", "dense": "matmul, Gemm", "Gemm": "matmul, Gem
          "max": "pooling", "avg": "pooling", "adaptive": "pooling", "MaxPool": "pooling",
          "AveragePool": "pooling", "GlobalAveragePool": "pooling",
          "te": "layout transforms", "ReorderInput": "layout transforms", "ReorderOutput": "layout transforms"}
-
-
-def time_in_order(calls: list[tuple[str, object, list]], times: dict[int, list[float]], runs: int = RUNS) -> None:
-    """``runs`` inferences' worth of ``calls``, one by one in model order; each call's seconds are
-    appended to ``times[its index]``."""
-    for _ in range(runs):
-        for i, (_, func, args) in enumerate(calls):
-            start = time.perf_counter()
-            func(*args)
-            times[i].append(time.perf_counter() - start)
 
 
 def _conv_kind(kernel: tuple[int, ...], data: tuple[int, ...], out: tuple[int, ...]) -> str:
@@ -59,7 +49,7 @@ def _relaxc_kind(symbol: str, args: list) -> str:
     shapes = [tuple(a.shape) for a in args if hasattr(a, "shape")]
     if "conv2d" in symbol and len(shapes) >= 3:
         return _conv_kind(shapes[1], shapes[0], shapes[-1])
-    if symbol.startswith("vm.builtin"):
+    if is_builtin(symbol):
         return "VM builtins"
     name = symbol.removeprefix("fused_").split("_")[0]
     return KINDS.get(name, name)
@@ -89,7 +79,7 @@ def compare(spec: str | onnx.ModelProto, rounds: int, **options) -> tuple[dict[s
         kinds = _ort_kinds(os.path.join(tmp, "optimized.onnx"))
         times: dict[int, list[float]] = collections.defaultdict(list)
         for _ in range(rounds):
-            time_in_order(calls, times)
+            time_in_order(calls, times, RUNS)
             for _ in range(RUNS):
                 session.run(None, inputs)
         with open(session.end_profiling()) as f:

@@ -27,6 +27,7 @@ keeps the decision of the last one measured.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import statistics
 import time
@@ -40,6 +41,7 @@ from tqdm import tqdm
 
 from schedules.dispatch import ERROR_LIMIT, DispatchStore
 from schedules.selection import TOLERANCE
+from schedules.sequence import is_builtin, time_in_order
 from support import tvm_log
 
 log = logging.getLogger("relaxc")
@@ -83,28 +85,20 @@ def time_variants(variants: dict[str, Variant], runs: int = RUNS, seed: int = 0)
     """Per variant, the ms per inference of its own calls (``own_calls``): the sum of their medians
     over ``runs`` inferences, the variants taking turns (a shuffled order every round), after one
     inference each that is not counted (page faults of new code)."""
+    variants = {name: dataclasses.replace(v, calls=[c for c in v.calls if not is_builtin(c[0])])
+                for name, v in variants.items()}
     own = own_calls(variants)
-    sequences = {name: [(i, callee, args) for i, (symbol, callee, args) in enumerate(v.calls)
-                        if not symbol.startswith("vm.builtin")]  # builtins would allocate again
-                 for name, v in variants.items()}
     times: dict[str, dict[int, list[float]]] = {name: collections.defaultdict(list) for name in variants}
-    for name, sequence in sequences.items():
-        _infer(sequence, times[name])
+    for name, variant in variants.items():
+        time_in_order(variant.calls, times[name], runs=1)
         times[name].clear()
     rng = np.random.default_rng(seed)
     names = list(variants)
     for _ in tqdm(range(runs), desc="[relaxc] time in sequence", unit="round", file=tvm_log.console(),
                   dynamic_ncols=True, leave=False):
         for k in rng.permutation(len(names)):
-            _infer(sequences[names[k]], times[names[k]])
+            time_in_order(variants[names[k]].calls, times[names[k]], runs=1)
     return {name: round(sum(statistics.median(times[name][i]) for i in own[name]) * 1e3, 4) for name in variants}
-
-
-def _infer(sequence: list[tuple[int, Any, list[Any]]], times: dict[int, list[float]]) -> None:
-    for i, callee, args in sequence:
-        start = time.perf_counter()
-        callee(*args)
-        times[i].append(time.perf_counter() - start)
 
 
 def decide_in_sequence(workloads: dict[str, tuple[str, list[str]]], build: Callable[[str, str], Variant],

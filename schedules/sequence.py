@@ -95,7 +95,8 @@ def select_in_sequence(calls: list[tuple[str, Any, list[Any]]], kernels: dict[st
         # a choice changes only for a measurable difference: the current one within the tolerance stays
         winner = before if before.ms <= fastest * (1 + TOLERANCE) else choose(kernel.candidates)
         default = next((c for c in kernel.candidates if c.record is None), None)
-        summary[kernel.name] = {"choice": winner.label, "before": before.label, "ms": round(winner.ms, 4),
+        summary[kernel.name] = {"key": kernel.key, "choice": winner.label, "before": before.label,
+                                "ms": round(winner.ms, 4),
                                 "before_ms": round(before.ms, 4),
                                 "candidates_ms": {c.label: round(c.ms, 4) for c in kernel.candidates}}
         log.debug("select in sequence %s: %s %.3f ms (was %s %.3f ms)", kernel.name, winner.label, winner.ms,
@@ -155,7 +156,7 @@ def _drop_wrong(kernel: Kernel, calls: list[tuple[str, Any, list[Any]]]) -> None
     schedule's (each candidate runs after the model's kernels before it, run again: a kernel may
     write in place)."""
     first = kernel.calls[0]
-    before = [(callee, args) for symbol, callee, args in calls[:first] if not _builtin(symbol)]
+    before = [(callee, args) for symbol, callee, args in calls[:first] if not is_builtin(symbol)]
     outputs = []
     for function in kernel.functions:
         for callee, args in before:
@@ -181,7 +182,7 @@ def _time(kernels: list[Kernel], calls: list[tuple[str, Any, list[Any]]], runs: 
     calls. First, not counted, inferences that run every candidate once (page faults of new code)."""
     by_call = {i: kernel for kernel in kernels for i in kernel.calls}
     sequence = [(by_call.get(i), callee, args) for i, (symbol, callee, args) in enumerate(calls)
-                if not _builtin(symbol)]
+                if not is_builtin(symbol)]
     most = max((len(k.candidates) for k in kernels), default=0)
     for warmup in range(most):
         _infer(sequence, {k.name: warmup % len(k.candidates) for k in kernels})
@@ -213,6 +214,16 @@ def _infer(sequence: list[tuple[Kernel | None, Any, list[Any]]], choice: dict[st
     return spent
 
 
-def _builtin(symbol: str) -> bool:
+def is_builtin(symbol: str) -> bool:
     """A VM builtin (allocation, kills): not replayed, each would allocate again."""
     return symbol.startswith("vm.builtin")
+
+
+def time_in_order(calls: list[tuple[str, Any, list[Any]]], times: dict[int, list[float]], runs: int) -> None:
+    """``runs`` inferences' worth of ``calls``, one by one in model order; each call's seconds are
+    appended to ``times[its index]``."""
+    for _ in range(runs):
+        for i, (_, func, args) in enumerate(calls):
+            start = time.perf_counter()
+            func(*args)
+            times[i].append(time.perf_counter() - start)
