@@ -225,6 +225,24 @@ class RecordStore:
                 found.setdefault(key, []).append(line)
         return found
 
+    def workload(self, key: str) -> tvm.tirx.PrimFunc | None:
+        """The kernel the records of workload ``key`` were tuned on (their traces name its blocks);
+        None if the store has no such workload or its line does not parse (logged)."""
+        from tvm.s_tir import meta_schedule as ms
+
+        path = os.path.join(self.dir, DATABASE_FILES[0])
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            line = next((line for line in f if line.startswith(f'["{key}"')), None)
+        if line is None:
+            return None
+        try:
+            return ms.database.Workload.from_json(json.loads(line)).mod["main"]
+        except Exception as err:  # noqa: BLE001 - whatever TVM raises, the workload cannot be read
+            log.warning("%s: workload %s does not parse (%s)", path, key, str(err).splitlines()[0])
+            return None
+
     def best_records(self, hashes) -> dict[str, list]:
         """The fastest record (as measured when tuned) of each workload in ``hashes`` that has any."""
         return {key: min((json.loads(line)[1] for line in lines), key=mean_seconds)

@@ -66,10 +66,50 @@ class Candidate:
         return statistics.median(self.runs_ms)
 
 
-def apply_trace(entry: list, sch: s_tir.Schedule) -> None:
+def apply_trace(entry: list, sch: s_tir.Schedule, workload: tirx.PrimFunc | None = None) -> None:
     """Replay a record (its JSON: the second field of a database line) onto ``sch``, a schedule of
-    the kernel it was tuned for."""
+    a kernel of the structure it was tuned for.
+
+    Block names follow the model's variable names, which the workload hash ignores: a record tuned
+    on one model's kernel serves the same kernel in another model, whose blocks are named otherwise
+    (EfficientNet-B0's average pool reduces in ``lv397_red``, MobileNetV2's in ``lv375_red``). Given
+    ``workload``, the kernel the record was tuned on (``RecordStore.workload``), the trace's block
+    names are mapped to this kernel's, block by block in the order both kernels hold them, and so are
+    the names of blocks the trace creates (``lv397_red_rf``: ``rfactor`` names its block after the
+    one it splits)."""
+    if workload is not None and missing_blocks(entry, sch):
+        names = dict(zip(block_names(s_tir.Schedule(workload)), block_names(sch)))
+        instructions, *rest = entry[0]
+        instructions = [[kind, inputs, [_renamed(attrs[0], names), *attrs[1:]], outputs]
+                        if kind == "GetSBlock" else [kind, inputs, attrs, outputs]
+                        for kind, inputs, attrs, outputs in instructions]
+        entry = [[instructions, *rest], *entry[1:]]
     Trace.apply_json_to_schedule(_json_parse(json.dumps(entry[0])), sch)
+
+
+def _renamed(name: str, names: dict[str, str]) -> str:
+    """``name`` with the longest of ``names`` it starts with replaced by its new name."""
+    old = max((n for n in names if name.startswith(n)), key=len, default=None)
+    return name if old is None else names[old] + name[len(old):]
+
+
+def block_names(sch: s_tir.Schedule) -> list[str]:
+    """The names of a kernel's blocks, parents before children: kernels of one structure list them alike."""
+    names: list[str] = []
+
+    def visit(parent: s_tir.schedule.SBlockRV) -> None:
+        for child in sch.get_child_blocks(parent):
+            names.append(sch.get(child).name_hint)
+            visit(child)
+
+    visit(sch.get_sblock("root"))
+    return names
+
+
+def missing_blocks(entry: list, sch: s_tir.Schedule) -> bool:
+    """Whether the record's trace names a block the kernel of ``sch`` does not have (see ``apply_trace``)."""
+    named = {attrs[0] for kind, _, attrs, _ in entry[0][0] if kind == "GetSBlock"}
+    return not named <= set(block_names(sch))
 
 
 def capped_unroll(entry: list, cap: int = UNROLL_CAP) -> list | None:
@@ -98,9 +138,10 @@ def choose(candidates: list[Candidate], tolerance: float = TOLERANCE) -> Candida
     return min((c for c in fast if c.build_s <= cheapest + BUILD_SLACK_S), key=lambda c: c.ms)
 
 
-def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int = TOP_K) -> list[Candidate]:
+def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int = TOP_K,
+               workload: tirx.PrimFunc | None = None) -> list[Candidate]:
     """The default schedule, the ``top_k`` fastest distinct records (database lines) of ``mod``, and
-    each of those records with its unrolling capped."""
+    each of those records with its unrolling capped (``workload``: see ``apply_trace``)."""
     found = [Candidate("default", default_schedule(mod["main"], target)[0])]
     seen: set[str] = set()
     for entry in sorted((json.loads(line)[1] for line in lines), key=mean_seconds):
@@ -111,18 +152,18 @@ def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int =
         for label, variant in ((f"record {len(seen)}", entry),
                                (f"record {len(seen)}, unroll <= {UNROLL_CAP}", capped_unroll(entry))):
             if variant is not None:
-                found.extend(from_record(mod, variant, label))
+                found.extend(from_record(mod, variant, label, workload))
         if len(seen) == top_k:
             break
     return found
 
 
-def from_record(mod: tvm.IRModule, entry: list, label: str) -> list[Candidate]:
+def from_record(mod: tvm.IRModule, entry: list, label: str, workload: tirx.PrimFunc | None = None) -> list[Candidate]:
     """The candidate scheduled by replaying ``entry`` (a record's JSON) on ``mod``; none if the record
     no longer applies (logged)."""
     sch = s_tir.Schedule(mod)
     try:
-        apply_trace(entry, sch)
+        apply_trace(entry, sch, workload)
     except Exception as err:  # noqa: BLE001 - a record that no longer applies is skipped, not fatal
         log.warning("%s of %s does not apply (%s); skipped", label, mod["main"].attrs.get("global_symbol"),
                     str(err).splitlines()[0])
@@ -181,7 +222,7 @@ class Selection:
                 and (self.reselect or chosen.get(h, {}).get("records") != len(lines[h]))]
         for key in tqdm(todo, desc="[relaxc] select", unit="kernel", file=tvm_log.console(), dynamic_ncols=True):
             task = hashes[key]
-            entry = self._select(task, lines[key])
+            entry = self._select(task, lines[key], self.store.workload(key))
             chosen[key] = entry
             self.store.save_selections({key: entry})  # one kernel at a time: an interrupted run keeps the rest
             default = (f"default {entry['default_ms']:.3f} ms" if entry["default_ms"] is not None
@@ -195,9 +236,9 @@ class Selection:
                 "estimated_default_ms": round(sum(float(t.weight) * e["default_ms"] for t, e in decided
                                                   if e["default_ms"] is not None), 3)}
 
-    def _select(self, task: ms.ExtractedTask, lines: list[str]) -> dict:
+    def _select(self, task: ms.ExtractedTask, lines: list[str], workload: tirx.PrimFunc | None) -> dict:
         mod = task.dispatched[0]
-        measured = measure(candidates(mod, lines, self.target), mod["main"], self.target)
+        measured = measure(candidates(mod, lines, self.target, workload=workload), mod["main"], self.target)
         winner = choose(measured)
         default = next((c for c in measured if c.record is None), None)  # None: it did not build
         record = winner.record and [winner.record[0], [winner.ms / 1e3], *winner.record[2:]]

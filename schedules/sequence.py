@@ -82,7 +82,8 @@ def select_in_sequence(calls: list[tuple[str, Any, list[Any]]], kernels: dict[st
     selected = []
     for key, symbol in tqdm([(k, s) for k, s in hashes.items() if lines.get(k)], desc="[relaxc] build candidates",
                             unit="kernel", file=tvm_log.console(), dynamic_ncols=True):
-        kernel = _kernel(symbol, key, modules[symbol], lines[key], chosen.get(key), positions[symbol], target)
+        kernel = _kernel(symbol, key, modules[symbol], lines[key], chosen.get(key), positions[symbol], target,
+                         store.workload(key))
         _drop_wrong(kernel, calls)
         if len(kernel.candidates) > 1:
             selected.append(kernel)
@@ -119,9 +120,10 @@ def select_in_sequence(calls: list[tuple[str, Any, list[Any]]], kernels: dict[st
 
 
 def _kernel(symbol: str, key: str, mod: tvm.IRModule, lines: list[str], chosen: dict | None, calls: list[int],
-            target: Target) -> Kernel:
-    """The candidates of one kernel, built as the model calls them (parameters at arena offsets)."""
-    found = candidates(mod, lines, target, TOP_K)
+            target: Target, workload: tirx.PrimFunc | None) -> Kernel:
+    """The candidates of one kernel, built as the model calls them (parameters at arena offsets;
+    ``workload``: see ``selection.apply_trace``)."""
+    found = candidates(mod, lines, target, TOP_K, workload)
     traces = [json.dumps(c.record[0]) if c.record else None for c in found]
     if chosen is None:  # replay runs the fastest record of its tuning
         current = 1 if len(found) > 1 else 0
@@ -130,7 +132,7 @@ def _kernel(symbol: str, key: str, mod: tvm.IRModule, lines: list[str], chosen: 
     else:
         trace = json.dumps(chosen["record"][0])
         if trace not in traces:  # ranked below the top records by its tuning time
-            found.extend(from_record(mod, chosen["record"], f"{chosen['choice']} (chosen before)"))
+            found.extend(from_record(mod, chosen["record"], f"{chosen['choice']} (chosen before)", workload))
             traces.append(trace)
         current = traces.index(trace)
     functions, built = [], []

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from schedules import builder
 from schedules.cache import RecordStore, cache_root, stores, workload_hash
 from schedules.default import IS_SCHEDULED, default_schedule
-from schedules.selection import Selection, apply_trace
+from schedules.selection import Selection, apply_trace, missing_blocks
 from support import targets, tvm_internals, tvm_log
 from support.errors import UserError
 from support.threads import configure_threads, physical_cores
@@ -333,7 +333,7 @@ class ApplyTuningRecords:
         if self.mode == "strict" and missing:
             raise UserError(f"tuning='strict': {len(missing)} of {len(tasks)} kernels have no tuning record "
                             f"in {self.report['cache_dir']}: {', '.join(missing)}")
-        return apply_traces(mod, traces)
+        return apply_traces(mod, traces, store)
 
 
 def chosen_traces(store: RecordStore, tasks: list[ms.ExtractedTask]) -> tuple[dict[str, list], dict[str, str]]:
@@ -356,11 +356,12 @@ def chosen_traces(store: RecordStore, tasks: list[ms.ExtractedTask]) -> tuple[di
     return traces, sources
 
 
-def apply_traces(mod: tvm.IRModule, traces: dict[str, list]) -> tvm.IRModule:
+def apply_traces(mod: tvm.IRModule, traces: dict[str, list], store: RecordStore | None = None) -> tvm.IRModule:
     """A copy of ``mod`` with each kernel that has a record in ``traces`` scheduled by replaying it
     (what MetaSchedule's ``MetaScheduleApplyDatabase`` does, without building a database first:
     that replayed every trace twice). Kernels are matched as MetaSchedule keys them: the structural
-    hash of the kernel alone as ``main``."""
+    hash of the kernel alone as ``main``; a record whose blocks this kernel names otherwise is
+    replayed with the names of the kernel in ``store`` it was tuned on (``selection.apply_trace``)."""
     if not traces:
         return mod
     result = mod.clone()
@@ -368,10 +369,12 @@ def apply_traces(mod: tvm.IRModule, traces: dict[str, list]) -> tvm.IRModule:
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
         kernel = tvm_internals.kernel_module(func)
-        record = traces.get(workload_hash(kernel))
+        key = workload_hash(kernel)
+        record = traces.get(key)
         if record is None:
             continue
         sch = s_tir.Schedule(kernel)
-        apply_trace(record, sch)
+        renamed = store is not None and missing_blocks(record, sch)
+        apply_trace(record, sch, store.workload(key) if renamed else None)
         result[gv] = sch.mod["main"].with_attrs(func.attrs).with_attr(IS_SCHEDULED, True)
     return result

@@ -248,6 +248,29 @@ def test_capped_unroll_replays_to_the_capped_kernel():
     assert selection.capped_unroll(capped) is None  # nothing left to cap
 
 
+def test_a_record_replays_on_a_kernel_of_its_structure_whose_blocks_are_named_otherwise():
+    """EfficientNet-B0's average pool, selected with a record whose trace names its blocks
+    (``lv397_red`` and the ``lv397_red_rf`` its rfactor makes), replays on MobileNetV2's pool of the
+    same structure whose block is ``lv375_red``: the workload hash ignores names, the trace did not."""
+    store = RecordStore(os.path.join(ROOT, "tuning_logs", "llvm-emeraldrapids-2c"))
+    key, entry = next((k, e) for k, e in store.selections().items() if '"lv397_red_rf"' in json.dumps(e["record"]))
+    recorded = store.workload(key)
+    renamed = tvm.script.from_source(recorded.script().replace("lv397", "lv375"))
+    assert selection.block_names(tvm.s_tir.Schedule(renamed)) != selection.block_names(tvm.s_tir.Schedule(recorded))
+    mod = tvm.IRModule({"main": renamed})
+    assert cache.workload_hash(mod) == key
+    with pytest.raises(tvm.s_tir.ScheduleError, match="lv397_red"):
+        selection.apply_trace(entry["record"], tvm.s_tir.Schedule(mod))
+    sch = tvm.s_tir.Schedule(mod)
+    selection.apply_trace(entry["record"], sch, recorded)
+    expected = tvm.s_tir.Schedule(tvm.IRModule({"main": recorded}))
+    selection.apply_trace(entry["record"], expected)
+    assert sch.mod.script() == expected.mod.script().replace("lv397", "lv375")  # the same schedule
+    replayed = tuning.apply_traces(tvm.IRModule({"pool": renamed}),
+                                   {key: entry["record"]}, store)  # as compile() replays
+    assert 'T.sblock("lv375_red_rf_update")' in replayed["pool"].script()
+
+
 def test_measured_kernels_get_indices_in_range():
     """Trials run on random arguments, but index tensors are zeros: random token ids made every run of
     BERT's embedding lookup fail, leaving it without a record."""
