@@ -10,8 +10,9 @@ square as the row allows, ``_square_tile``: 4 x 4 rather than 8 x 2). The reduct
 with the accumulators in a local buffer, and everything outside the tile is fused into one
 parallel loop, rows first where a conv's input outweighs its weights and output
 (``_input_dominates``: each thread then reads part of the input, not all of it), output channels
-first otherwise; a pointwise conv over many channels instead reduces in chunks, each parallel
-iteration running a block of rows' tiles per chunk (``_chunked_rows``), and a large
+first otherwise; a conv whose tile's weights outgrow L1 (a pointwise one over many channels too)
+instead reduces in chunks, each parallel iteration running a block of rows' tiles per chunk
+(``_chunked_rows``), and a large
 matrix-vector product (a classifier) sums its rows in parallel parts (``_matrix_vector_in_parts``). Elementwise epilogues (bias, ReLU)
 are computed right after their tile while it is hot. A kernel of another shape is not this
 rule's: it answers None and the next rule (``Basic``) takes it.
@@ -35,7 +36,8 @@ MIN_ACCUMULATORS = 4  # fewer cannot hide the FMA latency
 MIN_PARALLEL_ROWS = 16  # fewer rows than this: one flat parallel loop balances better
 MAX_WHOLE_ROW = 14  # a short row with no good factor (13) is tiled whole: 13 accumulators still fit
 LONG_REDUCTION = 1024  # a pointwise conv reducing over this many channels or more reduces in chunks
-CHUNK = 128  # channels per chunk: the chunk's weights for a tile's output channels stay in L1
+L1_BYTES = 32 * 1024  # the smallest L1 data cache of the CPUs seen (Zen 3): a tile's weights over it reduce in chunks
+CHUNK_BYTES = 16 * 1024  # a chunk's weights for a tile's output channels (128 channels of a pointwise conv's 2 blocks)
 MIN_TILES_PER_CHUNK = 4  # register tiles each chunk's weights serve, at least
 LARGE_MATRIX = 1 << 18  # elements: a matrix-vector product this large streams its rows in parts
 MATRIX_PARTS = (8, 4, 2)  # parts of the rows, the most that divide them
@@ -136,6 +138,23 @@ def _broadcast_reuse(info: SBlockInfo, sch: s_tir.Schedule) -> list[bool]:
     return [var is not None and any(var.name not in names for names in broadcast) for var in variables]
 
 
+def _operand_bytes(info: SBlockInfo, sch: s_tir.Schedule) -> tuple[int, int, int]:
+    """Bytes of the block's reads broadcast to a vector (a conv's input), of its other reads (the
+    weights) and of its writes. Call before the loops are split."""
+    variables, _ = _broadcast_reads(info, sch)
+    vector = variables[-1].name if variables[-1] is not None else None
+    block = sch.get(info.block_rv)
+    broadcast, other = 0, 0
+    for read in block.reads:
+        if any(read.source.same_as(w.source) for w in block.writes):
+            continue  # the accumulator
+        if vector is not None and vector not in _index_names(read):
+            broadcast += _bytes(read.source)
+        else:
+            other += _bytes(read.source)
+    return broadcast, other, sum(_bytes(w.source) for w in block.writes)
+
+
 def _input_dominates(info: SBlockInfo, sch: s_tir.Schedule) -> bool:
     """Whether the reads broadcast to a vector (a conv's input) hold more bytes than the other reads
     and the output together (its weights and result). Call before the loops are split.
@@ -145,18 +164,8 @@ def _input_dominates(info: SBlockInfo, sch: s_tir.Schedule) -> bool:
     both orders, kernels then selected in sequence): 512 -> 128 at 28 x 28 (three calls) 0.34-0.44
     ms faster per inference, 256 -> 128 at 56 x 56 0.12-0.28, 512 -> 256 0.12-0.19, the stride-2
     256 -> 512 0.07-0.12; the kernel sums 0.74-1.19 ms faster."""
-    variables, _ = _broadcast_reads(info, sch)
-    vector = variables[-1].name if variables[-1] is not None else None
-    block = sch.get(info.block_rv)
-    broadcast, other = 0, sum(_bytes(w.source) for w in block.writes)
-    for read in block.reads:
-        if any(read.source.same_as(w.source) for w in block.writes):
-            continue  # the accumulator
-        if vector is not None and vector not in _index_names(read):
-            broadcast += _bytes(read.source)
-        else:
-            other += _bytes(read.source)
-    return broadcast > other
+    broadcast, weights, output = _operand_bytes(info, sch)
+    return broadcast > weights + output
 
 
 def _bytes(buffer: tirx.Buffer) -> int:
@@ -296,6 +305,7 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo,
     width = _vector_width(loop_extent(sch, spatial[-1]), lanes)
     reuse = _broadcast_reuse(info, sch) if width > 1 else [False] * n_spatial
     rows_first = width > 1 and n_spatial == 4 and _input_dominates(info, sch)
+    input_bytes, weight_bytes, _ = _operand_bytes(info, sch)
     vec_outer, vec_inner = sch.split(spatial[-1], factors=[None, width])
     budget = accumulators(unit.registers)
     square = None
@@ -318,7 +328,7 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo,
         index, factor = second
         outer[index], second_inner = sch.split(outer[index], factors=[None, factor])
         inner.insert(0, second_inner)
-    chunked = _chunked_rows(sch, outer, reduction, second)
+    chunked = _chunked_rows(sch, outer, reduction, second, width * _bytes_per(info, sch), weight_bytes > input_bytes)
     if chunked is None:
         if rows_first and square is not None:  # each thread reads part of the input, all the weights
             outer = [outer[1], outer[2], outer[0], outer[3]]
@@ -395,28 +405,46 @@ def _rows_contiguous(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> boo
     return True
 
 
+def _bytes_per(info: SBlockInfo, sch: s_tir.Schedule) -> int:
+    return sch.get(info.block_rv).writes[0].source.dtype.bits // 8
+
+
 def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduction: list[s_tir.schedule.LoopRV],
-                  second: tuple[int, int] | None
+                  second: tuple[int, int] | None, vector_bytes: int, weights_dominate: bool
                   ) -> tuple[list[s_tir.schedule.LoopRV], s_tir.schedule.LoopRV, list[s_tir.schedule.LoopRV]] | None:
-    """For a blocked pointwise conv over ``LONG_REDUCTION`` channels or more whose register tile
-    spans several output channel blocks (``second``: AVX-512's registers; AVX2's hold a row tile
-    only and keep the plain tiling): each parallel iteration takes a block of rows for its output
-    channels and reduces over the input channels in chunks of ``CHUNK``, every tile of the rows in
-    turn per chunk, the accumulators in a local buffer of the rows. Returns the loops to fuse into
-    the parallel loop, the chunk loop and the loops inside it in order; None for any other kernel
-    (``outer``: output channel blocks, rows, columns, vectors).
+    """For a blocked conv whose register tile spans several output channel blocks (``second``:
+    AVX-512's registers; AVX2's hold a row tile only and keep the plain tiling) and whose tile's
+    weights over the whole reduction (``vector_bytes`` each vector) exceed ``L1_BYTES`` while those
+    of one input channel block fit, the weights outweighing the input, or a pointwise conv over
+    ``LONG_REDUCTION`` channels or more: each parallel iteration takes a block of rows for
+    its output channels and reduces over the input channel blocks in chunks of ``CHUNK_BYTES`` of
+    the tile's weights, every tile of the rows in turn per chunk, the accumulators in a local buffer
+    of the rows. Returns the loops to fuse into the parallel loop, the chunk loop and the loops
+    inside it in order; None for any other kernel (``outer``: output channel blocks, rows, columns,
+    vectors).
 
     Tile by tile over the whole reduction, each tile reads its input as one short run per channel
-    block (64 runs of 448 bytes for 1024 channels), which the prefetchers do not follow; in chunks,
-    each chunk's input for the rows is one run per block and its weights stay in L1. ResNet-50's five
-    1024 -> 256 convs at 14 x 14, in the model (``python -m benchmarks.ab``, Emerald Rapids, 2 cores):
-    2.17-3.34 ms per inference tile by tile, 1.94-2.59 in chunks; the 2048 -> 512 ones at 7 x 7 and
-    the 1024 -> 512 at 14 x 14 gained less. A shorter reduction lost (a variant of this rule, not
-    kept): the 128 -> 512 conv at 28 x 28 took 0.54 ms tile by tile and 1.0 ms in one chunk (the
-    accumulators of whole rows go through memory)."""
+    block (64 runs of 448 bytes for 1024 channels), which the prefetchers do not follow, and its
+    weights from L2 for one row of outputs; in chunks, each chunk's input for the rows is one run per
+    block and its weights stay in L1. ResNet-50's five 1024 -> 256 convs at 14 x 14, in the model
+    (``python -m benchmarks.ab``, Emerald Rapids, 2 cores): 2.17-3.34 ms per inference tile by tile,
+    1.94-2.59 in chunks; the 2048 -> 512 ones at 7 x 7 and the 1024 -> 512 at 14 x 14 gained less.
+    A 3x3 conv's chunk is one block of 16 channels (2 x 16 x 9 weight vectors, 18 KB). In the model
+    (``benchmarks.ab``, both orders, 2026-11-26): ResNet-50's stride-2 512-channel 3x3 conv to 7 x 7
+    0.17-0.23 ms faster per inference, the 256-channel one to 14 x 14 0.07-0.12, the 512 -> 2048
+    pointwise conv at 7 x 7 (64 KB of weights per tile) 0.09-0.13; ResNet-18's 512-channel 3x3
+    convs at 7 x 7 0.13-0.24 (two calls). Two blocks per chunk gained less; the stride-2 3x3 conv to
+    28 x 28, whose input dominates, lost (1.19 -> 1.29 ms after its predecessor), and so did ZFNet's
+    5x5 96 -> 256 conv to 25 x 25 (0.15-0.21 ms in the model), whose tile's weights per block (4 x 16
+    x 25 vectors, 100 KB) do not fit in L1 anyway. A shorter
+    reduction lost (a variant of this rule, not kept): the 128 -> 512 conv at 28 x 28 took 0.54 ms
+    tile by tile and 1.0 ms in one chunk (the accumulators of whole rows go through memory)."""
     extents = [loop_extent(sch, loop) for loop in reduction]
-    if len(outer) != 4 or len(reduction) != 2 or None in extents or math.prod(extents) < LONG_REDUCTION \
-            or second is None or second[0] != 0:
+    if len(outer) != 4 or len(reduction) < 2 or None in extents or second is None or second[0] != 0:
+        return None
+    block_bytes = second[1] * math.prod(extents[1:]) * vector_bytes  # a tile's weights per input channel block
+    long_pointwise = len(reduction) == 2 and math.prod(extents) >= LONG_REDUCTION
+    if not long_pointwise and not (weights_dominate and block_bytes <= L1_BYTES < block_bytes * extents[0]):
         return None
     channels, rows, columns, vectors = outer
     height, groups = loop_extent(sch, rows), loop_extent(sch, channels)
@@ -425,9 +453,10 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
     block = next((r for r in range(height, 0, -1) if height % r == 0 and groups * (height // r) >= MIN_PARALLEL_ROWS), 1)
     if block * (loop_extent(sch, columns) or 1) < MIN_TILES_PER_CHUNK:
         return None  # a chunk's weights would serve one or two tiles: the 2048 -> 512 conv in rows of one, 0.78 ms
+    chunk = _tile(extents[0], max(1, CHUNK_BYTES // block_bytes))
     row_outer, row_inner = sch.split(rows, factors=[None, block])
-    chunk_outer, chunk_inner = sch.split(reduction[0], factors=[None, max(1, CHUNK // extents[1])])
-    return [channels, row_outer], chunk_outer, [row_inner, columns, vectors, chunk_inner, reduction[1]]
+    chunk_outer, chunk_inner = sch.split(reduction[0], factors=[None, chunk])
+    return [channels, row_outer], chunk_outer, [row_inner, columns, vectors, chunk_inner, *reduction[1:]]
 
 
 def vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,

@@ -80,12 +80,14 @@ def test_cpu_rules_are_for_cpus_only():
     assert Basic().is_target_available(AVX512) and not Basic().is_target_available(cuda)
 
 
-def _blocked_conv() -> tirx.PrimFunc:
-    """A 3x3 conv in NCHW16c, 64 -> 64 channels on a 56x56 map, as the layout pass makes it."""
-    data = te.placeholder((1, 4, 58, 58, 16), name="data")
-    weight = te.placeholder((4, 4, 3, 3, 16, 16), name="weight")
-    ic, kh, kw, ib = (te.reduce_axis((0, n), name) for n, name in ((4, "ic"), (3, "kh"), (3, "kw"), (16, "ib")))
-    out = te.compute((1, 4, 56, 56, 16), lambda n, o, y, x, i: te.sum(
+def _blocked_conv(channels: int = 64, size: int = 56) -> tirx.PrimFunc:
+    """A 3x3 conv in NCHW16c, ``channels`` -> ``channels`` on a ``size`` x ``size`` map (64 on 56
+    x 56 by default), as the layout pass makes it."""
+    blocks = channels // 16
+    data = te.placeholder((1, blocks, size + 2, size + 2, 16), name="data")
+    weight = te.placeholder((blocks, blocks, 3, 3, 16, 16), name="weight")
+    ic, kh, kw, ib = (te.reduce_axis((0, n), name) for n, name in ((blocks, "ic"), (3, "kh"), (3, "kw"), (16, "ib")))
+    out = te.compute((1, blocks, size, size, 16), lambda n, o, y, x, i: te.sum(
         data[n, ic, y + kh, x + kw, ib] * weight[o, ic, kh, kw, ib, i], axis=[ic, kh, kw, ib]), name="conv")
     return te.create_prim_func([data, weight, out])
 
@@ -175,13 +177,37 @@ def _serial_extents(sch: s_tir.Schedule, block: str) -> list[int]:
 
 
 @pytest.mark.parametrize("channels, serial", [
-    (1024, [1024 // tiled.CHUNK, 7, 2, 1, tiled.CHUNK // 16, 16]),  # chunks outside the tiles of 7 rows
+    (1024, [1024 // 128, 7, 2, 1, 128 // 16, 16]),  # chunks of 128 channels outside the tiles of 7 rows
     (256, [256 // 16, 16])])  # a shorter reduction: each tile reduces over all of it
 def test_a_long_pointwise_reduction_runs_in_chunks_over_rows_of_tiles(channels, serial):
     """The chunk loop encloses the rows' tiles, the accumulators initialised once outside it."""
     sch = Tiled().apply(_pointwise_conv(channels), AVX512, False)
     assert _serial_extents(sch, "conv_update") == serial
     assert (len(_serial_extents(sch, "conv_init")) == 3) == (channels >= tiled.LONG_REDUCTION)
+
+
+@pytest.mark.parametrize("mcpu, channels, size, serial", [
+    ("znver4", 512, 7, [32, 7, 1, 1, 1, 3, 3, 16]),  # weights 9.4 MB, a tile's 590 KB: chunks of one block
+    ("znver4", 64, 56, [4, 3, 3, 16]),  # input 0.9 MB, weights 0.1 MB: each tile reduces over all of it
+    ("znver3", 512, 7, [32, 3, 3, 16])])  # AVX2: a row tile alone, no chunks
+def test_a_3x3_conv_whose_tile_weights_outgrow_l1_reduces_in_chunks(mcpu, channels, size, serial):
+    target = Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    sch = Tiled().apply(_blocked_conv(channels, size), target, False)
+    assert _serial_extents(sch, "conv_update") == serial
+
+
+def test_a_weight_bound_3x3_conv_computes_the_conv():
+    """In chunks on an AVX-512 host (the schedule above), tile by tile on an AVX2 one."""
+    target = targets.resolve("cpu")
+    lib = tvm.compile(Tiled().apply(_blocked_conv(512, 7), target, False).mod, target=target)
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((1, 32, 9, 9, 16)).astype(np.float32)
+    weight = rng.standard_normal((32, 32, 3, 3, 16, 16)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((1, 32, 7, 7, 16), np.float32))
+    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    windows = np.lib.stride_tricks.sliding_window_view(data[0], (3, 3), axis=(1, 2))  # c, y, x, b, kh, kw
+    expected = np.einsum("cyxbhw,ochwbi->oyxi", windows, weight)
+    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-2)
 
 
 @pytest.mark.parametrize("channels, out_channels, size", [
