@@ -325,15 +325,23 @@ class ApplyTuningRecords:
 
     def _finish(self, mod: tvm.IRModule, tasks: list, store: RecordStore | None) -> tvm.IRModule:
         traces, sources = chosen_traces(store, tasks) if store is not None else ({}, {})
+        mod, failed = apply_traces(mod, traces, store)
+        not_applied = {t.task_name: failed[key] for key, t in ((workload_hash(t.dispatched[0]), t) for t in tasks)
+                       if key in failed}
+        if not_applied:
+            log.warning("%d tuning record(s) in %s do not apply to their kernels, which run their default schedules "
+                        "instead: %s", len(not_applied), self.report["cache_dir"],
+                        "; ".join(f"{name} ({why})" for name, why in sorted(not_applied.items())))
+        sources = {name: how for name, how in sources.items() if name not in not_applied}
         missing = [t.task_name for t in tasks if t.task_name not in sources]
         counts = collections.Counter(sources.values())
-        self.report.update(tasks_with_records=len(sources), missing=missing,
+        self.report.update(tasks_with_records=len(sources), missing=missing, records_not_applied=not_applied,
                            selected=counts["selected"] + counts["default (selected)"],
                            chose_default=sorted(name for name, how in sources.items() if how == "default (selected)"))
         if self.mode == "strict" and missing:
             raise UserError(f"tuning='strict': {len(missing)} of {len(tasks)} kernels have no tuning record "
-                            f"in {self.report['cache_dir']}: {', '.join(missing)}")
-        return apply_traces(mod, traces, store)
+                            f"that applies in {self.report['cache_dir']}: {', '.join(missing)}")
+        return mod
 
 
 def chosen_traces(store: RecordStore, tasks: list[ms.ExtractedTask]) -> tuple[dict[str, list], dict[str, str]]:
@@ -356,14 +364,18 @@ def chosen_traces(store: RecordStore, tasks: list[ms.ExtractedTask]) -> tuple[di
     return traces, sources
 
 
-def apply_traces(mod: tvm.IRModule, traces: dict[str, list], store: RecordStore | None = None) -> tvm.IRModule:
+def apply_traces(mod: tvm.IRModule, traces: dict[str, list],
+                 store: RecordStore | None = None) -> tuple[tvm.IRModule, dict[str, str]]:
     """A copy of ``mod`` with each kernel that has a record in ``traces`` scheduled by replaying it
     (what MetaSchedule's ``MetaScheduleApplyDatabase`` does, without building a database first:
-    that replayed every trace twice). Kernels are matched as MetaSchedule keys them: the structural
-    hash of the kernel alone as ``main``; a record whose blocks this kernel names otherwise is
-    replayed with the names of the kernel in ``store`` it was tuned on (``selection.apply_trace``)."""
+    that replayed every trace twice), and why each record that does not replay failed, by workload
+    hash (its kernels are left to their default schedules). Kernels are matched as MetaSchedule
+    keys them: the structural hash of the kernel alone as ``main``; a record whose blocks this
+    kernel names otherwise is replayed with the names of the kernel in ``store`` it was tuned on
+    (``selection.apply_trace``)."""
+    failed: dict[str, str] = {}
     if not traces:
-        return mod
+        return mod, failed
     result = mod.clone()
     for gv, func in mod.functions.items():
         if not isinstance(func, tvm.tirx.PrimFunc):
@@ -375,6 +387,10 @@ def apply_traces(mod: tvm.IRModule, traces: dict[str, list], store: RecordStore 
             continue
         sch = s_tir.Schedule(kernel)
         renamed = store is not None and missing_blocks(record, sch)
-        apply_trace(record, sch, store.workload(key) if renamed else None)
+        try:
+            apply_trace(record, sch, store.workload(key) if renamed else None)
+        except Exception as err:  # noqa: BLE001 - whatever TVM raises, the record does not replay here
+            failed[key] = str(err).strip().splitlines()[-1]
+            continue
         result[gv] = sch.mod["main"].with_attrs(func.attrs).with_attr(IS_SCHEDULED, True)
-    return result
+    return result, failed

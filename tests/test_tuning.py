@@ -87,7 +87,7 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     other = compiler.compile(reference.branchy_cnn(), cache_dir=str(log_dir)).report()["tuning"]
     assert other["missing"] and other["tasks_with_records"] + len(other["missing"]) == other["tasks"]
     with pytest.raises(compiler.UserError, match=rf"tuning='strict': {len(other['missing'])} of {other['tasks']} "
-                                                 rf"kernels have no tuning record in .*{other['missing'][0]}"):
+                                                 rf"kernels have no tuning record that applies in .*{other['missing'][0]}"):
         compiler.compile(reference.branchy_cnn(), cache_dir=str(log_dir), tuning="strict")
     off = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="off").report()
     assert off["tuning"]["tasks_with_records"] == 0 and "tuned" not in off["schedules"]
@@ -266,9 +266,38 @@ def test_a_record_replays_on_a_kernel_of_its_structure_whose_blocks_are_named_ot
     expected = tvm.s_tir.Schedule(tvm.IRModule({"main": recorded}))
     selection.apply_trace(entry["record"], expected)
     assert sch.mod.script() == expected.mod.script().replace("lv397", "lv375")  # the same schedule
-    replayed = tuning.apply_traces(tvm.IRModule({"pool": renamed}),
-                                   {key: entry["record"]}, store)  # as compile() replays
-    assert 'T.sblock("lv375_red_rf_update")' in replayed["pool"].script()
+    replayed, failed = tuning.apply_traces(tvm.IRModule({"pool": renamed}), {key: entry["record"]}, store)
+    assert failed == {} and 'T.sblock("lv375_red_rf_update")' in replayed["pool"].script()  # as compile() replays
+    unmapped, failed = tuning.apply_traces(tvm.IRModule({"pool": renamed}), {key: entry["record"]})  # no store
+    assert "lv397_red" in failed[key] and unmapped["pool"].same_as(renamed)  # the default schedule's to make
+
+
+def test_a_record_that_does_not_replay_leaves_its_kernel_to_the_default_and_says_so(tuned, tmp_path, caplog):
+    """A selected record whose trace names a block its kernel does not have (and no workload maps
+    it): replay warns, names the kernel in the report, schedules it by default; strict refuses."""
+    log_dir, _ = tuned
+    copy = tmp_path / "records"
+    shutil.copytree(log_dir, copy)
+    store = RecordStore.of(str(copy), targets.resolve("cpu"))
+    chosen = store.selections()
+    key, record, first = next((k, r, i) for k, found in sorted(store.records_of(chosen).items())
+                              for r in (json.loads(line)[1] for line in found)
+                              for i in r[0][0] if i[0] == "GetSBlock" and i[2][0] != "root")
+    first[2][0] = "no_such_block"
+    entry = {**chosen[key], "choice": "record 1", "record": record}  # selected, whatever won before
+    with open(os.path.join(store.dir, "database_workload.json"), "w"):
+        pass  # no workload to map the names through
+    store.save_selections({key: entry})
+    with caplog.at_level(logging.WARNING, logger="relaxc"):
+        art = compiler.compile(reference.small_cnn(), cache_dir=str(copy))
+    report = art.report()["tuning"]
+    (name, why), = report["records_not_applied"].items()
+    assert "no_such_block" in why and name in report["missing"] and entry["task"] == name
+    assert any("do not apply" in r.getMessage() and name in r.getMessage() for r in caplog.records)
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
+    with pytest.raises(compiler.UserError, match=rf"no tuning record that applies .*{name}"):
+        compiler.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict")
 
 
 def test_measured_kernels_get_indices_in_range():
