@@ -233,8 +233,9 @@ class RecordStore:
         path = os.path.join(self.dir, DATABASE_FILES[0])
         if not os.path.exists(path):
             return None
+        prefix = f'["{key}"'
         with open(path) as f:
-            line = next((line for line in f if line.startswith(f'["{key}"')), None)
+            line = next((line for line in f if line.startswith(prefix)), None)
         if line is None:
             return None
         try:

@@ -19,11 +19,13 @@ them in preference to the raw records.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import tvm
@@ -49,6 +51,7 @@ RUNS_PER_ROUND = 8  # cold runs per candidate and turn; the median of all of the
 UNROLL_ATTR = "pragma_auto_unroll_max_step"
 
 _json_parse = tvm_ffi.get_global_func("ffi.json.Parse")
+Recorded = Callable[[], tirx.PrimFunc | None]  # the kernel a record was tuned on, looked up when asked (``recorded``)
 
 
 @dataclass
@@ -66,19 +69,26 @@ class Candidate:
         return statistics.median(self.runs_ms)
 
 
-def apply_trace(entry: list, sch: s_tir.Schedule, workload: tirx.PrimFunc | None = None) -> None:
+def recorded(store: RecordStore, key: str) -> Recorded:
+    """The kernel workload ``key``'s records were tuned on, looked up in ``store`` on the first call
+    only (a scan of the store's workload file: ``apply_trace`` needs it only when names differ)."""
+    return functools.cache(functools.partial(store.workload, key))
+
+
+def apply_trace(entry: list, sch: s_tir.Schedule, workload: Recorded | None = None) -> None:
     """Replay a record (its JSON: the second field of a database line) onto ``sch``, a schedule of
     a kernel of the structure it was tuned for.
 
     Block names follow the model's variable names, which the workload hash ignores: a record tuned
     on one model's kernel serves the same kernel in another model, whose blocks are named otherwise
-    (EfficientNet-B0's average pool reduces in ``lv397_red``, MobileNetV2's in ``lv375_red``). Given
-    ``workload``, the kernel the record was tuned on (``RecordStore.workload``), the trace's block
-    names are mapped to this kernel's, block by block in the order both kernels hold them, and so are
-    the names of blocks the trace creates (``lv397_red_rf``: ``rfactor`` names its block after the
-    one it splits)."""
-    if workload is not None and missing_blocks(entry, sch):
-        names = dict(zip(block_names(s_tir.Schedule(workload)), block_names(sch)))
+    (EfficientNet-B0's average pool reduces in ``lv397_red``, MobileNetV2's in ``lv375_red``). Where
+    the trace names a block this kernel lacks and ``workload`` (``recorded``) gives the kernel the
+    record was tuned on, the trace's block names are mapped to this kernel's, block by block in the
+    order both kernels hold them, and so are the names of blocks the trace creates
+    (``lv397_red_rf``: ``rfactor`` names its block after the one it splits)."""
+    original = workload() if workload is not None and _missing_blocks(entry, sch) else None
+    if original is not None:
+        names = dict(zip(block_names(s_tir.Schedule(original)), block_names(sch)))
         instructions, *rest = entry[0]
         instructions = [[kind, inputs, [_renamed(attrs[0], names), *attrs[1:]], outputs]
                         if kind == "GetSBlock" else [kind, inputs, attrs, outputs]
@@ -106,7 +116,7 @@ def block_names(sch: s_tir.Schedule) -> list[str]:
     return names
 
 
-def missing_blocks(entry: list, sch: s_tir.Schedule) -> bool:
+def _missing_blocks(entry: list, sch: s_tir.Schedule) -> bool:
     """Whether the record's trace names a block the kernel of ``sch`` does not have (see ``apply_trace``)."""
     named = {attrs[0] for kind, _, attrs, _ in entry[0][0] if kind == "GetSBlock"}
     return not named <= set(block_names(sch))
@@ -139,7 +149,7 @@ def choose(candidates: list[Candidate], tolerance: float = TOLERANCE) -> Candida
 
 
 def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int = TOP_K,
-               workload: tirx.PrimFunc | None = None) -> list[Candidate]:
+               workload: Recorded | None = None) -> list[Candidate]:
     """The default schedule, the ``top_k`` fastest distinct records (database lines) of ``mod``, and
     each of those records with its unrolling capped (``workload``: see ``apply_trace``)."""
     found = [Candidate("default", default_schedule(mod["main"], target)[0])]
@@ -158,7 +168,7 @@ def candidates(mod: tvm.IRModule, lines: list[str], target: Target, top_k: int =
     return found
 
 
-def from_record(mod: tvm.IRModule, entry: list, label: str, workload: tirx.PrimFunc | None = None) -> list[Candidate]:
+def from_record(mod: tvm.IRModule, entry: list, label: str, workload: Recorded | None = None) -> list[Candidate]:
     """The candidate scheduled by replaying ``entry`` (a record's JSON) on ``mod``; none if the record
     no longer applies (logged)."""
     sch = s_tir.Schedule(mod)
@@ -222,7 +232,7 @@ class Selection:
                 and (self.reselect or chosen.get(h, {}).get("records") != len(lines[h]))]
         for key in tqdm(todo, desc="[relaxc] select", unit="kernel", file=tvm_log.console(), dynamic_ncols=True):
             task = hashes[key]
-            entry = self._select(task, lines[key], self.store.workload(key))
+            entry = self._select(task, lines[key], recorded(self.store, key))
             chosen[key] = entry
             self.store.save_selections({key: entry})  # one kernel at a time: an interrupted run keeps the rest
             default = (f"default {entry['default_ms']:.3f} ms" if entry["default_ms"] is not None
@@ -236,7 +246,7 @@ class Selection:
                 "estimated_default_ms": round(sum(float(t.weight) * e["default_ms"] for t, e in decided
                                                   if e["default_ms"] is not None), 3)}
 
-    def _select(self, task: ms.ExtractedTask, lines: list[str], workload: tirx.PrimFunc | None) -> dict:
+    def _select(self, task: ms.ExtractedTask, lines: list[str], workload: Recorded) -> dict:
         mod = task.dispatched[0]
         measured = measure(candidates(mod, lines, self.target, workload=workload), mod["main"], self.target)
         winner = choose(measured)

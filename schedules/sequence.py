@@ -39,7 +39,7 @@ from tqdm import tqdm
 from passes.memory import accepting_offsets
 from schedules import builder
 from schedules.cache import RecordStore, workload_hash
-from schedules.selection import TOLERANCE, Candidate, candidates, choose, from_record
+from schedules.selection import TOLERANCE, Candidate, Recorded, candidates, choose, from_record, recorded
 from support import tvm_internals, tvm_log
 
 log = logging.getLogger("relaxc")
@@ -83,7 +83,7 @@ def select_in_sequence(calls: list[tuple[str, Any, list[Any]]], kernels: dict[st
     for key, symbol in tqdm([(k, s) for k, s in hashes.items() if lines.get(k)], desc="[relaxc] build candidates",
                             unit="kernel", file=tvm_log.console(), dynamic_ncols=True):
         kernel = _kernel(symbol, key, modules[symbol], lines[key], chosen.get(key), positions[symbol], target,
-                         store.workload(key))
+                         recorded(store, key))
         _drop_wrong(kernel, calls)
         if len(kernel.candidates) > 1:
             selected.append(kernel)
@@ -120,7 +120,7 @@ def select_in_sequence(calls: list[tuple[str, Any, list[Any]]], kernels: dict[st
 
 
 def _kernel(symbol: str, key: str, mod: tvm.IRModule, lines: list[str], chosen: dict | None, calls: list[int],
-            target: Target, workload: tirx.PrimFunc | None) -> Kernel:
+            target: Target, workload: Recorded) -> Kernel:
     """The candidates of one kernel, built as the model calls them (parameters at arena offsets;
     ``workload``: see ``selection.apply_trace``)."""
     found = candidates(mod, lines, target, TOP_K, workload)

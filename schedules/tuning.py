@@ -29,7 +29,7 @@ from tqdm import tqdm
 from schedules import builder
 from schedules.cache import RecordStore, cache_root, stores, workload_hash
 from schedules.default import IS_SCHEDULED, default_schedule
-from schedules.selection import Selection, apply_trace, missing_blocks
+from schedules.selection import Selection, apply_trace, recorded
 from support import targets, tvm_internals, tvm_log
 from support.errors import UserError
 from support.threads import configure_threads, physical_cores
@@ -327,7 +327,7 @@ class ApplyTuningRecords:
         traces, sources = chosen_traces(store, tasks) if store is not None else ({}, {})
         mod, failed = apply_traces(mod, traces, store)
         not_applied = {t.task_name: failed[key] for key, t in ((workload_hash(t.dispatched[0]), t) for t in tasks)
-                       if key in failed}
+                       if key in failed} if failed else {}
         if not_applied:
             log.warning("%d tuning record(s) in %s do not apply to their kernels, which run their default schedules "
                         "instead: %s", len(not_applied), self.report["cache_dir"],
@@ -386,9 +386,8 @@ def apply_traces(mod: tvm.IRModule, traces: dict[str, list],
         if record is None:
             continue
         sch = s_tir.Schedule(kernel)
-        renamed = store is not None and missing_blocks(record, sch)
         try:
-            apply_trace(record, sch, store.workload(key) if renamed else None)
+            apply_trace(record, sch, None if store is None else recorded(store, key))
         except Exception as err:  # noqa: BLE001 - whatever TVM raises, the record does not replay here
             failed[key] = str(err).strip().splitlines()[-1]
             continue

@@ -262,7 +262,7 @@ def test_a_record_replays_on_a_kernel_of_its_structure_whose_blocks_are_named_ot
     with pytest.raises(tvm.s_tir.ScheduleError, match="lv397_red"):
         selection.apply_trace(entry["record"], tvm.s_tir.Schedule(mod))
     sch = tvm.s_tir.Schedule(mod)
-    selection.apply_trace(entry["record"], sch, recorded)
+    selection.apply_trace(entry["record"], sch, lambda: recorded)
     expected = tvm.s_tir.Schedule(tvm.IRModule({"main": recorded}))
     selection.apply_trace(entry["record"], expected)
     assert sch.mod.script() == expected.mod.script().replace("lv397", "lv375")  # the same schedule

@@ -155,17 +155,16 @@ def _operand_bytes(info: SBlockInfo, sch: s_tir.Schedule) -> tuple[int, int, int
     return broadcast, other, sum(_bytes(w.source) for w in block.writes)
 
 
-def _input_dominates(info: SBlockInfo, sch: s_tir.Schedule) -> bool:
+def _input_dominates(input_bytes: int, weight_bytes: int, output_bytes: int) -> bool:
     """Whether the reads broadcast to a vector (a conv's input) hold more bytes than the other reads
-    and the output together (its weights and result). Call before the loops are split.
+    and the output together (its weights and result; ``_operand_bytes``).
 
     Such a conv runs its parallel loop rows first: with output channels first each of the 2 threads
     reads the whole input. ResNet-50 on Emerald Rapids, in the model (``benchmarks.ab``, four runs,
     both orders, kernels then selected in sequence): 512 -> 128 at 28 x 28 (three calls) 0.34-0.44
     ms faster per inference, 256 -> 128 at 56 x 56 0.12-0.28, 512 -> 256 0.12-0.19, the stride-2
     256 -> 512 0.07-0.12; the kernel sums 0.74-1.19 ms faster."""
-    broadcast, weights, output = _operand_bytes(info, sch)
-    return broadcast > weights + output
+    return input_bytes > weight_bytes + output_bytes
 
 
 def _bytes(buffer: tirx.Buffer) -> int:
@@ -304,8 +303,8 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo,
             return in_parts
     width = _vector_width(loop_extent(sch, spatial[-1]), lanes)
     reuse = _broadcast_reuse(info, sch) if width > 1 else [False] * n_spatial
-    rows_first = width > 1 and n_spatial == 4 and _input_dominates(info, sch)
-    input_bytes, weight_bytes, _ = _operand_bytes(info, sch)
+    input_bytes, weight_bytes, output_bytes = _operand_bytes(info, sch)
+    rows_first = width > 1 and n_spatial == 4 and _input_dominates(input_bytes, weight_bytes, output_bytes)
     vec_outer, vec_inner = sch.split(spatial[-1], factors=[None, width])
     budget = accumulators(unit.registers)
     square = None
