@@ -4,7 +4,9 @@ relaxc's kernel-level passes, in this order:
 1. ``StackBuffers`` (``passes/stack_buffers.py``): small kernel-local buffers on the stack instead
    of TVM's workspace pool;
 2. ``Avx512Sigmoid`` (``passes/avx512_math.py``): AVX-512 kernels' vectorised sigmoid in AVX-512
-   instructions (it needs the vectorised calls and each kernel's target, which this point has).
+   instructions (it needs the vectorised calls and each kernel's target, which this point has);
+3. ``PrefetchNextPanel`` (``passes/prefetch.py``): the loops a schedule marked prefetch the next
+   parallel iteration's weights (it needs the flattened buffers and the parallel loop's variable).
 
 Every CPU build goes through it: the model's code generation, the tuning builder and the schedule
 selection, so that what is measured is what ships. Other targets use TVM's default pipeline.
@@ -17,6 +19,7 @@ from tvm.s_tir import pipeline as s_tir_pipeline
 from tvm.target import Target
 
 from passes.avx512_math import Avx512Sigmoid
+from passes.prefetch import PrefetchNextPanel
 from passes.stack_buffers import StackBuffers
 
 NAME = "relaxc"
@@ -24,7 +27,7 @@ NAME = "relaxc"
 
 def _relaxc_pipeline():
     lower, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
-    return tvm.transform.Sequential([lower, StackBuffers, Avx512Sigmoid]), finalize_host, finalize_device
+    return tvm.transform.Sequential([lower, StackBuffers, Avx512Sigmoid, PrefetchNextPanel]), finalize_host, finalize_device
 
 
 def pipeline(target: Target) -> str:

@@ -16,9 +16,10 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
+from passes import prefetch
 from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
 from schedules.cpu.rule import CpuRule
-from schedules.cpu.tiled import inline_elementwise, schedule_spatial, try_attach, vectorize_innermost
+from schedules.cpu.tiled import L1_BYTES, inline_elementwise, loop_extent, schedule_spatial, try_attach, vectorize_innermost
 from support.targets import VectorUnit
 
 BLOCK = "dense_packed"
@@ -82,4 +83,16 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     sch.unroll(vector_outer)
     sch.decompose_reduction(block, depth)
     vectorize_innermost(sch, write_back, lanes)
+    weights = _weights(sch, block)
+    span = panel * loop_extent(sch, depth)
+    if span * weights.dtype.bits // 8 >= L1_BYTES:  # a panel L1 holds is read from it by every row tile
+        sch.annotate(row_outer, prefetch.ATTR, prefetch.mark(weights.name, span))
     return (row_outer if aligned else None), write_back
+
+
+def _weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> tirx.Buffer:
+    """The packed weights the block reads: the read indexed by its column iterator."""
+    stmt = sch.get(block)
+    columns = stmt.iter_vars[-2].var  # spatial iterators ([matrix,] rows, columns), then the reduction
+    return next(read.source for read in stmt.reads if not any(read.source.same_as(w.source) for w in stmt.writes)
+                and any(v.same_as(columns) for r in read.region for v in tirx.analysis.undefined_vars(r.min)))
