@@ -1,10 +1,18 @@
-"""benchmarks/by_op.py, cache_state.py and ab.py: relaxc's kernels and onnxruntime's nodes land in the same kinds;
-kernels timed in each cache state; two exported builds timed against each other."""
+"""benchmarks/by_op.py, cache_state.py, ab.py and deployed.py: relaxc's kernels and onnxruntime's nodes land in the
+same kinds; kernels timed in each cache state; two exported builds timed against each other, in relaxc's process and
+with TVM's runtime alone."""
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
 
 import compiler
 from benchmarks import ab, by_op, cache_state
 from compiler.runtime import random_inputs
 from tests import reference
+from tests.helpers import env
 
 
 def test_both_runtimes_convolutions_are_grouped_alike():
@@ -35,3 +43,24 @@ def test_ab_times_two_builds_whole_and_kernel_by_kernel(tmp_path):
     kernels = ab.by_kernel(builds, inputs, rounds=1)
     assert set(kernels["first"]) == set(kernels["second"])
     assert sum(1 for name in kernels["first"] if name.startswith("fused_conv2d") or "winograd" in name) >= 3
+
+
+def test_deployed_builds_run_on_tvms_runtime_alone_against_onnxruntime(tmp_path):
+    model = reference.small_cnn()
+    onnx.save(model, tmp_path / "model.onnx")
+    compiler.compile(model, tuning="off").export(tmp_path / "build.so")
+    command = [sys.executable, "-m", "benchmarks.deployed", tmp_path / "model.onnx", tmp_path / "build.so",
+               "--sets", "2", "--repeat", "2"]
+    runtime_only = {**env(), "TVM_USE_RUNTIME_LIB": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=runtime_only)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.endswith("x |")]
+    assert len(rows) == 2 and all(float(cell) > 0 for cell in rows[0].strip("| ").split(" | ")[:2])
+
+    changed = onnx.ModelProto()  # a model the build was not compiled from: refused before timing
+    changed.CopyFrom(model)
+    weight = next(init for init in changed.graph.initializer if len(init.dims) == 4)
+    weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight) + np.float32(1), weight.name))
+    onnx.save(changed, tmp_path / "model.onnx")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=runtime_only)
+    assert done.returncode != 0 and "differs from onnxruntime" in done.stderr

@@ -1,0 +1,103 @@
+"""Exported builds against onnxruntime where only TVM's runtime is installed (``python -m benchmarks.deployed``).
+
+    .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/r50.so          # here
+    .venv/bin/python -c "import onnx; from compiler import frontend; \\
+        onnx.save(frontend.load_model('onnx:resnet50')[0], '/tmp/r50.onnx')"      # the model as relaxc read it
+    TVM_USE_RUNTIME_LIB=1 python -m benchmarks.deployed /tmp/r50.onnx /tmp/r50.so [other.so ...]   # there
+
+Why: to measure on a machine that has no compiler (another CPU, a quieter host) what a deployment
+runs: the artifact loaded by TVM's runtime alone (``TVM_USE_RUNTIME_LIB=1``: no libtvm_compiler),
+nothing of relaxc imported. Each build and onnxruntime run with 2 threads, taking turns in blocks
+as ``benchmarks.harness.alternate`` does (a pause, a warm-up run, then the timed runs); outputs are
+checked against onnxruntime first. One table row per set of ``--repeat`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import onnx
+
+ROUNDS = 4  # blocks per runtime and set, as benchmarks.harness
+IDLE_S = 0.25
+MAX_IR_VERSION = 10  # onnxruntime refuses newer IR versions of the same graph
+TOLERANCE = 1e-3
+
+
+def _block(fn, runs: int) -> list[float]:
+    time.sleep(IDLE_S)
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def alternate(runs: dict, repeat: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(ROUNDS):
+        for name, fn in runs.items():
+            times[name] += _block(fn, repeat // ROUNDS + (round_ < repeat % ROUNDS))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _build(path: str, inputs: dict[str, np.ndarray]):
+    """A callable running the exported build at ``path`` (its manifest beside it) and its first output."""
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    with open(os.path.splitext(path)[0] + ".json") as f:
+        names = [t["name"] for t in json.load(f)["inputs"]]
+    vm = VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
+    args = [tvm.runtime.tensor(inputs[name]) for name in names]
+    first = lambda out: out if hasattr(out, "numpy") else out[0]  # noqa: E731
+    return (lambda: vm["main"](*args)), (lambda: first(vm["main"](*args)).numpy())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="the .onnx model the builds were compiled from, weights filled")
+    parser.add_argument("builds", nargs="+", help="exported builds (.so with their .json manifests)")
+    parser.add_argument("--repeat", type=int, default=20, help="timed runs per runtime and set")
+    parser.add_argument("--sets", type=int, default=3)
+    args = parser.parse_args()
+    os.environ["TVM_NUM_THREADS"] = "2"
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
+    import onnxruntime as ort
+
+    model = onnx.load(args.model)
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads, options.log_severity_level = 2, 1, 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    inputs = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype("float32")
+              for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}}
+    expected = session.run(None, inputs)[0]
+    runs = {}
+    for path in args.builds:
+        run, output = _build(path, inputs)
+        error = float(np.abs(output() - expected).max())
+        if error > TOLERANCE:
+            raise SystemExit(f"{path}: output differs from onnxruntime by {error}")
+        runs[os.path.basename(path)] = run
+    runs["onnxruntime"] = lambda: session.run(None, inputs)
+    names = [n for n in runs if n != "onnxruntime"]
+    print(f"onnxruntime {ort.__version__}, 2 threads each, median of {args.repeat} per set\n")
+    print("| " + " | ".join([*(f"{n} (ms)" for n in names), "onnxruntime (ms)", *(f"{n} / ort" for n in names)]) + " |")
+    print("|" + " ---: |" * (2 * len(names) + 1))
+    for _ in range(args.sets):
+        ms = alternate(runs, args.repeat)
+        print("| " + " | ".join([*(f"{ms[n]:.2f}" for n in names), f"{ms['onnxruntime']:.2f}",
+                                 *(f"{ms[n] / ms['onnxruntime']:.3f}x" for n in names)]) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
