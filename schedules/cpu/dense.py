@@ -83,16 +83,17 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     sch.unroll(vector_outer)
     sch.decompose_reduction(block, depth)
     vectorize_innermost(sch, write_back, lanes)
-    weights = _weights(sch, block)
-    span = panel * loop_extent(sch, depth)
-    if span * weights.dtype.bits // 8 >= L1_BYTES:  # a panel L1 holds is read from it by every row tile
-        sch.annotate(row_outer, prefetch.ATTR, prefetch.mark(weights.name, span))
+    _mark_prefetch(sch, block, row_outer, panel * (loop_extent(sch, depth) or 0))
     return (row_outer if aligned else None), write_back
 
 
-def _weights(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> tirx.Buffer:
-    """The packed weights the block reads: the read indexed by its column iterator."""
+def _mark_prefetch(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, row_outer: s_tir.schedule.LoopRV,
+                   span: int) -> None:
+    """Mark the row tiles' loop for ``passes/prefetch.py`` where a weight panel (``span`` elements,
+    0 if not static) outgrows L1; a panel L1 holds is read from it by every row tile."""
     stmt = sch.get(block)
     columns = stmt.iter_vars[-2].var  # spatial iterators ([matrix,] rows, columns), then the reduction
-    return next(read.source for read in stmt.reads if not any(read.source.same_as(w.source) for w in stmt.writes)
-                and any(v.same_as(columns) for r in read.region for v in tirx.analysis.undefined_vars(r.min)))
+    weights = [read.source for read in stmt.reads if not any(read.source.same_as(w.source) for w in stmt.writes)
+               and any(v.same_as(columns) for r in read.region for v in tirx.analysis.undefined_vars(r.min))]
+    if len(weights) == 1 and span * weights[0].dtype.bits // 8 >= L1_BYTES:
+        sch.annotate(row_outer, prefetch.ATTR, prefetch.mark(weights[0].name, span))
