@@ -8,7 +8,7 @@
 Why: to measure on a machine that has no compiler (another CPU, a quieter host) what a deployment
 runs: the artifact loaded by TVM's runtime alone (``TVM_USE_RUNTIME_LIB=1``: no libtvm_compiler),
 nothing of relaxc imported. Each build and onnxruntime run with 2 threads, taking turns in blocks
-as ``benchmarks.harness.alternate`` does (a pause, a warm-up run, then the timed runs); outputs are
+(``benchmarks.turns.alternate``: a pause, a warm-up run, then the timed runs); outputs are
 checked against onnxruntime first. One table row per set of ``--repeat`` runs.
 """
 
@@ -17,39 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import numpy as np
 import onnx
 
-ROUNDS = 4  # blocks per runtime and set, as benchmarks.harness
-IDLE_S = 0.25
+from benchmarks.turns import alternate
+
 MAX_IR_VERSION = 10  # onnxruntime refuses newer IR versions of the same graph
 TOLERANCE = 1e-3
 
 
-def _block(fn, runs: int) -> list[float]:
-    time.sleep(IDLE_S)
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def alternate(runs: dict, repeat: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for round_ in range(ROUNDS):
-        for name, fn in runs.items():
-            times[name] += _block(fn, repeat // ROUNDS + (round_ < repeat % ROUNDS))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def _build(path: str, inputs: dict[str, np.ndarray]):
-    """A callable running the exported build at ``path`` (its manifest beside it) and its first output."""
+    """Two callables on the exported build at ``path`` (its manifest beside it): one inference, and one
+    returning its first output as an array."""
     import tvm
     from tvm.runtime.vm import VirtualMachine
 

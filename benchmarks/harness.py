@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -24,6 +23,7 @@ import numpy as np
 import onnx
 
 from benchmarks import reference
+from benchmarks.turns import alternate
 from compiler import models
 from compiler.runtime import random_inputs
 from support import targets
@@ -39,34 +39,6 @@ class Row:
     @property
     def ratio(self) -> float:
         return self.relaxc_ms / self.ort_ms
-
-
-ROUNDS = 4  # blocks per runtime
-IDLE_S = 0.25  # pause before each block: onnxruntime's workers spin about 50 ms after their last task
-
-
-def block(fn: Callable[[], object], runs: int) -> list[float]:
-    """Milliseconds of ``runs`` calls of ``fn`` after a pause (the other runtime's thread pool goes
-    idle) and one untimed warm-up call."""
-    time.sleep(IDLE_S)
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def alternate(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """Median milliseconds of ``repeat`` calls of each function, the functions taking turns in
-    ``ROUNDS`` blocks (one after another per call measured thread-pool contention instead)."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for round_ in range(ROUNDS):
-        count = repeat // ROUNDS + (round_ < repeat % ROUNDS)
-        for name, fn in runs.items():
-            times[name] += block(fn, count)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _load(spec: str) -> onnx.ModelProto:

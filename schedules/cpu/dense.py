@@ -19,7 +19,8 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from passes import prefetch
 from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
 from schedules.cpu.rule import CpuRule
-from schedules.cpu.tiled import L1_BYTES, inline_elementwise, loop_extent, schedule_spatial, try_attach, vectorize_innermost
+from schedules.cpu.tiled import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial, try_attach,
+                                 vectorize_innermost)
 from support.targets import VectorUnit
 
 BLOCK = "dense_packed"
@@ -92,8 +93,8 @@ def _mark_prefetch(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, row_oute
     """Mark the row tiles' loop for ``passes/prefetch.py`` where a weight panel (``span`` elements,
     0 if not static) outgrows L1; a panel L1 holds is read from it by every row tile."""
     stmt = sch.get(block)
-    columns = stmt.iter_vars[-2].var  # spatial iterators ([matrix,] rows, columns), then the reduction
+    columns = stmt.iter_vars[-2].var.name  # spatial iterators ([matrix,] rows, columns), then the reduction
     weights = [read.source for read in stmt.reads if not any(read.source.same_as(w.source) for w in stmt.writes)
-               and any(v.same_as(columns) for r in read.region for v in tirx.analysis.undefined_vars(r.min))]
+               and columns in index_names(read)]
     if len(weights) == 1 and span * weights[0].dtype.bits // 8 >= L1_BYTES:
         sch.annotate(row_outer, prefetch.ATTR, prefetch.mark(weights[0].name, span))

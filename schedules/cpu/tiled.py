@@ -122,11 +122,11 @@ def _broadcast_reads(info: SBlockInfo, sch: s_tir.Schedule) -> tuple[list[tirx.V
     n_spatial = info.dom_kind().index("R")
     loop_var = {sch.get(it.loop_rv): it.var for it in info.iters}
     variables = [loop_var.get(sch.get(loop)) for loop in sch.get_loops(info.block_rv)[:n_spatial]]
-    indexed = [_index_names(read) for read in sch.get(info.block_rv).reads]
+    indexed = [index_names(read) for read in sch.get(info.block_rv).reads]
     return variables, [names for names in indexed if variables[-1] is None or variables[-1].name not in names]
 
 
-def _index_names(region: tirx.BufferRegion) -> set[str]:
+def index_names(region: tirx.BufferRegion) -> set[str]:
     """The names of the variables a buffer region is indexed by."""
     return {v.name for r in region.region for v in tirx.analysis.undefined_vars(r.min)}
 
@@ -148,7 +148,7 @@ def _operand_bytes(info: SBlockInfo, sch: s_tir.Schedule) -> tuple[int, int, int
     for read in block.reads:
         if any(read.source.same_as(w.source) for w in block.writes):
             continue  # the accumulator
-        if vector is not None and vector not in _index_names(read):
+        if vector is not None and vector not in index_names(read):
             broadcast += _bytes(read.source)
         else:
             other += _bytes(read.source)

@@ -1,0 +1,36 @@
+"""Runtimes taking turns in blocks of timed runs: the timing every relaxc-against-onnxruntime
+benchmark shares (``benchmarks.harness``, ``ab``, ``deployed``, ...). It imports nothing of relaxc, so
+``benchmarks.deployed`` can use it where only TVM's runtime is installed."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+ROUNDS = 4  # blocks per runtime
+IDLE_S = 0.25  # pause before each block: onnxruntime's workers spin about 50 ms after their last task
+
+
+def block(fn: Callable[[], object], runs: int) -> list[float]:
+    """Milliseconds of ``runs`` calls of ``fn`` after a pause (the other runtime's thread pool goes
+    idle) and one untimed warm-up call."""
+    time.sleep(IDLE_S)
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def alternate(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Median milliseconds of ``repeat`` calls of each function, the functions taking turns in
+    ``ROUNDS`` blocks (one after another per call measured thread-pool contention instead)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(ROUNDS):
+        count = repeat // ROUNDS + (round_ < repeat % ROUNDS)
+        for name, fn in runs.items():
+            times[name] += block(fn, count)
+    return {name: statistics.median(t) for name, t in times.items()}
