@@ -250,6 +250,44 @@ def test_padding_is_inlined_into_depthwise_convs_only(depthwise):
     assert ('T.sblock("data_pad")' in text) != depthwise
 
 
+def _strided_padded_conv(channels: int, size: int) -> tirx.PrimFunc:
+    """A stride-2 3x3 conv of a padded NCHW16c input, ``channels`` -> ``channels`` from ``size`` x
+    ``size`` (ResNet's downsampling convs)."""
+    blocks = channels // 16
+    data = te.placeholder((1, blocks, size, size, 16), name="data")
+    padded = topi.nn.pad(data, [0, 0, 1, 1, 0], [0, 0, 1, 1, 0], name="data_pad")
+    weight = te.placeholder((blocks, blocks, 3, 3, 16, 16), name="weight")
+    ic, kh, kw, ib = (te.reduce_axis((0, n), name) for n, name in ((blocks, "ic"), (3, "kh"), (3, "kw"), (16, "ib")))
+    out = te.compute((1, blocks, size // 2, size // 2, 16), lambda n, o, y, x, i: te.sum(
+        padded[n, ic, 2 * y + kh, 2 * x + kw, ib] * weight[o, ic, kh, kw, ib, i], axis=[ic, kh, kw, ib]), name="conv")
+    return te.create_prim_func([data, weight, out])
+
+
+@pytest.mark.parametrize("channels, size, per_tile", [
+    (128, 56, True),  # input 1.6 MB, weights 0.6 MB: rows first, each tile pads what it reads
+    (512, 14, False)])  # weights 9.4 MB: reduces in chunks, after a padded copy of the whole input
+def test_a_rows_first_conv_pads_its_input_per_tile(channels, size, per_tile):
+    sch = Tiled().apply(_strided_padded_conv(channels, size), AVX512, False)
+    pad, conv = sch.get_sblock("data_pad"), sch.get_sblock("conv_update")
+    assert (sch.get(pad).writes[0].source.scope() == "local") == per_tile
+    assert (sch.get(sch.get_loops(pad)[0]) == sch.get(sch.get_loops(conv)[0])) == per_tile  # under its parallel loop
+
+
+def test_a_conv_padding_per_tile_computes_the_conv():
+    """Per tile on an AVX-512 host (the schedule above), a padded copy first on an AVX2 one."""
+    target = targets.resolve("cpu")
+    lib = tvm.compile(Tiled().apply(_strided_padded_conv(128, 56), target, False).mod, target=target)
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((1, 8, 56, 56, 16)).astype(np.float32)
+    weight = rng.standard_normal((8, 8, 3, 3, 16, 16)).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros((1, 8, 28, 28, 16), np.float32))
+    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    padded = np.pad(data[0], ((0, 0), (1, 1), (1, 1), (0, 0)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))[:, ::2, ::2][:, :28, :28]
+    expected = np.einsum("cyxbhw,ochwbi->oyxi", windows, weight)
+    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-2)
+
+
 def _excitation() -> tirx.PrimFunc:
     """A squeeze-excitation tail in NCHW16c: a 1x1 conv of the pooled 1x1 map, sigmoid, and the
     channel-wise multiply of a 28x28 feature map."""
