@@ -1,15 +1,16 @@
-"""benchmarks/by_op.py, cache_state.py, ab.py and deployed.py: relaxc's kernels and onnxruntime's nodes land in the
-same kinds; kernels timed in each cache state; two exported builds timed against each other, in relaxc's process and
-with TVM's runtime alone."""
+"""benchmarks/by_op.py, cache_state.py, ab.py, deployed.py and compile_times.py: relaxc's kernels and onnxruntime's
+nodes land in the same kinds; kernels timed in each cache state; two exported builds timed against each other, in
+relaxc's process and with TVM's runtime alone; a compile that fails stops the compile-time comparison."""
 
 import subprocess
 import sys
 
 import numpy as np
 import onnx
+import pytest
 
 import compiler
-from benchmarks import ab, by_op, cache_state
+from benchmarks import ab, by_op, cache_state, compile_times
 from compiler.runtime import random_inputs
 from tests import reference
 from tests.helpers import env
@@ -64,3 +65,9 @@ def test_deployed_builds_run_on_tvms_runtime_alone_against_onnxruntime(tmp_path)
     onnx.save(changed, tmp_path / "model.onnx")
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=runtime_only)
     assert done.returncode != 0 and "differs from onnxruntime" in done.stderr
+
+
+def test_a_failing_compile_stops_the_compile_time_comparison_with_its_error():
+    failed = r"compiling onnx:no_such_model from \. with \{'tuning': 'off'\} failed: .*unknown bundled model"
+    with pytest.raises(SystemExit, match=failed):
+        compile_times.seconds(".", "no_such_model", 1, {"tuning": "off"})
