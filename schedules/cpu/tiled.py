@@ -331,11 +331,11 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, unit: VectorUnit,
         inner.insert(0, second_inner)
     chunked = _chunked_rows(sch, outer, reduction, second, width * _bytes_per(info, sch), weight_bytes > input_bytes)
     if chunked is None:
-        per_tile = rows_first and square is not None
-        if per_tile:  # each thread reads part of the input, all the weights
+        rows_outermost = rows_first and square is not None
+        if rows_outermost:  # each thread reads part of the input, all the weights
             outer = [outer[1], outer[2], outer[0], outer[3]]
         sch.reorder(*outer, *reduction, *inner)
-        if per_tile:
+        if rows_outermost:
             _pad_per_tile(sch, block, reduction[0], lanes, pads)
         parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         first_reduction = reduction[0]

@@ -196,33 +196,38 @@ def test_a_3x3_conv_whose_tile_weights_outgrow_l1_reduces_in_chunks(mcpu, channe
     assert _serial_extents(sch, "conv_update") == serial
 
 
+def _run_on_host(func: tirx.PrimFunc, data_shape: tuple, weight_shape: tuple,
+                 out_shape: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``func`` scheduled by ``Tiled`` for this machine and run on seeded random data and weights:
+    (data, weight, output)."""
+    target = targets.resolve("cpu")
+    lib = tvm.compile(Tiled().apply(func, target, False).mod, target=target)
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal(data_shape).astype(np.float32)
+    weight = rng.standard_normal(weight_shape).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros(out_shape, np.float32))
+    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    return data, weight, out.numpy()
+
+
 def test_a_weight_bound_3x3_conv_computes_the_conv():
     """In chunks on an AVX-512 host (the schedule above), tile by tile on an AVX2 one."""
-    target = targets.resolve("cpu")
-    lib = tvm.compile(Tiled().apply(_blocked_conv(512, 7), target, False).mod, target=target)
-    rng = np.random.default_rng(0)
-    data = rng.standard_normal((1, 32, 9, 9, 16)).astype(np.float32)
-    weight = rng.standard_normal((32, 32, 3, 3, 16, 16)).astype(np.float32)
-    out = tvm.runtime.tensor(np.zeros((1, 32, 7, 7, 16), np.float32))
-    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    data, weight, out = _run_on_host(_blocked_conv(512, 7), (1, 32, 9, 9, 16), (32, 32, 3, 3, 16, 16),
+                                     (1, 32, 7, 7, 16))
     windows = np.lib.stride_tricks.sliding_window_view(data[0], (3, 3), axis=(1, 2))  # c, y, x, b, kh, kw
     expected = np.einsum("cyxbhw,ochwbi->oyxi", windows, weight)
-    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-2)
 
 
 @pytest.mark.parametrize("channels, out_channels, size", [
     (1024, 256, 14),  # reduced in chunks
     (256, 128, 56)])  # rows first in parallel (AVX-512)
 def test_a_pointwise_conv_computes_the_conv(channels, out_channels, size):
-    target = targets.resolve("cpu")
-    lib = tvm.compile(Tiled().apply(_pointwise_conv(channels, size, out_channels), target, False).mod, target=target)
-    rng = np.random.default_rng(0)
-    data = rng.standard_normal((1, channels // 16, size, size, 16)).astype(np.float32)
-    weight = rng.standard_normal((out_channels // 16, channels // 16, 1, 1, 16, 16)).astype(np.float32)
-    out = tvm.runtime.tensor(np.zeros((1, out_channels // 16, size, size, 16), np.float32))
-    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    data, weight, out = _run_on_host(_pointwise_conv(channels, size, out_channels), (1, channels // 16, size, size, 16),
+                                     (out_channels // 16, channels // 16, 1, 1, 16, 16),
+                                     (1, out_channels // 16, size, size, 16))
     expected = np.maximum(np.einsum("cyxb,ocbi->oyxi", data[0], weight[:, :, 0, 0]), 0)
-    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-3)
 
 
 def _padded_conv(depthwise: bool) -> tirx.PrimFunc:
@@ -275,17 +280,12 @@ def test_a_rows_first_conv_pads_its_input_per_tile(channels, size, per_tile):
 
 def test_a_conv_padding_per_tile_computes_the_conv():
     """Per tile on an AVX-512 host (the schedule above), a padded copy first on an AVX2 one."""
-    target = targets.resolve("cpu")
-    lib = tvm.compile(Tiled().apply(_strided_padded_conv(128, 56), target, False).mod, target=target)
-    rng = np.random.default_rng(0)
-    data = rng.standard_normal((1, 8, 56, 56, 16)).astype(np.float32)
-    weight = rng.standard_normal((8, 8, 3, 3, 16, 16)).astype(np.float32)
-    out = tvm.runtime.tensor(np.zeros((1, 8, 28, 28, 16), np.float32))
-    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    data, weight, out = _run_on_host(_strided_padded_conv(128, 56), (1, 8, 56, 56, 16), (8, 8, 3, 3, 16, 16),
+                                     (1, 8, 28, 28, 16))
     padded = np.pad(data[0], ((0, 0), (1, 1), (1, 1), (0, 0)))
     windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))[:, ::2, ::2][:, :28, :28]
     expected = np.einsum("cyxbhw,ochwbi->oyxi", windows, weight)
-    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-2)
 
 
 def _excitation() -> tirx.PrimFunc:
