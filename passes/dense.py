@@ -80,7 +80,8 @@ def pack_panels(weights: np.ndarray, panel: int) -> np.ndarray:
     zero: each panel contiguous (the ``KN{panel}n`` layout)."""
     *lead, depth, columns = weights.shape
     padded = round_up(columns, panel)
-    weights = np.pad(weights, [(0, 0)] * (len(lead) + 1) + [(0, padded - columns)])
+    if padded != columns:
+        weights = np.pad(weights, [(0, 0)] * (len(lead) + 1) + [(0, padded - columns)])
     return np.ascontiguousarray(np.swapaxes(weights.reshape(*lead, depth, padded // panel, panel), -3, -2))
 
 

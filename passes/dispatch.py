@@ -22,7 +22,7 @@ from tvm.ir import GenericConst
 
 from passes import winograd
 from passes.dense import Tile, register_tile, round_up
-from passes.ir import constant_array, is_op, rewrite_emitting, static_shape
+from passes.ir import constant, constant_array, is_op, rewrite_emitting, static_shape
 
 log = logging.getLogger("relaxc")
 DIRECT = "direct"
@@ -142,7 +142,7 @@ def emit_winograd(kernels: Kernels, call: relax.Call, workload: ConvWorkload, m:
     packed = winograd.transform_weight(unblocked_weight(constant_array(call.args[1])), m, plan.tile.vectors * lanes)
     bb = kernels.bb
     v = bb.emit(kernels.call(winograd.winograd_input, [call.args[0]], m, workload.padding, plan.rows))
-    product = bb.emit(kernels.call(winograd.winograd_product, [v, relax.const(packed)], plan.tile.rows))
+    product = bb.emit(kernels.call(winograd.winograd_product, [v, constant(packed)], plan.tile.rows))
     return kernels.call(winograd.winograd_output, [product], m, static_shape(call), pattern=OUT_ELEMWISE_FUSABLE)
 
 

@@ -33,6 +33,7 @@ import tvm
 from tvm import te, topi
 
 from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR, pack_panels
+from passes.ir import aligned_empty
 from passes.legalize import STAGE_ATTR
 
 INPUT_ATTR = "relaxc.winograd_input"  # on the input transform's block: the output tile size m
@@ -110,8 +111,10 @@ def transform_weight(weight: np.ndarray, m: int, panel: int) -> np.ndarray:
     this 17 and 32 ms; the results within 5e-7 of those, for values up to 5)."""
     _, g, _ = MATRICES[m]
     out_channels, channels = weight.shape[:2]
-    taps = pack_panels(weight.reshape(out_channels, channels, 9).T.astype(np.float32), panel)  # (9, O/p, I, p)
-    return (np.kron(g, g).astype(np.float32) @ taps.reshape(9, -1)).reshape(-1, *taps.shape[1:])
+    taps = pack_panels(weight.reshape(out_channels, channels, 9).T.astype(np.float32, copy=False), panel)
+    packed = aligned_empty(((m + 2) ** 2, *taps.shape[1:]))  # (alpha^2, O/p, I, p), for ir.constant
+    np.matmul(np.kron(g, g).astype(np.float32), taps.reshape(9, -1), out=packed.reshape(len(packed), -1))
+    return packed
 
 
 def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int], rows: int) -> te.Tensor:

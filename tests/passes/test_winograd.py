@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from passes import winograd
+from passes.ir import TVM_ALIGNMENT
 
 
 @pytest.mark.parametrize("m", winograd.TILE_SIZES)
@@ -13,6 +14,7 @@ def test_transformed_weights_land_in_their_panels(m):
     packed = winograd.transform_weight(weight, m, panel)
     alpha = m + 2
     assert packed.shape == (alpha * alpha, 3, channels, panel) and packed.dtype == np.float32
+    assert packed.ctypes.data % TVM_ALIGNMENT == 0  # ir.constant takes it without a copy
     _, g, _ = winograd.MATRICES[m]
     for o, i in [(0, 0), (17, 5), (39, 23), (31, 11)]:
         want = g @ weight[o, i].astype(np.float64) @ g.T  # alpha x alpha, per channel pair
