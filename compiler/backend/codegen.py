@@ -5,7 +5,10 @@ core (ResNet-50 with tuned kernels: 4 s of a 6 s compile, 1.6 s of it when the V
 code). Here the lowered module's kernels are split into groups, each group built by ``tvm.tirx.build``
 into an LLVM module of its own in a thread pool (TVM releases the GIL while LLVM works), its machine
 code generated right there, and the modules linked into one VM executable, as ``tvm.compile`` would
-link its one. The kernels' code does not depend on the grouping: no kernel calls another.
+link its one. The kernels' code does not depend on the grouping: no kernel calls another. The VM
+bytecode is generated while the kernels build: TVM hashes every constant's bytes there to share
+equal ones (about 1.2 ms per MB; VGG-19's 575 MB of weights, 0.7 s), and running it beside LLVM
+took VGG-19's build phase from 1.95 to 1.73 s (2.79 to 2.44 s with Winograd dispatch).
 
 Uses TVM's Relax VM build steps, which are private to ``tvm.relax.vm_build`` (fenced in
 ``support/tvm_internals.py``); the tests check the result is the same as ``tvm.compile``'s.
@@ -35,9 +38,10 @@ def build(mod: tvm.IRModule, target: Target, jobs: int | None = None) -> relax.V
         return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=tir_pipeline.pipeline(target))
     attrs = dict(mod.attrs) if mod.attrs else {}
     builder = relax.ExecBuilder()
-    tir = tvm_internals.kernels_only(tvm_internals.vm_codegen(builder, mod))
     with ThreadPoolExecutor(jobs) as pool:
-        libs = list(pool.map(lambda group: _build_group(group, target), kernel_groups(tir, jobs)))
+        built = pool.map(lambda group: _build_group(group, target), kernel_groups(tvm_internals.kernels_only(mod), jobs))
+        tvm_internals.vm_codegen(builder, mod)  # meanwhile: it hashes every constant (VGG-19: 0.7 s)
+        libs = list(built)
     for lib in libs[1:]:
         libs[0].import_module(lib)
     return tvm_internals.vm_link(builder, target, libs[0], attrs)
