@@ -1,6 +1,7 @@
-"""benchmarks/by_op.py, cache_state.py, ab.py, deployed.py and compile_times.py: relaxc's kernels and onnxruntime's
-nodes land in the same kinds; kernels timed in each cache state; two exported builds timed against each other, in
-relaxc's process and with TVM's runtime alone; a compile that fails stops the compile-time comparison."""
+"""benchmarks/by_op.py, cache_state.py, ab.py, deployed.py, compile_times.py and pointwise_gemm.py: relaxc's kernels
+and onnxruntime's nodes land in the same kinds; kernels timed in each cache state; two exported builds timed against
+each other, in relaxc's process and with TVM's runtime alone; a compile that fails stops the compile-time
+comparison; the pointwise layer as a conv and as a GEMM computes the same thing."""
 
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import onnx
 import pytest
 
 import compiler
-from benchmarks import ab, by_op, cache_state, compile_times
+from benchmarks import ab, by_op, cache_state, compile_times, pointwise_gemm
 from compiler.runtime import random_inputs
 from tests import reference
 from tests.helpers import env
@@ -71,3 +72,17 @@ def test_a_failing_compile_stops_the_compile_time_comparison_with_its_error():
     failed = r"compiling onnx:no_such_model from \. with \{'tuning': 'off'\} failed: .*unknown bundled model"
     with pytest.raises(SystemExit, match=failed):
         compile_times.seconds(".", "no_such_model", 1, {"tuning": "off"})
+
+
+def test_a_pointwise_layer_as_a_conv_and_as_a_gemm_computes_the_same_and_both_are_timed():
+    cin, cout, size = 32, 48, 5
+    conv, gemm = (pointwise_gemm.one_layer(cin, cout, size, as_gemm) for as_gemm in (False, True))
+    x = np.random.default_rng(0).standard_normal((1, cin, size, size)).astype(np.float32)
+    rows = x.reshape(cin, size * size).T.copy()
+    by_conv = reference.ort_session(conv).run(None, {"x": x})[0]
+    by_gemm = reference.ort_session(gemm).run(None, {"x": rows})[0]
+    np.testing.assert_allclose(by_gemm.T.reshape(1, cout, size, size), by_conv, rtol=1e-5, atol=1e-5)
+    assert by_conv.max() > 0 and by_conv.min() == 0  # the ReLU cuts something
+    for model, kernel in ((conv, "conv"), (gemm, "dense")):
+        name, ms = pointwise_gemm.main_kernel_ms(model, "off")
+        assert kernel in name and ms > 0
