@@ -28,7 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from passes.ir import constant_array, is_op, rewrite_emitting, static_shape
+from passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
 from support.targets import accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
@@ -77,12 +77,15 @@ def round_up(n: int, multiple: int) -> int:
 
 def pack_panels(weights: np.ndarray, panel: int) -> np.ndarray:
     """Weights (..., K, N) in column panels (..., ceil(N / panel), K, panel), the columns past N
-    zero: each panel contiguous (the ``KN{panel}n`` layout)."""
+    zero: each panel contiguous (the ``KN{panel}n`` layout), in memory ``ir.constant`` shares."""
     *lead, depth, columns = weights.shape
     padded = round_up(columns, panel)
     if padded != columns:
         weights = np.pad(weights, [(0, 0)] * (len(lead) + 1) + [(0, padded - columns)])
-    return np.ascontiguousarray(np.swapaxes(weights.reshape(*lead, depth, padded // panel, panel), -3, -2))
+    panels = np.swapaxes(weights.reshape(*lead, depth, padded // panel, panel), -3, -2)
+    packed = aligned_empty(panels.shape, weights.dtype)
+    packed[...] = panels
+    return packed
 
 
 def padded_rows(rows: int, limit: int = ROW_TILE_MAX) -> int:
@@ -159,7 +162,7 @@ class _Rewriter(relax.PyExprMutator):
         self.stats["packed"] += 1
         self.stats["padded_rows"] += padded_rows(rows, tile.rows) - rows
         self.stats["padded_columns"] += packed.shape[0] * panel - columns
-        return self.builder_.call_te(dense_packed, data, relax.const(packed), columns, tile.rows,
+        return self.builder_.call_te(dense_packed, data, constant(packed), columns, tile.rows,
                                      primfunc_name_hint="dense_packed")
 
     def _pad(self, call: relax.Call, a: tuple[int, ...], b: tuple[int, ...] | None) -> relax.Expr:
