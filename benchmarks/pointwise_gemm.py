@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import compiler
 from compiler import profile
-from tests import reference
+from compiler.runtime import random_inputs
 
 # (input channels, output channels, height = width): ResNet-50's pointwise layers, stride 1
 SHAPES = ((1024, 256, 14), (256, 1024, 14), (512, 128, 28), (128, 512, 28), (256, 64, 56), (64, 256, 56),
@@ -48,7 +48,7 @@ def one_layer(cin: int, cout: int, size: int, as_gemm: bool) -> onnx.ModelProto:
 def main_kernel_ms(model: onnx.ModelProto, tuning: str) -> tuple[str, float]:
     """The name and time of the model's conv or dense kernel."""
     art = compiler.compile(model, tuning=tuning)
-    kernels = profile.profile(art, reference.random_inputs(art.inputs)).kernels
+    kernels = profile.profile(art, random_inputs(art.inputs)).kernels
     main = next(k for k in kernels if "conv" in k.name or "dense" in k.name)
     return main.name, main.ms
 
