@@ -52,7 +52,7 @@ def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
 TVM_ALIGNMENT = 64  # bytes: TVM wraps an array's memory as a tensor only at this alignment
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: str | np.dtype = "float32") -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts at a ``TVM_ALIGNMENT`` boundary, so
     ``constant`` can wrap it without a copy (numpy's own large arrays start 16 bytes past a page)."""
     dtype = np.dtype(dtype)
@@ -64,8 +64,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
 
 def constant(array: np.ndarray) -> relax.Constant:
     """``relax.const(array)``, sharing the array's memory where TVM allows (C-contiguous, aligned:
-    ``aligned_empty``) instead of copying it: the Winograd weights VGG-19 dispatches to are 334 MB,
-    and the copy into fresh pages cost about 0.2 s of its compile."""
+    ``aligned_empty``) instead of copying it: packed weights are the model's largest arrays (the
+    Winograd weights VGG-19 dispatches to are 334 MB; their copy into fresh pages cost about 0.2 s)."""
     if array.flags.c_contiguous and array.ctypes.data % TVM_ALIGNMENT == 0:
         return relax.const(tvm.runtime.from_dlpack(array))
     return relax.const(array)

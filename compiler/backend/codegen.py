@@ -38,8 +38,9 @@ def build(mod: tvm.IRModule, target: Target, jobs: int | None = None) -> relax.V
         return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=tir_pipeline.pipeline(target))
     attrs = dict(mod.attrs) if mod.attrs else {}
     builder = relax.ExecBuilder()
+    groups = kernel_groups(tvm_internals.kernels_only(mod), jobs)
     with ThreadPoolExecutor(jobs) as pool:
-        built = pool.map(lambda group: _build_group(group, target), kernel_groups(tvm_internals.kernels_only(mod), jobs))
+        built = pool.map(lambda group: _build_group(group, target), groups)
         tvm_internals.vm_codegen(builder, mod)  # meanwhile: it hashes every constant (VGG-19: 0.7 s)
         libs = list(built)
     for lib in libs[1:]:
