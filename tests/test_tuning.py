@@ -466,16 +466,18 @@ def test_replay_without_records_for_this_cpu_says_which_stores_exist(tmp_path, c
 
 EMERALDRAPIDS = {"kind": "llvm", "mcpu": "emeraldrapids", "num-cores": 2}  # AVX-512 Intel, 2 cores
 AVX512_HOSTS = ("sapphirerapids", "emeraldrapids", "graniterapids")  # run emeraldrapids code (same ISA or more)
+ZNVER4 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}  # AVX-512 AMD (Zen 4), 2 cores
 ZNVER5 = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}  # AVX-512 AMD (Zen 5), 2 cores
 COMMITTED = ([(ZNVER3, spec) for spec in ("onnx:resnet50", "onnx:vgg19", "onnx:squeezenet", "onnx:inception_v2", "zoo:bert")]
              + [(EMERALDRAPIDS, spec) for spec in ("onnx:resnet50", "onnx:vgg19")]
+             + [(ZNVER4, spec) for spec in ("onnx:resnet50", "onnx:vgg19")]
              + [(ZNVER5, spec) for spec in ("onnx:resnet50", "onnx:vgg19", "zoo:vit_b16", "zoo:bert")])  # complete stores
 
 
 def _runs_here(target: dict) -> bool:
     if target is ZNVER3:
         return host_runs_avx2()
-    return targets.host_cpu() in (AVX512_HOSTS if target is EMERALDRAPIDS else ("znver5",))
+    return targets.host_cpu() in (AVX512_HOSTS if target is EMERALDRAPIDS else (target["mcpu"],))
 
 
 @pytest.mark.slow
