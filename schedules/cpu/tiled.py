@@ -109,7 +109,11 @@ def _square_tile(row: int | None, channels: int | None, budget: int) -> tuple[in
     cores): its three 64 -> 256 convs at 56 x 56 1.73 -> 1.58 ms per inference, the 64 -> 64 one
     0.17 -> 0.11; the 14- and 7-wide maps keep 7 x 2. 3x3 convs too since 2026-11-26: ResNet-50's
     stride-2 128-channel one (28-wide output) 7 x 2 -> 4 x 4 with rows first, 0.10-0.13 ms faster
-    per inference in the model in four runs of ``benchmarks.ab``."""
+    per inference in the model in four runs of ``benchmarks.ab``. AVX2's 12 accumulators hold no two
+    row tiles, but 4 x 2 on the 56- and 28-wide maps (6 loads per 8 FMAs; the row tile 8 x 1 loads
+    9): ResNet-50 with the default schedules, AVX2 code on a Zen 4 VM, 40.2 -> 37.4 ms
+    (``benchmarks.ab``, five rounds, all faster); there the 14- and 7-wide maps keep the row tile in
+    the plain order (7 x 1 in the rows-first order lost 0.1-0.3 ms per conv)."""
     if row is None or channels is None:
         return None
     tiles = [(c, k) for c in range(MIN_ACCUMULATORS, MAX_TILE + 1) for k in range(1, channels + 1)
@@ -315,8 +319,10 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, unit: VectorUnit,
         tile = _tile(row)
         if tile < MIN_ACCUMULATORS and row is not None and row <= MAX_WHOLE_ROW:
             tile = row
-        if n_spatial == 4 and reuse[0] and budget // tile >= 2:
-            square = _square_tile(row, loop_extent(sch, spatial[0]), budget)  # a blocked conv, AVX-512
+        if n_spatial == 4 and reuse[0]:  # a blocked conv
+            square = _square_tile(row, loop_extent(sch, spatial[0]), budget)
+            if square is not None and square[1] == 1 and budget // tile < 2:
+                square = None  # AVX2 on a 14- or 7-wide map: the row tile in the plain order
             tile = square[0] if square is not None else tile
         tile_outer, tile_inner = sch.split(spatial[-2], factors=[None, tile])
         outer = list(spatial[:-2]) + [tile_outer, vec_outer]
@@ -435,7 +441,7 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
                   second: tuple[int, int] | None, vector_bytes: int, weights_dominate: bool
                   ) -> tuple[list[s_tir.schedule.LoopRV], s_tir.schedule.LoopRV, list[s_tir.schedule.LoopRV]] | None:
     """For a blocked conv whose register tile spans several output channel blocks (``second``:
-    AVX-512's registers; AVX2's hold a row tile only and keep the plain tiling) and whose tile's
+    AVX-512's registers; AVX2's on 56- and 28-wide maps only) and whose tile's
     weights over the whole reduction (``vector_bytes`` each vector) exceed ``L1_BYTES`` while those
     of one input channel block fit, the weights outweighing the input, or a pointwise conv over
     ``LONG_REDUCTION`` channels or more: each parallel iteration takes a block of rows for
