@@ -2,12 +2,15 @@
 
     git worktree add /tmp/before <commit>
     .venv/bin/python -m benchmarks.compile_times /tmp/before . --repeat 3 [resnet50 squeezenet ...]
-    .venv/bin/python -m benchmarks.compile_times . . --before-options dispatch=off --options tuning=off
+    .venv/bin/python -m benchmarks.compile_times . . --before-options dispatch=off --options tuning=off --rounds 5
 
 Each model is compiled ``--repeat`` times in a fresh process per side (median), the sides taking
-turns model by model, so a slow spell of the machine hits both. ``--options`` apply to both sides,
-``--before-options`` and ``--after-options`` to one (``compiler.compile`` keywords). Prints a
-Markdown table.
+turns model by model, so a slow spell of the machine hits both; with ``--rounds N`` the pair of
+processes runs N times, the side that goes first alternating, and the table gives the medians over
+the rounds and every round's ratio (on the 2-core VMs the same compile varies 10-20 % from one
+process to the next, so one round's ratio can be off by as much as the difference measured).
+``--options`` apply to both sides, ``--before-options`` and ``--after-options`` to one
+(``compiler.compile`` keywords). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -63,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("after", help="source tree to measure")
     parser.add_argument("models", nargs="*", default=list(models.BUNDLED), help="bundled model names")
     parser.add_argument("--repeat", type=int, default=3, help="compiles per model and side (median)")
+    parser.add_argument("--rounds", type=int, default=1, help="processes per model and side, taking turns")
     parser.add_argument("--options", nargs="*", default=[], metavar="KEY=VALUE", help="compile options of both sides")
     parser.add_argument("--before-options", nargs="*", default=[], metavar="KEY=VALUE", help="of the first side")
     parser.add_argument("--after-options", nargs="*", default=[], metavar="KEY=VALUE", help="of the second side")
@@ -70,10 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     common = _options(args.options)
     sides = [(args.before, {**common, **_options(args.before_options)}),
              (args.after, {**common, **_options(args.after_options)})]
-    print("| model | before (s) | after (s) | after / before |\n| --- | ---: | ---: | ---: |")
+    print("| model | before (s) | after (s) | after / before | rounds' ratios |\n| --- | ---: | ---: | ---: | --- |")
     for name in args.models:
-        before, after = (seconds(tree, name, args.repeat, options) for tree, options in sides)
-        print(f"| onnx:{name} | {before:.2f} | {after:.2f} | {after / before:.2f} |", flush=True)
+        rounds = []
+        for number in range(args.rounds):
+            times = [0.0, 0.0]
+            for i in (number % 2, 1 - number % 2):  # the side that goes first alternates
+                times[i] = seconds(sides[i][0], name, args.repeat, sides[i][1])
+            rounds.append(times)
+        before, after = (statistics.median(r[i] for r in rounds) for i in (0, 1))
+        ratios = [a / b for b, a in rounds]
+        print(f"| onnx:{name} | {before:.2f} | {after:.2f} | {statistics.median(ratios):.2f} | "
+              f"{' '.join(f'{r:.2f}' for r in ratios)} |", flush=True)
     return 0
 
 

@@ -126,7 +126,7 @@ def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:
         "model": model.name,
         "target": targets.describe(config.target),
         "fingerprint": fingerprint(recorder.snapshots["fuse"], config.target, config.fingerprint_options(),
-                                   config.tools),
+                                   config.tools, weights=recorder.snapshots["import"]),
         "versions": {**versions(), **config.tools},
         "inputs": [_spec_json(s, model.input_high.get(s[0])) for s in model.inputs],
         "outputs": [_spec_json(s) for s in model.outputs],

@@ -2,8 +2,8 @@
 "Record store and fingerprint").
 
 Fingerprint: same inputs, same fingerprint; any change to relaxc's major.minor version, TVM, tvm-ffi,
-LLVM, the toolchain that generates GPU code, the target, the options or the module's structure
-gives a new one.
+LLVM, the toolchain that generates GPU code, the target, the options, the module's structure or
+the weights gives a new one.
 """
 
 from __future__ import annotations
@@ -43,15 +43,21 @@ def _installed(dist: str) -> bool:
 
 
 def fingerprint(module: tvm.IRModule, target: Target, options: dict | None = None,
-                tools: dict | None = None) -> str:
+                tools: dict | None = None, weights: tvm.IRModule | None = None) -> str:
     """sha256 over relaxc major.minor, TVM/ffi/LLVM versions, the GPU ``tools`` (nvcc; ROCm device
-    libraries and lld), target, options and module structure."""
+    libraries and lld), target, options, ``module``'s structure and the values of the constants in
+    ``weights`` (default: ``module``'s own).
+
+    Pass the imported module as ``weights``: every later constant is computed from its constants by
+    passes the other inputs pin, and hashing the computed ones costs time for nothing (0.54 ms per
+    MB: 0.43 s of a VGG-19 compile with Winograd weights, four times the size of the 3x3 ones)."""
     info = {**versions(), **(tools or {})}
     info["relaxc"] = ".".join(info["relaxc"].split(".")[:2])
     payload = {
         "versions": info,
         "target": describe(target),
         "options": options or {},
-        "module": tvm_ffi.structural_hash(module),
+        "module": tvm_ffi.structural_hash(module, skip_tensor_content=True),
+        "weights": tvm_ffi.structural_hash(module if weights is None else weights),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
