@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.tirx import FloatImm, IntImm
 
-from passes.ir import constant_array, map_relax_functions
+from passes.ir import aligned_empty, constant, constant_array, map_relax_functions
 
 _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "relax.add": np.add,
@@ -62,7 +62,22 @@ def _evaluate(call: relax.Call, args: list) -> np.ndarray | None:
         result = args[0]
     else:
         return None
-    return np.ascontiguousarray(np.asarray(result).astype(str(out.dtype)).reshape(shape))
+    # one copy, cast on the way, into memory the constant then shares (the result's astype, its
+    # contiguous copy and the constant's own copy took VGG-19's simplify 1.2 s more)
+    folded = aligned_empty(shape, str(out.dtype))
+    _copy(folded, np.asarray(result).reshape(shape))
+    return folded
+
+
+def _copy(out: np.ndarray, value: np.ndarray, tile: int = 256) -> None:
+    """``value`` into ``out``; a transposed matrix (a Gemm's ``transB`` weight) tile by tile, so
+    that both sides of a tile stay in cache (VGG-19's 411 MB classifier weight: 0.55 -> 0.25 s)."""
+    if value.ndim != 2 or value.strides[0] >= value.strides[1]:
+        np.copyto(out, value, casting="unsafe")
+        return
+    for i in range(0, out.shape[0], tile):
+        for j in range(0, out.shape[1], tile):
+            np.copyto(out[i:i + tile, j:j + tile], value[i:i + tile, j:j + tile], casting="unsafe")
 
 
 @relax.expr_functor.mutator
@@ -80,7 +95,7 @@ class _NumpyFolder(relax.PyExprMutator):
                 return call
             args.append(value)
         folded = _evaluate(call, args)
-        return call if folded is None else relax.const(folded)
+        return call if folded is None else constant(folded)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.FoldConstantsNumpy")

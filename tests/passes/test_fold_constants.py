@@ -57,3 +57,17 @@ def test_calls_on_inputs_and_unknown_operators_are_left_alone():
 
     mod = _module(body)
     assert tvm_ffi.structural_equal(FoldConstantsNumpy()(mod), mod)
+
+
+def test_transposed_matrix_is_copied_by_tiles_exactly_and_casts_fold():
+    a = np.random.default_rng(0).standard_normal((300, 520)).astype("float32")  # tiles past both edges
+
+    def body(bb, x):
+        weight = bb.emit(relax.op.permute_dims(relax.const(a), [1, 0]))
+        ints = bb.emit(relax.op.astype(relax.const(np.array([1.7, -2.5], "float32")), "int32"))
+        return relax.Tuple([weight, ints, x])
+
+    weight, ints = _constants(FoldConstantsNumpy()(_module(body)))
+    assert weight.shape == (520, 300) and weight.flags.c_contiguous
+    np.testing.assert_array_equal(weight, a.T)
+    np.testing.assert_array_equal(ints, np.array([1.7, -2.5], "float32").astype("int32"))
