@@ -72,7 +72,7 @@ def _evaluate(call: relax.Call, args: list) -> np.ndarray | None:
 def _copy(out: np.ndarray, value: np.ndarray, tile: int = 256) -> None:
     """``value`` into ``out``; a transposed matrix (a Gemm's ``transB`` weight) tile by tile, so
     that both sides of a tile stay in cache (VGG-19's 411 MB classifier weight: 0.55 -> 0.25 s)."""
-    if value.ndim != 2 or value.strides[0] >= value.strides[1]:
+    if value.ndim != 2 or not 0 < value.strides[0] < value.strides[1]:  # not transposed (or broadcast rows)
         np.copyto(out, value, casting="unsafe")
         return
     for i in range(0, out.shape[0], tile):
