@@ -4,7 +4,7 @@
                                            computations, rewrite ignored attributes, refuse inexact
                                            forms, convert to Relax
     simplify   passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
-                                           canonicalize, CSE, dead code
+               passes/cse.py               canonicalize, CSE (weights compared by object), dead code
     layout     passes/layout_choice.py     (layouts="measure"/"replay") each op's layout, converters costed
                passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
                passes/dense.py             constant matmul weights packed into column panels
@@ -49,6 +49,7 @@ from passes.channels_last import ChannelsLastToNCHW
 from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)
 from passes.conv_taps import DropPaddingTaps
+from passes.cse import EliminateCommonSubexpr
 from passes.fold_constants import FoldConstantsNumpy
 from passes.half_precision import AccumulateHalfInFloat32
 from passes import layout_choice
@@ -104,7 +105,7 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
         DropoutToIdentity(),
         DivideByConstantToMultiply(),
         ChannelsLastToNCHW(),
-        relax.transform.EliminateCommonSubexpr(),
+        EliminateCommonSubexpr(),  # TVM's, without hashing every weight's bytes
         relax.transform.CanonicalizeBindings(),
         relax.transform.DeadCodeElimination(),
     ]
