@@ -72,5 +72,14 @@ def constant(array: np.ndarray) -> relax.Constant:
 
 
 def constant_array(expr: relax.Expr) -> np.ndarray | None:
-    """The value of a Relax constant as numpy, None for any other expression."""
-    return expr.value.numpy() if isinstance(expr, GenericConst) else None
+    """The value of a Relax constant as a read-only numpy view of its memory (passes read weights
+    without copying them: ``numpy()`` copied 52 of VGG-19's, 0.2 s), a copy where numpy has no such
+    type (bfloat16); None for any other expression."""
+    if not isinstance(expr, GenericConst):
+        return None
+    try:
+        array = np.from_dlpack(expr.value)
+    except RuntimeError:  # a dtype DLPack cannot hand numpy
+        return expr.value.numpy()
+    array.flags.writeable = False
+    return array

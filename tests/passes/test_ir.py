@@ -38,6 +38,15 @@ def test_constant_array_reads_constants_only():
     assert constant_array(relax.Var("x", relax.TensorType((3,), "int64"))) is None
 
 
+def test_constant_array_is_a_read_only_view_of_the_constant():
+    weight = relax.const(np.arange(6, dtype="float32").reshape(2, 3))
+    array = constant_array(weight)
+    assert array.tolist() == [[0, 1, 2], [3, 4, 5]] and not array.flags.writeable
+    assert array.ctypes.data == constant_array(weight).ctypes.data  # the constant's memory, not a copy
+    half = constant_array(relax.const(np.ones(3, dtype="float32"), "bfloat16"))  # no DLPack view: a copy
+    assert half.astype("float32").tolist() == [1, 1, 1]
+
+
 def test_constant_shares_an_aligned_arrays_memory_and_copies_others():
     """``ir.constant`` wraps an ``aligned_empty`` array without copying it (the Winograd weights'
     copy was 0.2 s of VGG-19's compile) and still takes any other array, by copy."""
