@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,7 +23,7 @@ from tvm.ir import GenericConst
 
 from passes import winograd
 from passes.dense import Tile, register_tile, round_up
-from passes.ir import constant, constant_array, is_op, rewrite_emitting, static_shape
+from passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
 
 log = logging.getLogger("relaxc")
 DIRECT = "direct"
@@ -70,10 +71,24 @@ def candidates(call: relax.Call) -> tuple[ConvWorkload, list[str]] | None:
     return workload, [DIRECT] + list(WINOGRAD.values())
 
 
-def unblocked_weight(kernel: np.ndarray) -> np.ndarray:
-    """OIHW{i}i{o}o weights back to OIHW (padded channels included)."""
+def blocked_taps(kernel: np.ndarray, panel: int) -> np.ndarray:
+    """OIHW{i}i{o}o 3x3 weights (padded channels included) as the nine taps' matrices in column
+    panels, (9, ceil(O / panel), I, panel), the columns past O zero: what the weight transform
+    multiplies. One copy, in runs of whole channel blocks (unblocking to OIHW, then packing, copied
+    every weight twice: ResNet-50's dispatch phase 0.065 s)."""
     outer, inner, kh, kw, ib, ob = kernel.shape
-    return np.ascontiguousarray(kernel.transpose(0, 5, 1, 4, 2, 3).reshape(outer * ob, inner * ib, kh, kw))
+    out_channels = outer * ob
+    panels = round_up(out_channels, panel) // panel
+    taps = aligned_empty((kh * kw, panels, inner * ib, panel), kernel.dtype)
+    taps[:, -1, :, out_channels % panel or panel:] = 0
+    split = taps.reshape(kh * kw, panels, inner, ib, panel)  # a view: I split as the kernel splits it
+    run = math.gcd(ob, panel)  # output channels that stay together in a block and in a panel
+    for first in range(0, out_channels, run):
+        block, lane = divmod(first, ob)
+        panel_index, column = divmod(first, panel)
+        source = kernel[block, :, :, :, :, lane:lane + run]  # (I / ib, kh, kw, ib, run)
+        split[:, panel_index, :, :, column:column + run] = source.transpose(1, 2, 0, 3, 4).reshape(kh * kw, inner, ib, run)
+    return taps
 
 
 @dataclass(frozen=True)
@@ -139,7 +154,7 @@ def emit_winograd(kernels: Kernels, call: relax.Call, workload: ConvWorkload, m:
                   registers: int) -> relax.Expr:
     """The three Winograd kernels for the blocked 3x3 convolution ``call`` of ``workload``."""
     plan = WinogradPlan.of(workload, m, lanes, registers)
-    packed = winograd.transform_weight(unblocked_weight(constant_array(call.args[1])), m, plan.tile.vectors * lanes)
+    packed = winograd.transform_weight(blocked_taps(constant_array(call.args[1]), plan.tile.vectors * lanes), m)
     bb = kernels.bb
     v = bb.emit(kernels.call(winograd.winograd_input, [call.args[0]], m, workload.padding, plan.rows))
     product = bb.emit(kernels.call(winograd.winograd_product, [v, constant(packed)], plan.tile.rows))

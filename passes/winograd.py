@@ -32,7 +32,7 @@ import numpy as np
 import tvm
 from tvm import te, topi
 
-from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR, pack_panels
+from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
 from passes.ir import aligned_empty
 from passes.legalize import STAGE_ATTR
 
@@ -101,17 +101,16 @@ def _select(index: tvm.tirx.PrimExpr, choices: list) -> tvm.tirx.PrimExpr:
     return value
 
 
-def transform_weight(weight: np.ndarray, m: int, panel: int) -> np.ndarray:
-    """OIHW 3x3 weights (O x I x 3 x 3) to U = G g G^T in float32, packed as the product reads it:
-    (alpha^2, ceil(O / panel), I, panel), columns past O zero (``dense.pack_panels``' layout).
+def transform_weight(taps: np.ndarray, m: int) -> np.ndarray:
+    """The nine taps of 3x3 weights packed as the product reads them, (9, ceil(O / panel), I,
+    panel) (``passes/dispatch.blocked_taps``), to U = G g G^T in float32, packed the same way:
+    (alpha^2, ceil(O / panel), I, panel).
 
     One matrix product for all channel pairs: U[a alpha + b] = sum G[a, k] G[b, l] g[k, l] is
     kron(G, G) times the nine taps, and with the taps packed first, U lands packed (a 512x512 layer:
     an einsum took 0.2-0.5 s, a float64 product then packing U 49 ms for F(2x2) and 99 ms for F(4x4),
     this 17 and 32 ms; the results within 5e-7 of those, for values up to 5)."""
     _, g, _ = MATRICES[m]
-    out_channels, channels = weight.shape[:2]
-    taps = pack_panels(weight.reshape(out_channels, channels, 9).T.astype(np.float32, copy=False), panel)
     packed = aligned_empty(((m + 2) ** 2, *taps.shape[1:]))  # (alpha^2, O/p, I, p), for ir.constant
     np.matmul(np.kron(g, g).astype(np.float32), taps.reshape(9, -1), out=packed.reshape(len(packed), -1))
     return packed
