@@ -44,14 +44,15 @@ class _LargeConstants(relax.PyExprVisitor):
 
 @relax.expr_functor.mutator
 class _LargeConstantsToVars(relax.PyExprMutator):
-    def __init__(self) -> None:
+    def __init__(self, large: dict[int, int]) -> None:
         super().__init__()
+        self.large = large  # _LargeConstants.found
         self.lifted: dict[int, tuple[relax.Var, GenericConst]] = {}  # by the constant object
 
     def visit_generic_const_(self, const: GenericConst) -> relax.Expr:
-        if _nbytes(const) < LIFTED_BYTES:
-            return const
         key = const.__chandle__()
+        if key not in self.large:
+            return const
         if key not in self.lifted:
             self.lifted[key] = (relax.Var(f"constant{len(self.lifted)}", const.ty), const)
         return self.lifted[key][0]
@@ -62,7 +63,7 @@ def _eliminate(func: relax.Function) -> relax.Function:
     large.visit_expr(func)
     if not large.found or sum(large.found.values()) < LIFT_MB * 2**20 * len(large.found):
         return _tvm_cse(func)
-    lifter = _LargeConstantsToVars()
+    lifter = _LargeConstantsToVars(large.found)
     lifted = lifter.visit_expr(func)
     variables = [var for var, _ in lifter.lifted.values()]
     opened = relax.Function(list(lifted.params) + variables, lifted.body, lifted.ret_ty, lifted.is_pure,

@@ -86,8 +86,8 @@ def blocked_taps(kernel: np.ndarray, panel: int) -> np.ndarray:
     for first in range(0, out_channels, run):
         block, lane = divmod(first, ob)
         panel_index, column = divmod(first, panel)
-        source = kernel[block, :, :, :, :, lane:lane + run]  # (I / ib, kh, kw, ib, run)
-        split[:, panel_index, :, :, column:column + run] = source.transpose(1, 2, 0, 3, 4).reshape(kh * kw, inner, ib, run)
+        source = kernel[block, :, :, :, :, lane:lane + run].transpose(1, 2, 0, 3, 4)  # (kh, kw, I / ib, ib, run)
+        split[:, panel_index, :, :, column:column + run] = source.reshape(kh * kw, inner, ib, run)
     return taps
 
 
