@@ -1,11 +1,13 @@
 """The TIR pipeline relaxc builds CPU kernels with (``relaxc``): TVM's default lowering, then
 relaxc's kernel-level passes, in this order:
 
-1. ``StackBuffers`` (``passes/stack_buffers.py``): small kernel-local buffers on the stack instead
+1. ``DropVerifiedArgChecks`` (``passes/arg_checks.py``): the argument checks the VM makes redundant
+   (ndim, dtype, shape): 20-40 % of LLVM's time on a model's kernels;
+2. ``StackBuffers`` (``passes/stack_buffers.py``): small kernel-local buffers on the stack instead
    of TVM's workspace pool;
-2. ``Avx512Sigmoid`` (``passes/avx512_math.py``): AVX-512 kernels' vectorised sigmoid in AVX-512
+3. ``Avx512Sigmoid`` (``passes/avx512_math.py``): AVX-512 kernels' vectorised sigmoid in AVX-512
    instructions (it needs the vectorised calls and each kernel's target, which this point has);
-3. ``PrefetchNextPanel`` (``passes/prefetch.py``): the loops a schedule marked prefetch the next
+4. ``PrefetchNextPanel`` (``passes/prefetch.py``): the loops a schedule marked prefetch the next
    parallel iteration's weights (it needs the flattened buffers and the parallel loop's variable).
 
 Every CPU build goes through it: the model's code generation, the tuning builder and the schedule
@@ -18,6 +20,7 @@ import tvm
 from tvm.s_tir import pipeline as s_tir_pipeline
 from tvm.target import Target
 
+from passes.arg_checks import DropVerifiedArgChecks
 from passes.avx512_math import Avx512Sigmoid
 from passes.prefetch import PrefetchNextPanel
 from passes.stack_buffers import StackBuffers
@@ -27,7 +30,8 @@ NAME = "relaxc"
 
 def _relaxc_pipeline():
     lower, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
-    return tvm.transform.Sequential([lower, StackBuffers, Avx512Sigmoid, PrefetchNextPanel]), finalize_host, finalize_device
+    passes = [lower, DropVerifiedArgChecks, StackBuffers, Avx512Sigmoid, PrefetchNextPanel]
+    return tvm.transform.Sequential(passes), finalize_host, finalize_device
 
 
 def pipeline(target: Target) -> str:
