@@ -10,13 +10,14 @@ from tvm import s_tir, tirx
 
 from schedules.cpu.rule import CpuRule
 from support.targets import VectorUnit
+from support.tvm_internals import UncheckedSchedule
 
 
 class Basic(CpuRule):
     """Parallelise the outermost loop of every block."""
 
     def schedule(self, func: tirx.PrimFunc, _unit: VectorUnit) -> s_tir.Schedule | None:
-        sch = s_tir.Schedule(func)
+        sch = UncheckedSchedule(func)
         root = sch.get_sblock("root") if _has_root(sch) else None
         for block in sch.get_child_blocks(root) if root is not None else []:
             try:

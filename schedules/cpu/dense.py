@@ -22,6 +22,7 @@ from schedules.cpu.rule import CpuRule
 from schedules.cpu.tiled import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial, try_attach,
                                  vectorize_innermost)
 from support.targets import VectorUnit
+from support.tvm_internals import UncheckedSchedule
 
 BLOCK = "dense_packed"
 ROWS_PAD = "dense_rows_pad"
@@ -32,7 +33,7 @@ class Dense(CpuRule):
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
         lanes = unit.lanes
-        sch = s_tir.Schedule(func)
+        sch = UncheckedSchedule(func)
         try:
             sch.get_sblock(BLOCK)
         except (s_tir.ScheduleError, ValueError):

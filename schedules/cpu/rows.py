@@ -29,6 +29,7 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from schedules.cpu.rule import CpuRule
 from schedules.cpu.tiled import loop_extent, vectorize_innermost
 from support.targets import VectorUnit
+from support.tvm_internals import UncheckedSchedule
 
 
 def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
@@ -72,7 +73,7 @@ class Rows(CpuRule):
 
 
 def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
-    sch = s_tir.Schedule(func)
+    sch = UncheckedSchedule(func)
     blocks = normalize_prim_func(sch)
     if blocks is None:
         return None

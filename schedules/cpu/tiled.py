@@ -31,6 +31,7 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from passes.legalize import STAGE_ATTR
 from schedules.cpu.rule import CpuRule
 from support.targets import VectorUnit, accumulators
+from support.tvm_internals import UncheckedSchedule
 
 MAX_TILE = 8  # register tile along the output row: 8 accumulators + 1 weight vector
 MIN_ACCUMULATORS = 4  # fewer cannot hide the FMA latency
@@ -523,7 +524,7 @@ class Tiled(CpuRule):
 
 def _tiled(func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
     lanes = unit.lanes
-    sch = s_tir.Schedule(func)
+    sch = UncheckedSchedule(func)
     blocks = normalize_prim_func(sch)
     if blocks is None:
         return None

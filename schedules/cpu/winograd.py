@@ -20,13 +20,14 @@ from passes.winograd import INPUT_ATTR, OUTPUT_ATTR
 from schedules.cpu.rule import CpuRule
 from schedules.cpu.tiled import inline_elementwise, loop_extent
 from support.targets import VectorUnit
+from support.tvm_internals import UncheckedSchedule
 
 
 class Winograd(CpuRule):
     """Schedules kernels holding a Winograd input or output transform; None for any other."""
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
-        sch = s_tir.Schedule(func)
+        sch = UncheckedSchedule(func)
         blocks = normalize_prim_func(sch)
         if blocks is None:
             return None
