@@ -24,9 +24,10 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.target import Target, codegen
+from tvm.target import Target
 
 from passes.fast_math import LOG2E
+from support.targets import has_feature
 
 LANES = 16
 FLOAT, INT = f"float32x{LANES}", f"int32x{LANES}"
@@ -71,7 +72,7 @@ def sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
 
 
 def applies(target: Target | None) -> bool:
-    return target is not None and target.kind.name == "llvm" and codegen.target_has_features("avx512f", target)
+    return target is not None and target.kind.name == "llvm" and has_feature("avx512f", target)
 
 
 def _rewrite(call: tvm.ir.Call) -> tirx.PrimExpr:

@@ -18,7 +18,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from passes import prefetch
 from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
-from schedules.cpu.rule import CpuRule
+from schedules.cpu.rule import CpuRule, kernel_blocks
 from schedules.cpu.tiled import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial, try_attach,
                                  vectorize_innermost)
 from support.targets import VectorUnit
@@ -30,6 +30,9 @@ ROWS_PAD = "dense_rows_pad"
 
 class Dense(CpuRule):
     """Schedules kernels that contain a ``dense_packed`` block; None for any other kernel."""
+
+    def may_fit(self, func: tirx.PrimFunc) -> bool:
+        return any(block.name_hint == BLOCK for block in kernel_blocks(func))
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
         lanes = unit.lanes

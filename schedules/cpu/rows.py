@@ -26,7 +26,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
-from schedules.cpu.rule import CpuRule
+from schedules.cpu.rule import CpuRule, kernel_blocks
 from schedules.cpu.tiled import loop_extent, vectorize_innermost
 from support.targets import VectorUnit
 from support.tvm_internals import UncheckedSchedule
@@ -67,6 +67,9 @@ def is_product_sum(block: s_tir.SBlock) -> bool:
 
 class Rows(CpuRule):
     """Row-parallel reductions over the last axis with their elementwise neighbours."""
+
+    def may_fit(self, func: tirx.PrimFunc) -> bool:
+        return any(v.iter_type == tirx.IterVar.CommReduce for block in kernel_blocks(func) for v in block.iter_vars)
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
         return _rows(func, unit.lanes)

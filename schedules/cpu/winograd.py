@@ -17,7 +17,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from passes.legalize import STAGE_ATTR
 from passes.winograd import INPUT_ATTR, OUTPUT_ATTR
-from schedules.cpu.rule import CpuRule
+from schedules.cpu.rule import CpuRule, kernel_blocks
 from schedules.cpu.tiled import inline_elementwise, loop_extent
 from support.targets import VectorUnit
 from support.tvm_internals import UncheckedSchedule
@@ -25,6 +25,9 @@ from support.tvm_internals import UncheckedSchedule
 
 class Winograd(CpuRule):
     """Schedules kernels holding a Winograd input or output transform; None for any other."""
+
+    def may_fit(self, func: tirx.PrimFunc) -> bool:
+        return any(attr in block.annotations for block in kernel_blocks(func) for attr in (INPUT_ATTR, OUTPUT_ATTR))
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
         sch = UncheckedSchedule(func)
