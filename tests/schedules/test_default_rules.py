@@ -4,8 +4,10 @@ import pytest
 import tvm
 from tvm.target import Target
 
+import compiler
 from schedules.default import SCHEDULE_ATTR, DefaultSchedules, default_schedule, rules
 from schedules.cpu import tiled
+from support.targets import vector_unit
 from tests.schedules.test_tiling import AVX512, matmul
 
 
@@ -37,3 +39,19 @@ def test_the_pass_labels_every_kernel_and_counts_them(monkeypatch, declined, lab
     assert str(scheduled["mm"].attrs[SCHEDULE_ATTR]) == label and scheduled["mm"].attrs["tirx.is_scheduled"]
     assert schedules.summary() == {label: 1}
     assert SCHEDULE_ATTR not in (mod["mm"].attrs or {})  # its input is untouched
+
+
+@pytest.mark.parametrize("model", ["onnx:squeezenet", "zoo:bert"])
+def test_a_kernel_a_rule_rules_out_from_its_blocks_is_one_it_declines(model):
+    """``may_fit`` only saves making a Schedule: every kernel it rules out, the rule itself declines
+    (SqueezeNet has Winograd transforms and products, BERT dense and row-reduction kernels)."""
+    target = Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    fused = compiler.compile(model, target=target, tuning="off").module("fuse")
+    kernels = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    ruled_out = 0
+    for label, rule in rules(target):
+        for kernel in kernels:
+            if not rule.may_fit(kernel):
+                ruled_out += 1
+                assert rule.schedule(kernel, vector_unit(target)) is None, (label, kernel.attrs["global_symbol"])
+    assert ruled_out > len(kernels)
