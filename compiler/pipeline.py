@@ -50,7 +50,7 @@ from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByCons
                                  SumOfStackToAdd)
 from passes.conv_taps import DropPaddingTaps
 from passes.cse import EliminateCommonSubexpr
-from passes.fold_constants import FoldConstantsNumpy
+from passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants
 from passes.half_precision import AccumulateHalfInFloat32
 from passes import layout_choice
 from passes.layout import STANDARD, LayoutPass, blocked
@@ -97,7 +97,7 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),
         FoldConstantsNumpy(),
-        relax.transform.FoldConstant(),  # whatever the numpy folder does not cover
+        FoldRemainingConstants(),  # TVM's FoldConstant for what the numpy folder does not cover
         DropPaddingTaps(),  # weights are constants now
         SumOfStackToAdd(),
         ChannelShuffleToTake(),

@@ -1,12 +1,13 @@
 """passes/fold_constants.py: calls on constants evaluated in numpy, exactly; others left alone."""
 
 import numpy as np
+import pytest
 import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
-from passes.fold_constants import FoldConstantsNumpy
+from passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants, _computes_from_constants
 
 
 def _module(body) -> tvm.IRModule:
@@ -71,3 +72,33 @@ def test_transposed_matrix_is_copied_by_tiles_exactly_and_casts_fold():
     assert weight.shape == (520, 300) and weight.flags.c_contiguous
     np.testing.assert_array_equal(weight, a.T)
     np.testing.assert_array_equal(ints, np.array([1.7, -2.5], "float32").astype("int32"))
+
+
+def _relu_of_a_constant(bb, x):
+    unknown = bb.emit(relax.op.nn.relu(relax.const(np.full((2, 3), -1.0, "float32"))))  # not numpy's
+    return relax.op.add(x, unknown)
+
+
+def _divide_by_a_bound_constant(bb, x):
+    divisor = bb.emit(relax.const(np.full((2, 3), 4.0, "float32")))
+    return relax.op.divide(x, divisor)
+
+
+def test_what_the_numpy_folder_leaves_tvm_folds():
+    mod = _module(_relu_of_a_constant)
+    assert _computes_from_constants(mod["main"])
+    folded = FoldRemainingConstants()(mod)
+    assert tvm_ffi.structural_equal(folded, relax.transform.FoldConstant()(mod))
+    assert any((value == 0).all() for value in _constants(folded))  # relu(-1) computed
+
+
+def test_with_nothing_to_fold_tvms_pass_is_skipped_and_constants_used_in_place_as_it_leaves_them(monkeypatch):
+    mod = _module(_divide_by_a_bound_constant)
+    assert not _computes_from_constants(mod["main"])
+    expected = relax.transform.FoldConstant()(mod)
+    monkeypatch.setattr(relax.transform, "FoldConstant", lambda: pytest.fail("TVM's FoldConstant ran"))
+    result = FoldRemainingConstants()(mod)
+    dead_code = relax.transform.DeadCodeElimination()  # the simplify phase's last pass; TVM's drops the binding
+    assert tvm_ffi.structural_equal(dead_code(result), dead_code(expected))
+    divide = result["main"].body.blocks[0].bindings[-1].value
+    assert isinstance(divide.args[1], GenericConst)
