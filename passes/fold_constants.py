@@ -112,7 +112,7 @@ def _computes_from_constants(func: relax.Function) -> bool:
     """Whether some binding of ``func`` is computed from no value that depends on its parameters
     (only constants, shapes, literals): all that TVM's ``FoldConstant`` could fold. Conservative:
     any such binding counts, foldable by TVM or not."""
-    dependent = {param for param in func.params}
+    dependent = set(func.params)
     for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else []:
         for binding in block.bindings:
             if isinstance(binding.value, GenericConst):
