@@ -54,6 +54,19 @@ def _options(pairs: list[str]) -> dict:
     return {key: _value(value) for key, value in (pair.split("=", 1) for pair in pairs)}
 
 
+def add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--options`` (KEY=VALUE compile options of both sides), ``--before-options`` and ``--after-options``."""
+    parser.add_argument("--options", nargs="*", default=[], metavar="KEY=VALUE", help="compile options of both sides")
+    parser.add_argument("--before-options", nargs="*", default=[], metavar="KEY=VALUE", help="of the first side")
+    parser.add_argument("--after-options", nargs="*", default=[], metavar="KEY=VALUE", help="of the second side")
+
+
+def option_sides(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The compile options of the first and the second side."""
+    common = _options(args.options)
+    return {**common, **_options(args.before_options)}, {**common, **_options(args.after_options)}
+
+
 def _value(text: str):
     try:
         return json.loads(text)
@@ -68,13 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", default=list(models.BUNDLED), help="bundled model names")
     parser.add_argument("--repeat", type=int, default=3, help="compiles per model and side (median)")
     parser.add_argument("--rounds", type=int, default=1, help="processes per model and side, taking turns")
-    parser.add_argument("--options", nargs="*", default=[], metavar="KEY=VALUE", help="compile options of both sides")
-    parser.add_argument("--before-options", nargs="*", default=[], metavar="KEY=VALUE", help="of the first side")
-    parser.add_argument("--after-options", nargs="*", default=[], metavar="KEY=VALUE", help="of the second side")
+    add_option_arguments(parser)
     args = parser.parse_args(argv)
-    common = _options(args.options)
-    sides = [(args.before, {**common, **_options(args.before_options)}),
-             (args.after, {**common, **_options(args.after_options)})]
+    sides = list(zip((args.before, args.after), option_sides(args)))
     print("| model | before (s) | after (s) | after / before | rounds' ratios |\n| --- | ---: | ---: | ---: | --- |")
     for name in args.models:
         rounds = []

@@ -1,7 +1,8 @@
-"""benchmarks/by_op.py, cache_state.py, ab.py, deployed.py, compile_times.py and pointwise_gemm.py: relaxc's kernels
-and onnxruntime's nodes land in the same kinds; kernels timed in each cache state; two exported builds timed against
-each other, in relaxc's process and with TVM's runtime alone; a compile that fails stops the compile-time
-comparison; the pointwise layer as a conv and as a GEMM computes the same thing."""
+"""benchmarks/by_op.py, cache_state.py, ab.py, deployed.py, compile_times.py, build_costs.py and pointwise_gemm.py:
+relaxc's kernels and onnxruntime's nodes land in the same kinds; kernels timed in each cache state; two exported
+builds timed against each other, in relaxc's process and with TVM's runtime alone; a compile that fails stops the
+compile-time comparison; two compiles compared phase by phase and kernel by kernel; the pointwise layer as a conv and
+as a GEMM computes the same thing."""
 
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import onnx
 import pytest
 
 import compiler
-from benchmarks import ab, by_op, cache_state, compile_times, pointwise_gemm
+from benchmarks import ab, build_costs, by_op, cache_state, compile_times, pointwise_gemm
 from compiler.runtime import random_inputs
 from tests import reference
 from tests.helpers import env
@@ -86,3 +87,14 @@ def test_a_pointwise_layer_as_a_conv_and_as_a_gemm_computes_the_same_and_both_ar
     for model, kernel in ((conv, "conv"), (gemm, "dense")):
         name, ms = pointwise_gemm.main_kernel_ms(model, "off")
         assert kernel in name and ms > 0
+
+
+def test_build_costs_compare_two_compiles_phase_by_phase_and_kernel_by_kernel():
+    sides = [{"tuning": "off", "dispatch": "off"}, {"tuning": "off", "dispatch": "heuristic"}]
+    costs = build_costs.measure(reference.small_cnn(), sides, rounds=1, top=3)
+    assert next(iter(costs.phases)) == "whole compile" and {"dispatch", "build"} <= set(costs.phases)
+    assert all(before > 0 and after > 0 for before, after in (costs.phases["whole compile"], costs.grouped))
+    assert costs.kernels[1] == costs.kernels[0] + 2  # the 20->20 3x3 convolution as three Winograd kernels
+    assert len(costs.slowest) == 3 and costs.typical > 0
+    assert all(build > 0 and code > 0 for _, build, code in costs.slowest)
+    assert [sum(k[1:]) for k in costs.slowest] == sorted((sum(k[1:]) for k in costs.slowest), reverse=True)
