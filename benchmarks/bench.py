@@ -1,6 +1,6 @@
 """The benchmark behind docs/benchmarks.md: relaxc against onnxruntime, same run, same threads.
 
-    .venv/bin/python -m benchmarks.bench [onnx:resnet50 ...] [--repeat 20] [--threads 2] [compile options]
+    .venv/bin/python -m relaxc.benchmarks.bench [onnx:resnet50 ...] [--repeat 20] [--threads 2] [compile options]
     relaxc-bench ...   # the same, installed as a command
 
 Prints a Markdown table (benchmarks/harness.py says how it measures).
@@ -12,10 +12,10 @@ import argparse
 import sys
 from typing import Sequence
 
-from benchmarks import harness
-from compiler.cli import add_option_args, option_values, run_command
-from compiler.options import Options
-from support.errors import UserError
+from relaxc.benchmarks import harness
+from relaxc.cli import add_option_args, option_values, run_command
+from relaxc.options import Options
+from relaxc.support.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:

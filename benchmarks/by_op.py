@@ -1,6 +1,6 @@
 """Where a CNN's time goes, per kind of convolution: relaxc's kernels against onnxruntime's nodes.
 
-    .venv/bin/python -m benchmarks.by_op onnx:resnet50 [--tuning strict] [--rounds 3]
+    .venv/bin/python -m relaxc.benchmarks.by_op onnx:resnet50 [--tuning strict] [--rounds 3]
 
 relaxc's kernels are timed one by one in their model order, on the VM's own arguments, so each
 runs with the caches as the previous kernel left them (``relaxc profile`` times each kernel alone,
@@ -22,12 +22,12 @@ import tempfile
 
 import onnx
 
-import compiler
-from benchmarks import reference
-from compiler import frontend
-from compiler.profile import model_calls
-from compiler.runtime import random_inputs
-from schedules.sequence import is_builtin, time_in_order
+import relaxc as compiler
+from relaxc.benchmarks import reference
+from relaxc import frontend
+from relaxc.profile import model_calls
+from relaxc.runtime import random_inputs
+from relaxc.schedules.sequence import is_builtin, time_in_order
 
 RUNS = 10
 # the same work under each runtime's names: relaxc kernel name prefixes and onnxruntime op types

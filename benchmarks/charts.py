@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from compiler.report import mib
-from support.errors import UserError
+from relaxc.report import mib
+from relaxc.support.errors import UserError
 
 
 def memory_chart(memory: dict, path: str, title: str = "") -> str:

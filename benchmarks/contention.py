@@ -1,7 +1,7 @@
-"""relaxc against onnxruntime with one of the cores shared (``python -m benchmarks.contention``).
+"""relaxc against onnxruntime with one of the cores shared (``python -m relaxc.benchmarks.contention``).
 
     .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/r50.so
-    .venv/bin/python -m benchmarks.contention /tmp/r50.so onnx:resnet50 [--rounds 3]
+    .venv/bin/python -m relaxc.benchmarks.contention /tmp/r50.so onnx:resnet50 [--rounds 3]
 
 Each round times both runtimes (2 threads each, taking turns in blocks, ``harness.alternate``)
 alone, then again with a busy loop pinned to the second core (another process on the machine, or
@@ -16,10 +16,10 @@ import subprocess
 import sys
 import time
 
-import compiler
-from benchmarks import harness, reference
-from compiler import frontend
-from compiler.runtime import random_inputs
+import relaxc as compiler
+from relaxc.benchmarks import harness, reference
+from relaxc import frontend
+from relaxc.runtime import random_inputs
 
 BUSY = "while True: pass"
 

@@ -1,7 +1,7 @@
 """What relaxc builds, as digests: to show that a change of the code leaves every build bit-identical.
 
-    .venv/bin/python -m benchmarks.digest before.json                     # on the old tree
-    .venv/bin/python -m benchmarks.digest after.json --compare before.json  # on the new one
+    .venv/bin/python -m relaxc.benchmarks.digest before.json                     # on the old tree
+    .venv/bin/python -m relaxc.benchmarks.digest after.json --compare before.json  # on the new one
 
 For each bundled model (weights randomised with a fixed seed, so outputs differ from model to model)
 with the default options, and for the models with committed tuning records replayed strictly on
@@ -18,10 +18,10 @@ import sys
 
 import onnx
 
-import compiler
-from compiler import models
-from compiler.runtime import random_inputs
-from benchmarks.reference import randomize_weights
+import relaxc as compiler
+from relaxc.frontend import models
+from relaxc.runtime import random_inputs
+from relaxc.benchmarks.reference import randomize_weights
 
 ZNVER3 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # the target of tuning_logs/llvm-znver3-2c
 CASES = ([(f"onnx:{name}", "cpu", "replay") for name in models.BUNDLED]

@@ -1,7 +1,7 @@
 """Export real transformer and CNN architectures with random weights and commit their light forms.
 
     pip install -e '.[export]'            # torch, torchvision, transformers, onnxscript: never for make test
-    python -m benchmarks.export_models [NAME ...] [--out compiler/zoo]
+    python -m relaxc.benchmarks.export_models [NAME ...] [--out compiler/frontend/zoo]
 
 Each model is built from its library's real architecture code with a small or standard config and
 random weights, exported by the exporter users run (``torch.onnx.export``: the TorchScript exporter
@@ -22,7 +22,7 @@ from typing import Callable
 
 import onnx
 
-from compiler import models
+from relaxc.frontend import models
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Latency of relaxc against onnxruntime, measured in the same run (``python -m benchmarks.bench``).
+"""Latency of relaxc against onnxruntime, measured in the same run (``python -m relaxc.benchmarks.bench``).
 
 Both get the same thread count (2 by default) and the same random inputs; outputs are checked
 against onnxruntime with the project tolerance before anything is timed. Latency is the median of
@@ -22,11 +22,11 @@ from typing import Callable, Sequence
 import numpy as np
 import onnx
 
-from benchmarks import reference
-from benchmarks.turns import alternate
-from compiler import models
-from compiler.runtime import random_inputs
-from support import targets
+from relaxc.benchmarks import reference
+from relaxc.benchmarks.turns import alternate
+from relaxc.frontend import models
+from relaxc.runtime import random_inputs
+from relaxc.support import targets
 
 
 @dataclass
@@ -42,14 +42,14 @@ class Row:
 
 
 def _load(spec: str) -> onnx.ModelProto:
-    from compiler import frontend
+    from relaxc import frontend
 
     return frontend.load_model(spec)[0]
 
 
 def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_options) -> Row:
     """Compile ``spec``, check it against onnxruntime, and time both in alternating rounds."""
-    import compiler
+    import relaxc as compiler
 
     start = time.perf_counter()
     art = compiler.compile(spec, target=target, **compile_options)

@@ -3,7 +3,8 @@
 Used by the tests and by the benchmarks, which check outputs before they time anything. The
 tolerance is the project's (docs/design.md, "Correctness") and must not be widened to make a
 result pass: ``rtol=1e-3`` and ``atol=1e-4 * max(1, max|reference|)``. onnxruntime is an optional
-dependency (``pip install relaxc[test]``).
+dependency (``pip install relaxc[test]``). Nothing of relaxc is imported when the module loads, so
+``tools/experiments/deployed.py`` loads it by its path where only TVM's runtime is installed.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import numpy_helper
-
-from support.errors import UserError
 
 ORT_MAX_IR_VERSION = 8  # onnxruntime rejects IR versions newer than it knows
 
@@ -22,6 +21,8 @@ def onnxruntime():
     try:
         import onnxruntime as ort
     except ImportError:
+        from relaxc.support.errors import UserError
+
         raise UserError("onnxruntime is not installed; install relaxc[test] to compare against it") from None
     return ort
 

@@ -1,6 +1,6 @@
 """relaxc: a deployment compiler for ONNX models on Apache TVM's Relax IR.
 
-    import compiler
+    import relaxc as compiler
     art = compiler.compile("onnx:resnet50", target="cpu")
     outputs = art.run(x)              # numpy in, numpy out
     art.export("resnet50.so")         # + resnet50.json manifest
@@ -18,17 +18,17 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
-from compiler.options import Options, TuneOptions
-from compiler.runtime import Deployed, load
-from support.errors import (ExportError, InputError, ModelError, ShapeError, TargetError,
+from relaxc.options import Options, TuneOptions
+from relaxc.runtime import Deployed, load
+from relaxc.support.errors import (ExportError, InputError, ModelError, ShapeError, TargetError,
                             UnsupportedOperatorError, UserError)
 
 log = logging.getLogger("relaxc")
 
 if TYPE_CHECKING:
-    from compiler.artifact import Artifact
-    from compiler.frontend import Constants, ModelLike, Shapes
-    from support.targets import TargetLike
+    from relaxc.artifact import Artifact
+    from relaxc.frontend import Constants, ModelLike, Shapes
+    from relaxc.support.targets import TargetLike
 
 __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Options", "TuneOptions", "Deployed",
            "UserError", "ModelError", "UnsupportedOperatorError", "ShapeError", "TargetError", "InputError",
@@ -50,7 +50,7 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     options: the fields of ``compiler.Options`` as keywords (``tuning``, ``cache_dir``,
         ``layout_block``, ``memory_planner``, ``unshared``, ``validate_memory``), each documented there.
     """
-    from compiler.pipeline import compile_model
+    from relaxc.pipeline import compile_model
 
     return compile_model(model, target, shapes, Options(**options), constants)
 
@@ -76,11 +76,11 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     only then are the schedules selected.
     Returns a summary (tasks, trials, records, selection, minutes, stop reason, dispatch choices).
     """
-    from compiler import diagnostics
-    from compiler.pipeline import compile_model
-    from compiler.runtime import open_device
-    from schedules.tuning import tune_module
-    from support import tvm_log
+    from relaxc import diagnostics
+    from relaxc.pipeline import compile_model
+    from relaxc.runtime import open_device
+    from relaxc.schedules.tuning import tune_module
+    from relaxc.support import tvm_log
 
     tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
     settings = TuneOptions(**{k: v for k, v in options.items() if k in tune_fields})
@@ -112,7 +112,7 @@ def _in_sequence(compile_replayed: "Callable[[], Artifact]", tune_kernels: "Call
                  settings: TuneOptions, cache_dir: str | None) -> dict:
     """``selection="sequence"`` after tuning: dispatch decided in the model, the kernels of the
     implementations it changed to tuned, then every kernel's schedule selected in the model."""
-    from schedules.dispatch import forcing
+    from relaxc.schedules.dispatch import forcing
 
     def replayed(forced: dict[str, str] | None = None) -> "Artifact":
         with forcing(forced or {}):
@@ -142,11 +142,11 @@ def _dispatch_in_sequence(art: "Artifact", compile_forced: "Callable[[dict[str, 
     compiles the model with some workloads' candidates fixed."""
     import tvm
 
-    from compiler.profile import model_calls
-    from compiler.runtime import random_inputs
-    from schedules.cache import RecordStore, cache_root
-    from schedules.dispatch import DispatchStore
-    from schedules.dispatch_sequence import Variant, contested, decide_in_sequence
+    from relaxc.profile import model_calls
+    from relaxc.runtime import random_inputs
+    from relaxc.schedules.cache import RecordStore, cache_root
+    from relaxc.schedules.dispatch import DispatchStore
+    from relaxc.schedules.dispatch_sequence import Variant, contested, decide_in_sequence
 
     if art.target.kind.name != "llvm" or "dispatch" not in art.report():  # GPUs: one implementation so far
         return {"workloads": 0, "changed": []}
@@ -171,10 +171,10 @@ def _select_in_sequence(art: "Artifact", kernels: tuple[str, ...], cache_dir: st
 
     import tvm
 
-    from compiler.profile import model_calls
-    from compiler.runtime import random_inputs
-    from schedules.cache import RecordStore, cache_root
-    from schedules.sequence import select_in_sequence
+    from relaxc.profile import model_calls
+    from relaxc.runtime import random_inputs
+    from relaxc.schedules.cache import RecordStore, cache_root
+    from relaxc.schedules.sequence import select_in_sequence
 
     on_cpu = art.target.kind.name == "llvm"  # GPU kernels keep their best record: nothing to run here
     _vm, calls = model_calls(art, random_inputs(art.inputs, high=art.input_high)) if on_cpu else (None, [])
@@ -187,7 +187,7 @@ def _select_in_sequence(art: "Artifact", kernels: tuple[str, ...], cache_dir: st
 def save_cache(path: str, cache_dir: str | None = None) -> str:
     """Archive the tuning records under ``cache_dir`` (default ``$RELAXC_CACHE_DIR`` or
     ``./tuning_logs``) to ``path`` (.tar.gz), to carry them to another machine or CI."""
-    from schedules import cache
+    from relaxc.schedules import cache
 
     return cache.save(path, cache.cache_root(cache_dir))
 
@@ -195,6 +195,6 @@ def save_cache(path: str, cache_dir: str | None = None) -> str:
 def load_cache(path: str, cache_dir: str | None = None) -> dict[str, int]:
     """Merge an archive from ``save_cache`` into the records under ``cache_dir``; returns the
     records added per target key. Compiles replay them from then on."""
-    from schedules import cache
+    from relaxc.schedules import cache
 
     return cache.load(path, cache.cache_root(cache_dir))

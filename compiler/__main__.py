@@ -1,5 +1,5 @@
 import sys
 
-from compiler.cli import main
+from relaxc.cli import main
 
 sys.exit(main())

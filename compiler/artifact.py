@@ -14,12 +14,13 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from compiler import diagnostics
-from compiler.backend import device_code
-from compiler.runtime import TensorSpec, Runner, file_sha256, input_high, manifest_path_for, open_device
-from support.errors import ExportError, UserError
-from support import tvm_log
-from support.files import Staging
+from relaxc import diagnostics
+from relaxc.backend import device_code
+from relaxc.runtime import Runner, file_sha256, input_high, manifest_path_for, open_device
+from relaxc.support.errors import ExportError, UserError
+from relaxc.support import tvm_log
+from relaxc.support.files import Staging
+from relaxc.support.tensors import TensorSpec
 
 
 class Artifact(Runner):

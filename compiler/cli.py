@@ -1,4 +1,4 @@
-"""The ``relaxc`` command line (``python -m compiler`` is the same).
+"""The ``relaxc`` command line (``python -m relaxc`` is the same).
 
 Exit status: 0 on success, 2 on a user error (printed as one line, no traceback), 130 on Ctrl-C.
 """
@@ -17,11 +17,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from compiler.options import Options, TuneOptions
-from compiler.report import dispatch_summary, memory_summary, summary, tune_command
-from compiler.runtime import random_inputs
-from support import tvm_log
-from support.errors import InputError, ShapeError, UserError
+from relaxc.options import Options, TuneOptions
+from relaxc.report import dispatch_summary, memory_summary, summary, tune_command
+from relaxc.runtime import random_inputs
+from relaxc.support import tvm_log
+from relaxc.support.errors import InputError, ShapeError, UserError
 
 log = logging.getLogger("relaxc")
 
@@ -113,7 +113,7 @@ def _load(path: str, what: str) -> np.ndarray:
 
 
 def _compile(args: argparse.Namespace):
-    from compiler.pipeline import compile_model
+    from relaxc.pipeline import compile_model
 
     return compile_model(args.model, args.target, _shapes(args), Options(**option_values(args, Options)),
                          _constants(args))
@@ -129,28 +129,50 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inputs_for(runner, given: list[tuple[str, str]], seed: int) -> dict[str, np.ndarray]:
-    files = dict(given)
-    names = [name for name, _, _ in runner.inputs]
+def _given_inputs(args: argparse.Namespace, names: list[str]) -> dict[str, np.ndarray]:
+    """The ``--input`` arrays, each named input checked against the model's ``names`` first."""
+    files = dict(args.input)
     unknown = sorted(set(files) - set(names))
     if unknown:
         raise InputError(f"--input names unknown input(s) {unknown}; the model's inputs are {names}")
+    return {name: _load(path, f"--input {name}={path}") for name, path in files.items()}
+
+
+def _model_inputs(args: argparse.Namespace) -> list[str]:
+    """The inputs the compiled model will take, read from the ONNX file before compiling it: its
+    graph inputs but those fixed by ``--constant``."""
+    from relaxc import frontend
+
+    proto = frontend.load_model(args.model)[0]
+    fixed = {name for name, _ in args.constant}
+    return [value.name for value in frontend.graph_inputs(proto.graph) if value.name not in fixed]
+
+
+def _inputs_for(runner, given: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
     arrays = random_inputs(runner.inputs, seed, runner.input_high)
-    for name, path in files.items():
-        arrays[name] = _load(path, f"--input {name}={path}")
+    arrays.update(given)
     return arrays
+
+
+def _check_phase(args: argparse.Namespace) -> None:
+    from relaxc.pipeline import PHASE_NAMES
+
+    if args.phase and args.phase not in PHASE_NAMES:
+        raise UserError(f"unknown phase {args.phase!r}; choose one of {', '.join(PHASE_NAMES)}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.model.endswith(".so"):
-        import compiler
+        import relaxc as compiler
 
         runner = compiler.load(args.model, device=args.device)
+        given = _given_inputs(args, [name for name, _, _ in runner.inputs])
         report = None
     else:
+        given = _given_inputs(args, _model_inputs(args)) if args.input else {}  # usage errors before a compile
         runner = _compile(args)
         report = runner.report()
-    inputs = _inputs_for(runner, args.input, args.seed)
+    inputs = _inputs_for(runner, given, args.seed)
     outputs = runner.run(inputs)  # first run also warms up
     times = []
     for _ in range(args.repeat):
@@ -177,6 +199,7 @@ def _tune_command(args: argparse.Namespace, report: dict) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    _check_phase(args)
     art = _compile(args)
     report = art.report()
     if args.memory:
@@ -193,10 +216,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from compiler import profile
+    from relaxc import profile
 
+    given = _given_inputs(args, _model_inputs(args)) if args.input else {}
     art = _compile(args)
-    result = profile.profile(art, _inputs_for(art, args.input, args.seed))
+    result = profile.profile(art, _inputs_for(art, given, args.seed))
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
@@ -206,7 +230,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    import compiler
+    import relaxc as compiler
 
     summary = compiler.tune(args.model, target=args.target, shapes=_shapes(args), constants=_constants(args),
                             **option_values(args, Options, TuneOptions))
@@ -215,7 +239,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from schedules import cache
+    from relaxc.schedules import cache
 
     root = cache.cache_root(args.cache_dir)
     if args.action in ("merge", "save", "load") and not args.path:

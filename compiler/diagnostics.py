@@ -14,7 +14,7 @@ import logging
 import re
 from typing import Callable, Mapping
 
-from support.tvm_log import Capture
+from relaxc.support.tvm_log import Capture
 
 log = logging.getLogger("relaxc")
 

@@ -15,13 +15,13 @@ from typing import Any
 
 from tvm.target import Target
 
-from compiler.backend import toolchain
-from passes.memory import PLANNERS
-from schedules.dispatch import LAYOUT_MODES, MODES as DISPATCH_MODES, STRATEGIES
-from schedules.sequence import SELECTIONS
-from schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
-from support import targets
-from support.errors import TargetError, UserError
+from relaxc.backend import toolchain
+from relaxc.passes.memory import PLANNERS
+from relaxc.schedules.dispatch import LAYOUT_MODES, MODES as DISPATCH_MODES, STRATEGIES
+from relaxc.schedules.sequence import SELECTIONS
+from relaxc.schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
+from relaxc.support import targets
+from relaxc.support.errors import TargetError, UserError
 
 
 def _option(default: Any, help: str, *, type: type | None = None, choices: tuple | None = None,  # noqa: A002

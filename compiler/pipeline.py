@@ -35,33 +35,33 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.relax.backend.cuda import pipeline as cuda_backend
 from tvm.relax.backend.rocm import pipeline as rocm_backend
 
-from compiler import diagnostics, frontend, report
-from compiler.artifact import Artifact
-from compiler.backend import codegen
-from compiler.instrument import PhaseRecorder
-from compiler.options import Config, Options
-from passes import fast_math
-from passes.dense import PackDenseWeights
-from passes.dispatch import Dispatch
-from schedules.cache import LAYOUT_FILE, RecordStore, cache_root
-from schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
-from passes.channels_last import ChannelsLastToNCHW
-from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
+from relaxc import diagnostics, frontend, report
+from relaxc.artifact import Artifact
+from relaxc.backend import codegen
+from relaxc.instrument import PhaseRecorder
+from relaxc.options import Config, Options
+from relaxc.passes import fast_math
+from relaxc.passes.dense import PackDenseWeights
+from relaxc.passes.dispatch import Dispatch
+from relaxc.schedules.cache import LAYOUT_FILE, RecordStore, cache_root
+from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
+from relaxc.passes.channels_last import ChannelsLastToNCHW
+from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)
-from passes.conv_taps import DropPaddingTaps
-from passes.cse import EliminateCommonSubexpr
-from passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants
-from passes.half_precision import AccumulateHalfInFloat32
-from passes import layout_choice
-from passes.layout import STANDARD, LayoutPass, blocked
-from passes.legalize import legalize_ops
-from passes.memory import ArenaPlan
-from schedules.default import DefaultSchedules
-from schedules.tuning import ApplyTuningRecords
-from support import tvm_log
-from support.reporting import summaries
-from support.targets import TargetLike, vector_lanes, vector_registers
-from support.threads import configure_threads
+from relaxc.passes.conv_taps import DropPaddingTaps
+from relaxc.passes.cse import EliminateCommonSubexpr
+from relaxc.passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants
+from relaxc.passes.half_precision import AccumulateHalfInFloat32
+from relaxc.passes import layout_choice
+from relaxc.passes.layout import STANDARD, LayoutPass, blocked
+from relaxc.passes.legalize import legalize_ops
+from relaxc.passes.memory import ArenaPlan
+from relaxc.schedules.default import DefaultSchedules
+from relaxc.schedules.tuning import ApplyTuningRecords
+from relaxc.support import tvm_log
+from relaxc.support.reporting import summaries
+from relaxc.support.targets import TargetLike, vector_lanes, vector_registers
+from relaxc.support.threads import configure_threads
 
 log = logging.getLogger("relaxc")
 

@@ -22,9 +22,9 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
 
-from compiler.artifact import Artifact
-from schedules.cpu.rows import is_product_sum
-from schedules.default import schedule_kind
+from relaxc.artifact import Artifact
+from relaxc.schedules.cpu.rows import is_product_sum
+from relaxc.schedules.default import schedule_kind
 
 MIN_BLOCK_SECONDS = 2e-4  # a timed block lasts at least this long: timer and call overhead stay small
 BLOCKS = 5

@@ -10,13 +10,13 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Sequence
 
-from support import targets
-from support.versions import fingerprint, versions
+from relaxc.support import targets
+from relaxc.support.versions import fingerprint, versions
 
 if TYPE_CHECKING:
-    from compiler.runtime import TensorSpec
-    from compiler.instrument import PhaseRecorder
-    from compiler.pipeline import Compilation
+    from relaxc.support.tensors import TensorSpec
+    from relaxc.instrument import PhaseRecorder
+    from relaxc.pipeline import Compilation
 
 TOP = 8  # biggest tensors listed in the summary
 
@@ -106,6 +106,8 @@ def summary(report: dict, tune_with: str | None = None, latency: str | None = No
         tasks, covered = tuning.get("tasks", 0), tuning.get("tasks_with_records", 0)
         lines.append(f"  tuning {tuning['mode']}: {covered} of {tasks} kernels have records "
                      f"in {tuning.get('cache_dir')}")
+        if "stores" in tuning:  # no store for this target there
+            lines.append(f"    no records for this CPU there (stores: {', '.join(tuning['stores']) or 'none'})")
         if covered < tasks and tune_with:
             lines.append(f"    to tune the {tasks - covered} others on this CPU: {tune_with}")
     for warning in report.get("warnings", []):

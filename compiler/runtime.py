@@ -20,13 +20,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from compiler import diagnostics
-from compiler.backend import device_code
-from support import tvm_log
-from support.errors import ExportError, InputError, TargetError, UserError
-from support.threads import configure_threads
+from relaxc import diagnostics
+from relaxc.backend import device_code
+from relaxc.support import tvm_log
+from relaxc.support.errors import ExportError, InputError, TargetError, UserError
+from relaxc.support.tensors import TensorSpec
+from relaxc.support.threads import configure_threads
 
-TensorSpec = tuple[str, tuple[int, ...], str]
 DEVICES = {"cpu": "llvm", "cuda": "cuda", "rocm": "rocm"}  # device -> the target kind it runs
 
 

@@ -26,8 +26,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.target import Target
 
-from passes.fast_math import LOG2E
-from support.targets import has_feature
+from relaxc.passes.fast_math import LOG2E
+from relaxc.support.targets import has_feature
 
 LANES = 16
 FLOAT, INT = f"float32x{LANES}", f"int32x{LANES}"

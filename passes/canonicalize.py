@@ -33,7 +33,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from passes.ir import constant_array, is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
 
 
 @relax.expr_functor.mutator

@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from passes.ir import constant_array, is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
 
 TO_LAST, TO_FIRST = [0, 2, 3, 1], [0, 3, 1, 2]
 UNARY = {"relax.erf", "relax.tanh", "relax.sigmoid", "relax.exp", "relax.sqrt", "relax.negative",

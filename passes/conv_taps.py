@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from passes.ir import constant_array, is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
 
 
 MAX_REGION_SHARE = 0.6  # split into regions when at most this share of the multiply-adds read input

@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 from tvm.ir import GenericConst
 
-from passes.ir import map_relax_functions
+from relaxc.passes.ir import map_relax_functions
 
 LIFTED_BYTES = 4096  # constants this large may become parameters; hashing smaller ones costs little
 LIFT_MB = 1.5  # lift when the large constants average this many MB: hashing them then costs more

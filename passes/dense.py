@@ -28,8 +28,8 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
-from support.targets import accumulators
+from relaxc.passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
+from relaxc.support.targets import accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
 TILE_VECTORS = (3, 4, 2, 1)  # panel widths in vectors, preferred in this order (measured below)

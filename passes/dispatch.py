@@ -21,9 +21,9 @@ import tvm
 from tvm import relax
 from tvm.ir import GenericConst
 
-from passes import winograd
-from passes.dense import Tile, register_tile, round_up
-from passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
+from relaxc.passes import winograd
+from relaxc.passes.dense import Tile, register_tile, round_up
+from relaxc.passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
 
 log = logging.getLogger("relaxc")
 DIRECT = "direct"

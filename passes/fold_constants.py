@@ -17,7 +17,7 @@ from tvm import relax
 from tvm.ir.expr import GenericConst
 from tvm.tirx import FloatImm, IntImm
 
-from passes.ir import aligned_empty, constant, constant_array, map_relax_functions
+from relaxc.passes.ir import aligned_empty, constant, constant_array, map_relax_functions
 
 _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "relax.add": np.add,

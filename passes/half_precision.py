@@ -15,7 +15,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from passes.ir import map_relax_functions
+from relaxc.passes.ir import map_relax_functions
 
 HALF = ("float16", "bfloat16")
 ACCUMULATING = {"relax.matmul", "relax.sum", "relax.mean", "relax.variance", "relax.std", "relax.prod",

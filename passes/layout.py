@@ -30,8 +30,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from passes.ir import constant_array, rewrite_emitting, static_shape
-from passes.legalize import concat_channels_nchwc, conv2d_nchwc, take_channels_nchwc
+from relaxc.passes.ir import constant_array, rewrite_emitting, static_shape
+from relaxc.passes.legalize import concat_channels_nchwc, conv2d_nchwc, take_channels_nchwc
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def input_block(channels: int, block: int) -> int:
 
     Padded to ``block`` lanes a 3-channel stem would do 16/3 of the work, padded to a 4-lane block
     4/3: ResNet-50's 7x7 stem took 1.09-1.35 ms that way and 0.83-1.01 ms on 3 channels (in the
-    model, ``python -m benchmarks.ab``, 2-core Emerald Rapids VM). The convolution still writes
+    model, ``python -m relaxc.benchmarks.ab``, 2-core Emerald Rapids VM). The convolution still writes
     ``block``-wide output vectors.
     """
     return channels if channels <= block // 2 else block

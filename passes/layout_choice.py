@@ -27,10 +27,10 @@ from typing import Callable, Protocol
 import tvm
 from tvm import relax
 
-from passes.ir import constant_array, is_op, static_shape
-from passes.layout import (ELEMENTWISE, REGISTRY, STANDARD, Layout, blocked, flatten_tuples, homes, input_block,
+from relaxc.passes.ir import constant_array, is_op, static_shape
+from relaxc.passes.layout import (ELEMENTWISE, REGISTRY, STANDARD, Layout, blocked, flatten_tuples, homes, input_block,
                            pack_conv_weight)
-from passes.graph_choice import Operator, Problem, Solution, solve
+from relaxc.passes.graph_choice import Operator, Problem, Solution, solve
 
 OUTPUT = "<outputs>"  # the operator that reads the function's results, in NCHW
 

@@ -16,8 +16,8 @@ import tvm
 from tvm import relax, te, topi
 from tvm.target import Target
 
-from passes.ir import static_shape
-from support import targets
+from relaxc.passes.ir import static_shape
+from relaxc.support import targets
 
 STAGE_ATTR = "relaxc.stage"  # on a TE block that schedules keep as a stage of its own (not inlined)
 

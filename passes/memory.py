@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from passes.ir import is_op
+from relaxc.passes.ir import is_op
 
 ALIGNMENT = 64  # bytes: every offset and size is a multiple, so vector loads stay aligned
 EXACT_LIMIT = 7  # up to this many tensors, every placement order is tried (optimal)

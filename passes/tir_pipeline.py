@@ -20,10 +20,10 @@ import tvm
 from tvm.s_tir import pipeline as s_tir_pipeline
 from tvm.target import Target
 
-from passes.arg_checks import DropVerifiedArgChecks
-from passes.avx512_math import Avx512Sigmoid
-from passes.prefetch import PrefetchNextPanel
-from passes.stack_buffers import StackBuffers
+from relaxc.passes.arg_checks import DropVerifiedArgChecks
+from relaxc.passes.avx512_math import Avx512Sigmoid
+from relaxc.passes.prefetch import PrefetchNextPanel
+from relaxc.passes.stack_buffers import StackBuffers
 
 NAME = "relaxc"
 

@@ -32,9 +32,9 @@ import numpy as np
 import tvm
 from tvm import te, topi
 
-from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
-from passes.ir import aligned_empty
-from passes.legalize import STAGE_ATTR
+from relaxc.passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
+from relaxc.passes.ir import aligned_empty
+from relaxc.passes.legalize import STAGE_ATTR
 
 INPUT_ATTR = "relaxc.winograd_input"  # on the input transform's block: the output tile size m
 OUTPUT_ATTR = "relaxc.winograd_output"  # on the output transform's block: m

@@ -20,10 +20,10 @@ import tvm
 import tvm_ffi
 from tvm.target import Target
 
-from support.errors import UserError
-from support.files import Staging, atomic_write
-from support.targets import describe
-from support.versions import code_versions
+from relaxc.support.errors import UserError
+from relaxc.support.files import Staging, atomic_write
+from relaxc.support.targets import describe
+from relaxc.support.versions import code_versions
 
 
 def workload_hash(mod: tvm.IRModule) -> str:

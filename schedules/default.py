@@ -21,7 +21,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from schedules import cpu
+from relaxc.schedules import cpu
 
 SCHEDULE_ATTR = "relaxc.schedule"  # the label of the rule that scheduled a kernel
 IS_SCHEDULED = "tirx.is_scheduled"  # set on every scheduled kernel; dlight skips those

@@ -41,10 +41,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, candidates, emit_winograd, scratch_bytes,
+from relaxc.passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, candidates, emit_winograd, scratch_bytes,
                              tile_size)
-from schedules.cache import DISPATCH_FILE, RecordStore, read_measurements, write_measurements
-from support.errors import UserError
+from relaxc.schedules.cache import DISPATCH_FILE, RecordStore, read_measurements, write_measurements
+from relaxc.support.errors import UserError
 
 log = logging.getLogger("relaxc")
 MODES = ("replay", "measure", "heuristic", "off")

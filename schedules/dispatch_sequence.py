@@ -39,10 +39,10 @@ import tvm_ffi
 from tvm import tirx
 from tqdm import tqdm
 
-from schedules.dispatch import ERROR_LIMIT, DispatchStore
-from schedules.selection import TOLERANCE
-from schedules.sequence import is_builtin, time_in_order
-from support import tvm_log
+from relaxc.schedules.dispatch import ERROR_LIMIT, DispatchStore
+from relaxc.schedules.selection import TOLERANCE
+from relaxc.schedules.sequence import is_builtin, time_in_order
+from relaxc.support import tvm_log
 
 log = logging.getLogger("relaxc")
 RUNS = 30  # timed inferences per candidate build

@@ -36,10 +36,10 @@ from tvm.s_tir.schedule import Trace
 from tvm.target import Target
 from tqdm import tqdm
 
-from passes import tir_pipeline
-from schedules.cache import RecordStore, mean_seconds, workload_hash
-from schedules.default import default_schedule
-from support import tvm_log
+from relaxc.passes import tir_pipeline
+from relaxc.schedules.cache import RecordStore, mean_seconds, workload_hash
+from relaxc.schedules.default import default_schedule
+from relaxc.support import tvm_log
 
 log = logging.getLogger("relaxc")
 TOLERANCE = 0.03  # within 3% of the fastest counts as as fast: about the noise of these medians here

@@ -36,11 +36,11 @@ from tvm import tirx
 from tvm.target import Target
 from tqdm import tqdm
 
-from passes.memory import accepting_offsets
-from schedules import builder
-from schedules.cache import RecordStore, workload_hash
-from schedules.selection import TOLERANCE, Candidate, Recorded, candidates, choose, from_record, recorded
-from support import tvm_internals, tvm_log
+from relaxc.passes.memory import accepting_offsets
+from relaxc.schedules import builder
+from relaxc.schedules.cache import RecordStore, workload_hash
+from relaxc.schedules.selection import TOLERANCE, Candidate, Recorded, candidates, choose, from_record, recorded
+from relaxc.support import tvm_internals, tvm_log
 
 log = logging.getLogger("relaxc")
 SELECTIONS = ("alone", "sequence")  # compiler.TuneOptions.selection: selection.py or this module

@@ -26,13 +26,13 @@ from tvm.target import Target
 from tvm.ir.utils import derived_object
 from tqdm import tqdm
 
-from schedules import builder
-from schedules.cache import RecordStore, cache_root, stores, workload_hash
-from schedules.default import IS_SCHEDULED, default_schedule
-from schedules.selection import Selection, apply_trace, recorded
-from support import targets, tvm_internals, tvm_log
-from support.errors import UserError
-from support.threads import configure_threads, physical_cores
+from relaxc.schedules import builder
+from relaxc.schedules.cache import RecordStore, cache_root, stores, workload_hash
+from relaxc.schedules.default import IS_SCHEDULED, default_schedule
+from relaxc.schedules.selection import Selection, apply_trace, recorded
+from relaxc.support import targets, tvm_internals, tvm_log
+from relaxc.support.errors import UserError
+from relaxc.support.threads import configure_threads, physical_cores
 
 log = logging.getLogger("relaxc")
 MODES = ("off", "replay", "strict", "tune")  # what compile does with the records (ApplyTuningRecords)
@@ -311,8 +311,8 @@ class ApplyTuningRecords:
         return self._finish(mod, tasks, store)
 
     def _no_store(self, store: RecordStore, target: Target) -> None:
-        """Say (report and one log line) that no records are for this target, which stores there are,
-        and what would tune for it: replaying on a CPU nobody tuned for is not silent."""
+        """Say (report, and a progress line that ``-q`` hides: the summary says it too) that no records
+        are for this target, which stores there are, and what would tune for it."""
         root = cache_root(self.cache_dir)
         others = stores(root)
         spec = {k: v for k, v in targets.describe(target).items() if k in ("kind", "mcpu", "num-cores")}
@@ -320,7 +320,7 @@ class ApplyTuningRecords:
             (f" --log-dir {root}" if self.cache_dir else "")
         self.report.update(store=None, stores=others, tune_command=command)
         if self.mode == "replay":
-            log.warning("no tuning records for %s in %s (stores there: %s): the default schedules run; to tune for "
+            log.info("no tuning records for %s in %s (stores there: %s): the default schedules run; to tune for "
                         "this CPU: %s", os.path.basename(store.dir), root, ", ".join(others) or "none", command)
 
     def _finish(self, mod: tvm.IRModule, tasks: list, store: RecordStore | None) -> tvm.IRModule:

@@ -9,14 +9,15 @@ host, so the host code of an exported library runs on any x86-64 machine, not ju
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, NamedTuple, Union
 
 from tvm.target import Target, codegen
 
-from support.errors import TargetError
-from support.threads import physical_cores
+from relaxc.support.errors import TargetError
+from relaxc.support.threads import physical_cores
 
 TargetLike = Union[str, dict, Target]
 PRESETS = ("cpu", "llvm", "cuda", "cuda:sm_XY", "rocm", "rocm:gfxNNN")
@@ -27,9 +28,60 @@ KINDS = ("llvm",) + GPU_KINDS  # the target kinds relaxc compiles for
 GPU_HOST = {"kind": "llvm"}
 
 
+# x86 instruction-set features that decide which code a CPU runs, by LLVM's name -> /proc/cpuinfo's flag
+ISA_FLAGS = {"avx": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx512f", "avx512cd": "avx512cd",
+             "avx512bw": "avx512bw", "avx512dq": "avx512dq", "avx512vl": "avx512vl", "avx512vnni": "avx512_vnni",
+             "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16", "avx512vbmi": "avx512vbmi",
+             "avx512ifma": "avx512ifma", "avxvnni": "avx_vnni", "avxifma": "avx_ifma", "amx-tile": "amx_tile",
+             "amx-int8": "amx_int8", "amx-bf16": "amx_bf16", "amx-fp16": "amx_fp16"}
+# CPUs a host may be named after when LLVM's name misses features the host has (a VM with a masked
+# model number): the one with the most of the host's features wins, ties in this order
+X86_CPUS = ("graniterapids", "emeraldrapids", "sapphirerapids", "icelake-server", "cascadelake",
+            "skylake-avx512", "znver5", "znver4", "znver3", "alderlake", "haswell")
+
+
 def host_cpu() -> str:
-    """The LLVM name of the host CPU (e.g. ``icelake-server``, ``znver3``)."""
-    return str(codegen.llvm_get_system_cpu())
+    """The LLVM name of the host CPU (e.g. ``icelake-server``, ``znver3``), by its features too.
+
+    LLVM names a CPU from its model number; a VM may mask it (a Sapphire Rapids class VM with AMX
+    and AVX-512 FP16 that LLVM calls ``rocketlake``). Where the host's instruction-set features
+    (``/proc/cpuinfo``) differ from those of LLVM's name, the host is named after the known CPU
+    with the most of its features and none it lacks."""
+    name = str(codegen.llvm_get_system_cpu())
+    host = host_isa()
+    if host is None or isa("llvm", name) == host:
+        return name
+    fitting = [cpu for cpu in (name,) + X86_CPUS if isa("llvm", cpu) <= host]
+    return max(fitting, key=lambda cpu: len(isa("llvm", cpu)), default=name)
+
+
+def host_isa() -> frozenset[str] | None:
+    """The host's x86 instruction-set features (``ISA_FLAGS``, by LLVM's names) from
+    ``/proc/cpuinfo``; None where there is no such file or it lists no flags (not Linux, not x86)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else frozenset(f for f, flag in ISA_FLAGS.items() if flag in flags)
+
+
+@functools.lru_cache(maxsize=None)
+def isa(kind: str, mcpu: str) -> frozenset[str]:
+    """The ``ISA_FLAGS`` features LLVM gives the CPU ``mcpu`` (``kind`` is the target kind; none but llvm)."""
+    if kind != "llvm" or not codegen.llvm_is_valid_cpu(mcpu, ""):
+        return frozenset()
+    return frozenset(codegen.llvm_get_cpu_features(Target({"kind": "llvm", "mcpu": mcpu}))) & frozenset(ISA_FLAGS)
+
+
+def runs_on_host(target: Target) -> bool:
+    """Whether code compiled for ``target`` runs on this machine: an ``llvm`` target whose CPU's
+    instruction-set features the host has (by ``/proc/cpuinfo``; by LLVM's host name where there is none)."""
+    if target.kind.name != "llvm":
+        return False
+    mcpu = str(target.attrs.get("mcpu", "")) or "x86-64"
+    host = host_isa()
+    return isa("llvm", mcpu) <= (host if host is not None else isa("llvm", host_cpu()))
 
 
 def resolve(target: TargetLike) -> Target:

@@ -25,7 +25,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Iterator, TextIO
 
-from support.errors import UserError
+from relaxc.support.errors import UserError
 
 # "[12:34:56] /project/src/runtime/vm/executable.cc:340: Warning: Scope Loaded:"
 TVM_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+?:\d+: (?:(Warning|Error|Info|Debug|Fatal): )?(.*)$")

@@ -16,7 +16,7 @@ import tvm
 import tvm_ffi
 from tvm.target import Target, codegen
 
-from support.targets import describe
+from relaxc.support.targets import describe
 
 
 def versions() -> dict[str, str]:

@@ -84,7 +84,7 @@ def _case_ops(case) -> list[str]:
 
 def shape_parameters(graph) -> set[str]:
     """Graph inputs that every node reading them reads at a ``SHAPE_PARAMETERS`` position."""
-    from compiler.prepare import subgraph_inputs
+    from relaxc.frontend.prepare import subgraph_inputs
 
     uses: dict[str, set[bool]] = collections.defaultdict(set)
     for node in graph.node:
@@ -101,8 +101,8 @@ def run_case(path: str) -> dict:
     import numpy as np
     from onnx.backend.test.runner import Runner
 
-    import compiler
-    from compiler.frontend import graph_inputs
+    import relaxc as compiler
+    from relaxc.frontend import graph_inputs
 
     with open(path, "rb") as f:
         case = pickle.load(f)

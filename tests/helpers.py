@@ -8,22 +8,18 @@ import sys
 
 import onnx
 
-import compiler
-from passes.dispatch import DIRECT, WINOGRAD
-from schedules.cache import DISPATCH_FILE
-from schedules import cache
-from support import targets
+import relaxc as compiler
+from relaxc.passes.dispatch import DIRECT, WINOGRAD
+from relaxc.schedules.cache import DISPATCH_FILE
+from relaxc.schedules import cache
+from relaxc.support import targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def host_runs_avx2() -> bool:
     """Whether this CPU runs code built for ``znver3`` (AVX2 and FMA), such as the committed logs'."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
+    return targets.runs_on_host(targets.resolve({"kind": "llvm", "mcpu": "znver3"}))
 
 
 def env() -> dict:
@@ -32,7 +28,7 @@ def env() -> dict:
 
 
 def relaxc_command(*args) -> list[str]:
-    return [sys.executable, "-m", "compiler", *(str(a) for a in args)]
+    return [sys.executable, "-m", "relaxc", *(str(a) for a in args)]
 
 
 def relaxc(*args, cwd=ROOT, timeout=600) -> subprocess.CompletedProcess:

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.reference import (ORT_MAX_IR_VERSION, assert_matches, ort_run, ort_session,  # noqa: F401
+from relaxc.benchmarks.reference import (ORT_MAX_IR_VERSION, assert_matches, ort_run, ort_session,  # noqa: F401
                                   randomize_weights)  # noqa: F401
-from compiler.runtime import random_inputs  # noqa: F401
+from relaxc.runtime import random_inputs  # noqa: F401
 
 
 def _const(name: str, array: np.ndarray) -> TensorProto:

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-import compiler
+import relaxc as compiler
 from tests import reference
 from tests.helpers import relaxc
 
@@ -67,7 +67,7 @@ def test_inspect_memory_prints_the_plan(model_file):
 
 
 def test_memory_chart_is_a_png(tmp_path):
-    from benchmarks.charts import memory_chart
+    from relaxc.benchmarks.charts import memory_chart
 
     memory = compiler.compile(reference.small_cnn(), tuning="off").report()["memory"]
     chart = memory_chart(memory, str(tmp_path / "plan.png"), "small")

@@ -7,9 +7,9 @@ import numpy as np
 import onnx
 import pytest
 
-import compiler
-from compiler import models
-from compiler.runtime import random_inputs
+import relaxc as compiler
+from relaxc.frontend import models
+from relaxc.runtime import random_inputs
 from tests import reference
 
 THREADS, RUNS = 8, 50

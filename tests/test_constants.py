@@ -5,7 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
+import relaxc as compiler
 from tests import reference
 from tests.helpers import relaxc
 

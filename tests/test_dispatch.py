@@ -7,13 +7,13 @@ import numpy as np
 import onnx
 import pytest
 
-import compiler
-from compiler.report import dispatch_summary
-from passes import winograd
-from passes.dispatch import DIRECT, WINOGRAD
-from schedules import cache
-from schedules.dispatch import ERROR_LIMIT, decide, forcing
-from support import targets
+import relaxc as compiler
+from relaxc.report import dispatch_summary
+from relaxc.passes import winograd
+from relaxc.passes.dispatch import DIRECT, WINOGRAD
+from relaxc.schedules import cache
+from relaxc.schedules.dispatch import ERROR_LIMIT, decide, forcing
+from relaxc.support import targets
 from tests import reference
 from tests.helpers import relaxc, store_choosing
 

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-from compiler import frontend
+import relaxc as compiler
+from relaxc import frontend
 from tests import reference
 
 

@@ -8,14 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-import compiler
+import relaxc as compiler
 from tests import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LOAD_AND_RUN = """
 import sys, json, numpy as np
-import compiler
+import relaxc as compiler
 dep = compiler.load(sys.argv[1])
 x = np.load(sys.argv[2])
 out = dep.run({dep.inputs[0][0]: x})

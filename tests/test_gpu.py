@@ -8,11 +8,11 @@ import struct
 import onnx
 import pytest
 
-import compiler
-from compiler import models
-from compiler.backend import toolchain
-from compiler.runtime import open_device
-from support import targets
+import relaxc as compiler
+from relaxc.frontend import models
+from relaxc.backend import toolchain
+from relaxc.runtime import open_device
+from relaxc.support import targets
 from tests import reference
 from tests.helpers import relaxc
 

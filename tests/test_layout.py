@@ -10,12 +10,12 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
-import compiler
-from compiler import frontend, pipeline
-from passes.layout import (LayoutPass, blocked, block_constant, input_block, pack_conv_weight,
+import relaxc as compiler
+from relaxc import frontend, pipeline
+from relaxc.passes.layout import (LayoutPass, blocked, block_constant, input_block, pack_conv_weight,
                            pack_windowed_conv_weight, window_firsts)
-from passes.ir import static_shape
-from passes.legalize import legalize_ops
+from relaxc.passes.ir import static_shape
+from relaxc.passes.legalize import legalize_ops
 from tests import reference
 
 RNG = np.random.default_rng(0)

@@ -11,13 +11,13 @@ import pytest
 import tvm
 from onnx import TensorProto, helper
 
-import compiler
-from compiler import frontend, pipeline
-from passes import layout_choice
-from passes.layout import STANDARD, blocked
-from schedules import cache
-from schedules.cache import LAYOUT_FILE
-from support import targets
+import relaxc as compiler
+from relaxc import frontend, pipeline
+from relaxc.passes import layout_choice
+from relaxc.passes.layout import STANDARD, blocked
+from relaxc.schedules import cache
+from relaxc.schedules.cache import LAYOUT_FILE
+from relaxc.support import targets
 from tests import reference
 
 LAYOUTS = [blocked(16), blocked(8), STANDARD]

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import diagnostics
-from support import tvm_log
+from relaxc import diagnostics
+from relaxc.support import tvm_log
 from tests.helpers import ROOT, env, relaxc
 
 
@@ -84,7 +84,7 @@ def test_decoder_block_compiles_quietly_and_matches(tmp_path):
 
 COMPILE_EXPORT_LOAD = """
 import json, sys
-import compiler
+import relaxc as compiler
 art = compiler.compile(sys.argv[1])
 art.export(sys.argv[2])
 compiler.load(sys.argv[2]).run({"ids": __import__("numpy").arange(8).reshape(1, 8)})

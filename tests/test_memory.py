@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import compiler
-from passes import memory
-from passes.memory import ALIGNMENT, Tensor, lower_bound, plan, verify_placement
+import relaxc as compiler
+from relaxc.passes import memory
+from relaxc.passes.memory import ALIGNMENT, Tensor, lower_bound, plan, verify_placement
 from tests import reference
 
 

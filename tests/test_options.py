@@ -5,12 +5,12 @@ import dataclasses
 
 import pytest
 
-import compiler
-from benchmarks.bench import build_parser as bench_parser
-from compiler.cli import build_parser, option_values
-from compiler.options import Options, TuneOptions
-from passes.memory import PLANNERS
-from schedules.tuning import DEFAULT_TRIALS, MODES, ApplyTuningRecords
+import relaxc as compiler
+from relaxc.benchmarks.bench import build_parser as bench_parser
+from relaxc.cli import build_parser, option_values
+from relaxc.options import Options, TuneOptions
+from relaxc.passes.memory import PLANNERS
+from relaxc.schedules.tuning import DEFAULT_TRIALS, MODES, ApplyTuningRecords
 
 
 def _names(cls) -> set[str]:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-PACKAGES = ("support", "passes", "schedules", "compiler", "benchmarks", "tests")
+PACKAGES = ("support", "passes", "schedules", "compiler", "benchmarks", "tools", "tests")
 # what each package may import of relaxc's own
 ALLOWED = {
     "support": set(),
@@ -17,6 +17,7 @@ ALLOWED = {
     "schedules": {"support", "passes"},
     "compiler": {"support", "passes", "schedules"},
     "benchmarks": {"support", "passes", "schedules", "compiler"},
+    "tools": {"support", "passes", "schedules", "compiler", "benchmarks"},  # not installed: only tests import it
     "tests": set(PACKAGES),
 }
 PRIVATE_OK = os.path.join("support", "tvm_internals.py")
@@ -40,12 +41,33 @@ def _imported_modules(tree: ast.AST) -> list[str]:
     return found
 
 
+def _layer(module: str) -> str | None:
+    """The folder a module of relaxc's own lives in: ``relaxc.passes.x`` is passes, ``relaxc.x`` compiler,
+    ``tools.experiments.x`` tools; None for anything else (a bare ``passes`` or ``compiler`` is not
+    relaxc's: the package is ``relaxc``)."""
+    parts = module.split(".")
+    if parts[0] in ("tests", "tools"):
+        return parts[0]
+    if parts[0] != "relaxc":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else "compiler"
+
+
 def _package_imports() -> dict[str, set[str]]:
     edges = {package: set() for package in PACKAGES}
     for package in PACKAGES:
         for _, tree in _sources(package):
-            edges[package] |= {m.split(".")[0] for m in _imported_modules(tree)} & set(PACKAGES) - {package}
+            edges[package] |= {_layer(m) for m in _imported_modules(tree)} - {None, package}
     return edges
+
+
+def test_relaxc_is_imported_by_its_one_name():
+    """The folders install under ``relaxc``: importing ``compiler`` or ``passes`` by their folder names
+    works only in a checkout, and would load a second copy of each module beside ``relaxc``'s."""
+    old = {"compiler", "passes", "schedules", "support", "benchmarks"}
+    offenders = {path: sorted(m for m in _imported_modules(tree) if m.split(".")[0] in old)
+                 for package in PACKAGES for path, tree in _sources(package)}
+    assert {path: found for path, found in offenders.items() if found} == {}
 
 
 def test_packages_import_only_the_layers_below():
@@ -61,9 +83,12 @@ def test_no_import_cycle_between_packages():
 
 
 def test_layer_rules_catch_an_upward_import():
-    """The check above can fail: a passes module importing compiler is reported."""
-    tree = ast.parse("def f():\n    from compiler.pipeline import PHASES\n")
-    assert {m.split(".")[0] for m in _imported_modules(tree)} - ALLOWED["passes"] == {"compiler"}
+    """The check above can fail: a passes module importing compiler is reported, and so is a
+    benchmarks module importing tools."""
+    tree = ast.parse("def f():\n    from relaxc.pipeline import PHASES\n")
+    assert {_layer(m) for m in _imported_modules(tree)} - ALLOWED["passes"] == {"compiler"}
+    tree = ast.parse("from tools.experiments import ab\n")  # tools is not installed: relaxc cannot import it
+    assert {_layer(m) for m in _imported_modules(tree)} - ALLOWED["benchmarks"] == {"tools"}
 
 
 def _private_tvm_uses(tree: ast.AST) -> list[str]:

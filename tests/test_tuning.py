@@ -19,15 +19,16 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
-import compiler
-from compiler import frontend
-from schedules import cache, selection, sequence, tuning
-from support import targets, versions
-from schedules.cache import RecordStore
-from schedules.dispatch import DispatchStore
+import relaxc as compiler
+from relaxc import frontend
+from relaxc.report import summary
+from relaxc.schedules import cache, selection, sequence, tuning
+from relaxc.support import targets, versions
+from relaxc.schedules.cache import RecordStore
+from relaxc.schedules.dispatch import DispatchStore
 from tests import reference
 
-from tests.helpers import ROOT, env, host_runs_avx2, relaxc, relaxc_command
+from tests.helpers import ROOT, env, relaxc, relaxc_command
 
 ZNVER3 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # the target the committed logs are for
 
@@ -454,18 +455,20 @@ def test_replay_without_records_for_this_cpu_says_which_stores_exist(tmp_path, c
     other.mkdir()
     for name in cache.DATABASE_FILES:
         (other / name).write_text("")
-    with caplog.at_level(logging.WARNING, logger="relaxc"):
-        report = compiler.compile(reference.small_cnn(), cache_dir=str(tmp_path)).report()["tuning"]
+    with caplog.at_level(logging.INFO, logger="relaxc"):
+        full = compiler.compile(reference.small_cnn(), cache_dir=str(tmp_path)).report()
+    report = full["tuning"]
     assert report["store"] is None and report["stores"] == ["llvm-othercpu-2c"]
     assert report["tune_command"].startswith("relaxc tune ") and f"--log-dir {tmp_path}" in report["tune_command"]
     said = [r.getMessage() for r in caplog.records if "no tuning records for" in r.getMessage()]
     assert len(said) == 1 and "llvm-othercpu-2c" in said[0] and report["tune_command"] in said[0]
+    assert all(r.levelno == logging.INFO for r in caplog.records if "no tuning records for" in r.getMessage())
+    assert "stores: llvm-othercpu-2c" in summary(full, report["tune_command"])
 
 
 # --- the committed logs: CI replays them and never tunes ------------------------------------------
 
 EMERALDRAPIDS = {"kind": "llvm", "mcpu": "emeraldrapids", "num-cores": 2}  # AVX-512 Intel, 2 cores
-AVX512_HOSTS = ("sapphirerapids", "emeraldrapids", "graniterapids")  # run emeraldrapids code (same ISA or more)
 ZNVER4 = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}  # AVX-512 AMD (Zen 4), 2 cores
 ZNVER5 = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}  # AVX-512 AMD (Zen 5), 2 cores
 COMMITTED = ([(ZNVER3, spec) for spec in ("onnx:resnet50", "onnx:vgg19", "onnx:squeezenet", "onnx:inception_v2", "zoo:bert")]
@@ -475,9 +478,7 @@ COMMITTED = ([(ZNVER3, spec) for spec in ("onnx:resnet50", "onnx:vgg19", "onnx:s
 
 
 def _runs_here(target: dict) -> bool:
-    if target is ZNVER3:
-        return host_runs_avx2()
-    return targets.host_cpu() in (AVX512_HOSTS if target is EMERALDRAPIDS else (target["mcpu"],))
+    return targets.runs_on_host(targets.resolve(target))
 
 
 @pytest.mark.slow

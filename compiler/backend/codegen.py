@@ -22,9 +22,9 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from passes import tir_pipeline
-from support import tvm_internals
-from support.threads import physical_cores
+from relaxc.passes import tir_pipeline
+from relaxc.support import tvm_internals
+from relaxc.support.threads import physical_cores
 
 GROUPS_PER_JOB = 4  # small groups, taken by whichever thread is free, balance uneven kernels
 

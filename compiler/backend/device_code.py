@@ -16,8 +16,8 @@ import os
 import tvm
 import tvm_ffi
 
-from support.errors import ExportError
-from support.files import Staging
+from relaxc.support.errors import ExportError
+from relaxc.support.files import Staging
 
 CUDA_CALLBACK = "tvm_callback_cuda_compile"
 
@@ -39,7 +39,7 @@ def cuda_sources(module: tvm.runtime.Module) -> list[str]:
 def write_cuda_fatbins(module: tvm.runtime.Module, arch: str, library_path: str, staging: Staging) -> list[dict]:
     """Compile each CUDA module for ``arch`` and write ``<library>.<i>.fatbin`` as part of
     ``staging``; returns the manifest entries."""
-    from compiler.backend import toolchain
+    from relaxc.backend import toolchain
 
     entries = []
     for index, source in enumerate(cuda_sources(module)):

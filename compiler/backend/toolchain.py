@@ -25,7 +25,7 @@ import tempfile
 
 import tvm_ffi
 
-from support.errors import TargetError
+from relaxc.support.errors import TargetError
 
 ROCM_BITCODE_DIRS = ("/opt/rocm/amdgcn/bitcode", "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from schedules.cpu.rule import CpuRule
-from support.targets import VectorUnit
-from support.tvm_internals import UncheckedSchedule
+from relaxc.schedules.cpu.rule import CpuRule
+from relaxc.support.targets import VectorUnit
+from relaxc.support.tvm_internals import UncheckedSchedule
 
 
 class Basic(CpuRule):

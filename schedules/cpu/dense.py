@@ -16,13 +16,13 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from passes import prefetch
-from passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
-from schedules.cpu.rule import CpuRule, kernel_blocks
-from schedules.cpu.tiled import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial, try_attach,
+from relaxc.passes import prefetch
+from relaxc.passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
+from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
+from relaxc.schedules.cpu.tiled import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial, try_attach,
                                  vectorize_innermost)
-from support.targets import VectorUnit
-from support.tvm_internals import UncheckedSchedule
+from relaxc.support.targets import VectorUnit
+from relaxc.support.tvm_internals import UncheckedSchedule
 
 BLOCK = "dense_packed"
 ROWS_PAD = "dense_rows_pad"

@@ -26,10 +26,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
-from schedules.cpu.rule import CpuRule, kernel_blocks
-from schedules.cpu.tiled import loop_extent, vectorize_innermost
-from support.targets import VectorUnit
-from support.tvm_internals import UncheckedSchedule
+from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
+from relaxc.schedules.cpu.tiled import loop_extent, vectorize_innermost
+from relaxc.support.targets import VectorUnit
+from relaxc.support.tvm_internals import UncheckedSchedule
 
 
 def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:

@@ -11,7 +11,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from support.targets import VectorUnit, vector_unit
+from relaxc.support.targets import VectorUnit, vector_unit
 
 log = logging.getLogger("relaxc")
 

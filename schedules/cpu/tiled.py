@@ -28,10 +28,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
-from passes.legalize import STAGE_ATTR
-from schedules.cpu.rule import CpuRule
-from support.targets import VectorUnit, accumulators
-from support.tvm_internals import UncheckedSchedule
+from relaxc.passes.legalize import STAGE_ATTR
+from relaxc.schedules.cpu.rule import CpuRule
+from relaxc.support.targets import VectorUnit, accumulators
+from relaxc.support.tvm_internals import UncheckedSchedule
 
 MAX_TILE = 8  # register tile along the output row: 8 accumulators + 1 weight vector
 MIN_ACCUMULATORS = 4  # fewer cannot hide the FMA latency
@@ -106,7 +106,7 @@ def _square_tile(row: int | None, channels: int | None, budget: int) -> tuple[in
 
     The row tile first (8 x 2 on a 56-wide map) loads 10 vectors for 16 FMAs and reads the input
     once per two channel blocks; 4 x 4 loads 8 and reads it once per four. ResNet-50 in one
-    process, the kernels in the model's sequence (``python -m benchmarks.ab``, Emerald Rapids, 2
+    process, the kernels in the model's sequence (``python -m relaxc.benchmarks.ab``, Emerald Rapids, 2
     cores): its three 64 -> 256 convs at 56 x 56 1.73 -> 1.58 ms per inference, the 64 -> 64 one
     0.17 -> 0.11; the 14- and 7-wide maps keep 7 x 2. 3x3 convs too since 2026-11-26: ResNet-50's
     stride-2 128-channel one (28-wide output) 7 x 2 -> 4 x 4 with rows first, 0.10-0.13 ms faster
@@ -456,7 +456,7 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
     block (64 runs of 448 bytes for 1024 channels), which the prefetchers do not follow, and its
     weights from L2 for one row of outputs; in chunks, each chunk's input for the rows is one run per
     block and its weights stay in L1. ResNet-50's five 1024 -> 256 convs at 14 x 14, in the model
-    (``python -m benchmarks.ab``, Emerald Rapids, 2 cores): 2.17-3.34 ms per inference tile by tile,
+    (``python -m relaxc.benchmarks.ab``, Emerald Rapids, 2 cores): 2.17-3.34 ms per inference tile by tile,
     1.94-2.59 in chunks; the 2048 -> 512 ones at 7 x 7 and the 1024 -> 512 at 14 x 14 gained less.
     A 3x3 conv's chunk is one block of 16 channels (2 x 16 x 9 weight vectors, 18 KB). In the model
     (``benchmarks.ab``, both orders, 2026-11-26): ResNet-50's stride-2 512-channel 3x3 conv to 7 x 7

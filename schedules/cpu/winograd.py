@@ -15,12 +15,12 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from passes.legalize import STAGE_ATTR
-from passes.winograd import INPUT_ATTR, OUTPUT_ATTR
-from schedules.cpu.rule import CpuRule, kernel_blocks
-from schedules.cpu.tiled import inline_elementwise, loop_extent
-from support.targets import VectorUnit
-from support.tvm_internals import UncheckedSchedule
+from relaxc.passes.legalize import STAGE_ATTR
+from relaxc.passes.winograd import INPUT_ATTR, OUTPUT_ATTR
+from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
+from relaxc.schedules.cpu.tiled import inline_elementwise, loop_extent
+from relaxc.support.targets import VectorUnit
+from relaxc.support.tvm_internals import UncheckedSchedule
 
 
 class Winograd(CpuRule):

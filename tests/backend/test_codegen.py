@@ -3,10 +3,10 @@
 import numpy as np
 import tvm
 
-import compiler
-import compiler.runtime
-from compiler.backend import codegen
-from support import tvm_internals
+import relaxc as compiler
+import relaxc.runtime
+from relaxc.backend import codegen
+from relaxc.support import tvm_internals
 from tests import reference
 
 

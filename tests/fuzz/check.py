@@ -31,7 +31,7 @@ class Outcome:
 
 
 def inputs_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    from compiler.runtime import random_inputs
+    from relaxc.runtime import random_inputs
 
     specs = [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim), "float32") for i in model.graph.input]
     return random_inputs(specs, seed)
@@ -39,8 +39,8 @@ def inputs_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
 
 def check(model: onnx.ModelProto) -> Outcome:
     """Compile ``model`` (no tuning), run it and onnxruntime on the same random inputs, compare."""
-    import compiler
-    from benchmarks import reference
+    import relaxc as compiler
+    from relaxc.benchmarks import reference
 
     inputs = inputs_for(model)
     try:

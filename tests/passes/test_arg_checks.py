@@ -9,8 +9,8 @@ from tvm import relax
 from tvm.script import tirx as T
 from tvm.target import Target
 
-import compiler
-from passes import arg_checks, tir_pipeline
+import relaxc as compiler
+from relaxc.passes import arg_checks, tir_pipeline
 from tests import reference
 
 TARGET = Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # AVX2: runs on every CPU this project meets

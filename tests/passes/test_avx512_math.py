@@ -8,9 +8,9 @@ import tvm
 from tvm import te
 from tvm.target import Target, codegen
 
-from benchmarks import fast_math as measure
-from passes import avx512_math, fast_math, tir_pipeline
-from support import targets
+from relaxc.passes import avx512_math, fast_math, tir_pipeline
+from relaxc.support import targets
+from tools.experiments import fast_math as measure
 
 AVX512 = Target({"kind": "llvm", "mcpu": "skylake-avx512"})
 AVX2 = Target({"kind": "llvm", "mcpu": "haswell"})

@@ -5,8 +5,8 @@ import onnx
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import frontend
-from passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
+from relaxc import frontend
+from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)
 from tests.passes import relax_ops
 

@@ -5,9 +5,9 @@ whose NHWC values leak, or that never permute back, stay as exported."""
 import numpy as np
 from onnx import TensorProto, helper
 
-import compiler
-from compiler import frontend
-from passes.channels_last import ChannelsLastToNCHW
+import relaxc as compiler
+from relaxc import frontend
+from relaxc.passes.channels_last import ChannelsLastToNCHW
 from tests import reference
 from tests.passes import relax_ops
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import compiler
-from passes.conv_taps import _Axis, _input_share, _regions, _useful_taps
+import relaxc as compiler
+from relaxc.passes.conv_taps import _Axis, _input_share, _regions, _useful_taps
 from tests import reference
 
 

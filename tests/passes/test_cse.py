@@ -5,7 +5,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from passes.cse import EliminateCommonSubexpr
+from relaxc.passes.cse import EliminateCommonSubexpr
 
 ROWS = 1024  # a (1024, 512) float32 weight is 2 MB: lifted; a (1024, 8) one is 32 KB: not
 

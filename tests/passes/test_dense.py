@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import compiler
-from passes.dense import ROW_TILE_MAX, Tile, register_tile, row_tile
-from support import targets
+import relaxc as compiler
+from relaxc.passes.dense import ROW_TILE_MAX, Tile, register_tile, row_tile
+from relaxc.support import targets
 from tests import reference
 from tests.helpers import host_runs_avx2
 

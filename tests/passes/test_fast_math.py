@@ -1,5 +1,5 @@
 """passes/fast_math.py: the vectorised transcendental functions, measured against numpy in float64
-over the whole float32 range (benchmarks/fast_math.py says how), and shown to replace TVM's scalar
+over the whole float32 range (tools/experiments/fast_math.py says how), and shown to replace TVM's scalar
 calls. The bounds are the ones docs/fast_math.md reports."""
 
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 import tvm
 from tvm import te
 
-from benchmarks import fast_math as measure
-from passes import fast_math
+from relaxc.passes import fast_math
+from tools.experiments import fast_math as measure
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2: runs on every CPU this project meets
 LANES = 8

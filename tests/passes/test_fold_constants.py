@@ -7,7 +7,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
-from passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants, _computes_from_constants
+from relaxc.passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants, _computes_from_constants
 
 
 def _module(body) -> tvm.IRModule:

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from passes.graph_choice import Operator, Problem, solve
+from relaxc.passes.graph_choice import Operator, Problem, solve
 
 LAYOUTS = ("NCHW", "NCHW8c", "NCHW16c")
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
+import relaxc as compiler
 from tests import reference
 
 

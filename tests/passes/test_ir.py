@@ -4,8 +4,8 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from passes import ir
-from passes.ir import constant_array, is_op, map_relax_functions, static_shape
+from relaxc.passes import ir
+from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
 
 
 def test_static_shape_is_none_when_any_dim_is_symbolic():

@@ -6,9 +6,9 @@ from tvm import te
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from passes import prefetch, tir_pipeline
-from passes.winograd import winograd_product
-from schedules.cpu import Dense
+from relaxc.passes import prefetch, tir_pipeline
+from relaxc.passes.winograd import winograd_product
+from relaxc.schedules.cpu import Dense
 
 TARGET = Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # AVX2: runs on every CPU this project meets
 

@@ -6,8 +6,8 @@ import tvm_ffi
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from passes import stack_buffers, tir_pipeline
-from schedules.cpu import Tiled
+from relaxc.passes import stack_buffers, tir_pipeline
+from relaxc.schedules.cpu import Tiled
 from tests.schedules.test_tiling import _blocked_conv
 
 TARGET = Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # AVX2: runs on every CPU this project meets

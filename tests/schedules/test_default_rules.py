@@ -4,10 +4,10 @@ import pytest
 import tvm
 from tvm.target import Target
 
-import compiler
-from schedules.default import SCHEDULE_ATTR, DefaultSchedules, default_schedule, rules
-from schedules.cpu import tiled
-from support.targets import vector_unit
+import relaxc as compiler
+from relaxc.schedules.default import SCHEDULE_ATTR, DefaultSchedules, default_schedule, rules
+from relaxc.schedules.cpu import tiled
+from relaxc.support.targets import vector_unit
 from tests.schedules.test_tiling import AVX512, matmul
 
 

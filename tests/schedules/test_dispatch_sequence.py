@@ -7,13 +7,13 @@ import time
 
 from tvm import te
 
-from passes.dispatch import DIRECT, WINOGRAD
-from schedules import dispatch_sequence
-from schedules.cache import RecordStore
-from schedules.dispatch import DispatchStore
-from schedules.dispatch_sequence import Variant, contested, decide_in_sequence, own_calls, time_variants
-from schedules.selection import TOLERANCE
-from support import targets
+from relaxc.passes.dispatch import DIRECT, WINOGRAD
+from relaxc.schedules import dispatch_sequence
+from relaxc.schedules.cache import RecordStore
+from relaxc.schedules.dispatch import DispatchStore
+from relaxc.schedules.dispatch_sequence import Variant, contested, decide_in_sequence, own_calls, time_variants
+from relaxc.schedules.selection import TOLERANCE
+from relaxc.support import targets
 
 
 def _kernel(symbol: str, scale: float):

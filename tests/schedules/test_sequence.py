@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tvm
 
-from schedules import sequence
-from schedules.selection import Candidate
+from relaxc.schedules import sequence
+from relaxc.schedules.selection import Candidate
 
 
 def _tensor(values) -> tvm.runtime.Tensor:

@@ -8,9 +8,9 @@ import tvm
 from tvm import s_tir, te, tirx, topi
 from tvm.target import Target
 
-from schedules.cpu import Basic, Tiled, tiled
-from schedules.cpu.tiled import MAX_TILE, _tile, _vector_width
-from support import targets
+from relaxc.schedules.cpu import Basic, Tiled, tiled
+from relaxc.schedules.cpu.tiled import MAX_TILE, _tile, _vector_width
+from relaxc.support import targets
 
 AVX512 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 

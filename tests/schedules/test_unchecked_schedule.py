@@ -7,8 +7,8 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.target import Target
 
-from schedules.cpu import Tiled, tiled
-from support.tvm_internals import UncheckedSchedule
+from relaxc.schedules.cpu import Tiled, tiled
+from relaxc.support.tvm_internals import UncheckedSchedule
 from tests.schedules.test_tiling import _blocked_conv
 
 TARGET = Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})

@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 from tvm import tirx
 
-import compiler
-from schedules.default import schedule_kind
+import relaxc as compiler
+from relaxc.schedules.default import schedule_kind
 from tests import reference
 from tests.helpers import store_choosing
 

@@ -16,8 +16,8 @@ import onnx
 from onnx import numpy_helper
 
 
-from compiler.runtime import TensorSpec
-from support.errors import UnsupportedOperatorError
+from relaxc.support.tensors import TensorSpec
+from relaxc.support.errors import UnsupportedOperatorError
 
 
 class Facts:

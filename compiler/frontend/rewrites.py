@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from compiler import prepare
+from relaxc.frontend import prepare
 
 Shapes = Callable[[], dict[str, tuple[int, ...]]]  # static shapes, inferred on the first call
 

@@ -1,7 +1,7 @@
 """Where one model's compile costs more under one set of options than another: phase by phase, then
-kernel by kernel (``python -m benchmarks.build_costs``).
+kernel by kernel (``python -m tools.experiments.build_costs``).
 
-    .venv/bin/python -m benchmarks.build_costs onnx:squeezenet --before-options dispatch=off \
+    .venv/bin/python -m tools.experiments.build_costs onnx:squeezenet --before-options dispatch=off \
         --after-options dispatch=replay --options tuning=replay [--rounds 5] [--top 10]
 
 All in one process, so both sides pay the same imports and warm-ups: the two sides are compiled in
@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 import tvm
 
-import compiler
-from benchmarks.compile_times import add_option_arguments, option_sides
-from compiler.backend import codegen
-from compiler.frontend import ModelLike
-from passes import tir_pipeline
-from support import tvm_internals
-from support.threads import physical_cores
+import relaxc as compiler
+from tools.experiments.compile_times import add_option_arguments, option_sides
+from relaxc.backend import codegen
+from relaxc.frontend import ModelLike
+from relaxc.passes import tir_pipeline
+from relaxc.support import tvm_internals
+from relaxc.support.threads import physical_cores
 
 
 def _build(group: tvm.IRModule, target: tvm.target.Target) -> tuple[float, float]:

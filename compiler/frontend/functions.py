@@ -18,7 +18,7 @@ import itertools
 import onnx
 from onnx import defs
 
-from compiler import prepare
+from relaxc.frontend import prepare
 
 IMPORTER_CONVERTS_ANOTHER_OPERATOR = {"Attention"}
 _SOMETIMES_WRONG = {"LayerNormalization", "RMSNormalization"}  # see _converted_wrongly

@@ -1,4 +1,4 @@
-"""The zoo: real transformer and CNN exports (compiler/zoo/, light forms) compile and match
+"""The zoo: real transformer and CNN exports (compiler/frontend/zoo/, light forms) compile and match
 onnxruntime; the light form keeps the graph and fills weights reproducibly; external data loads."""
 
 import os
@@ -8,8 +8,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-import compiler
-from compiler import frontend, models
+import relaxc as compiler
+from relaxc import frontend
+from relaxc.frontend import models
 from tests import reference
 
 

@@ -1,8 +1,8 @@
 """Compile times of the bundled models from two source trees or two sets of options.
 
     git worktree add /tmp/before <commit>
-    .venv/bin/python -m benchmarks.compile_times /tmp/before . --repeat 3 [resnet50 squeezenet ...]
-    .venv/bin/python -m benchmarks.compile_times . . --before-options dispatch=off --options tuning=off --rounds 5
+    .venv/bin/python -m tools.experiments.compile_times /tmp/before . --repeat 3 [resnet50 squeezenet ...]
+    .venv/bin/python -m tools.experiments.compile_times . . --before-options dispatch=off --options tuning=off --rounds 5
 
 Each model is compiled ``--repeat`` times in a fresh process per side (median), the sides taking
 turns model by model, so a slow spell of the machine hits both; with ``--rounds N`` the pair of
@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 
-from compiler import models
+from relaxc.frontend import models
 
 CODE = """
 import statistics, time, compiler

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import compiler
+import relaxc as compiler
 from tests import reference
 
 

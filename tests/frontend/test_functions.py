@@ -6,8 +6,9 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from compiler import frontend, functions
+import relaxc as compiler
+from relaxc import frontend
+from relaxc.frontend import functions
 from tests import reference
 
 

@@ -1,8 +1,8 @@
 """GFLOP/s of the packed dense kernel (passes/dense.py, schedules/cpu/dense.py) per register tile.
 
-    .venv/bin/python -m benchmarks.dense_tiles                       # this CPU, the ViT/BERT shapes
-    .venv/bin/python -m benchmarks.dense_tiles -t '{"kind": "llvm", "mcpu": "znver3", "num-cores": 2}'
-    .venv/bin/python -m benchmarks.dense_tiles --cold                # weights flushed from the caches
+    .venv/bin/python -m tools.experiments.dense_tiles                       # this CPU, the ViT/BERT shapes
+    .venv/bin/python -m tools.experiments.dense_tiles -t '{"kind": "llvm", "mcpu": "znver3", "num-cores": 2}'
+    .venv/bin/python -m tools.experiments.dense_tiles --cold                # weights flushed from the caches
 
 The numbers behind ``register_tile``'s preferences (its docstring, docs/benchmarks.md). Each tile
 (rows x vectors of the panel) is the real kernel: ``dense_packed`` scheduled by the ``Dense`` rule,
@@ -21,9 +21,9 @@ import numpy as np
 import tvm
 from tvm import te
 
-from passes.dense import dense_packed, register_tile
-from schedules.cpu.dense import Dense
-from support import targets
+from relaxc.passes.dense import dense_packed, register_tile
+from relaxc.schedules.cpu.dense import Dense
+from relaxc.support import targets
 
 SHAPES = ((197, 3072, 768), (197, 768, 3072), (197, 768, 768), (128, 256, 1024))
 TILES = ((8, 2), (8, 3), (6, 4), (6, 2), (4, 3))  # (rows, vectors)

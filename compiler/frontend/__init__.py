@@ -22,10 +22,10 @@ import tvm
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
-from compiler import exactness, functions, models, prepare, rewrites
-from compiler.runtime import TensorSpec
-from support import tvm_internals
-from support.errors import InputError, ModelError, ShapeError, UnsupportedOperatorError
+from relaxc.frontend import exactness, functions, models, prepare, rewrites
+from relaxc.support.tensors import TensorSpec
+from relaxc.support import tvm_internals
+from relaxc.support.errors import InputError, ModelError, ShapeError, UnsupportedOperatorError
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 Shapes = Mapping[str, Sequence[int]]

@@ -5,8 +5,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-import compiler
-from compiler import prepare
+import relaxc as compiler
+from relaxc.frontend import prepare
 from tests import reference
 
 

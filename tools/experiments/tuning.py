@@ -1,8 +1,8 @@
 """The tuning table behind docs/benchmarks.md: what the committed records buy, and what replaying
 them costs at compile time.
 
-    .venv/bin/python -m benchmarks.tuning [onnx:resnet50 ...] [--repeat 20] [--compiles 3]
-    .venv/bin/python -m benchmarks.tuning onnx:resnet50 --selection 12   # what the selection chose
+    .venv/bin/python -m tools.experiments.tuning [onnx:resnet50 ...] [--repeat 20] [--compiles 3]
+    .venv/bin/python -m tools.experiments.tuning onnx:resnet50 --selection 12   # what the selection chose
 
 For each model: compile time with ``tuning="off"`` and ``tuning="strict"`` (records from
 ``tuning_logs/``), alternating, median of ``--compiles`` each in one process; then both builds are
@@ -22,11 +22,11 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
-import compiler  # noqa: E402
-from benchmarks import harness, reference  # noqa: E402
-from compiler import frontend  # noqa: E402
-from compiler.runtime import random_inputs  # noqa: E402
-from schedules.cache import RecordStore, workload_hash  # noqa: E402
+import relaxc as compiler  # noqa: E402
+from relaxc.benchmarks import harness, reference  # noqa: E402
+from relaxc import frontend  # noqa: E402
+from relaxc.runtime import random_inputs  # noqa: E402
+from relaxc.schedules.cache import RecordStore, workload_hash  # noqa: E402
 
 TARGET = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # what tuning_logs/llvm-znver3-2c is for
 DEFAULT_MODELS = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2"]

@@ -1,7 +1,7 @@
 """Accuracy and speed of relaxc's vectorised transcendental functions (passes/fast_math.py).
 
-    .venv/bin/python -m benchmarks.fast_math           # relaxc's lowering (the table in docs/fast_math.md)
-    .venv/bin/python -m benchmarks.fast_math --tvm     # TVM's own lowering, for the speed comparison
+    .venv/bin/python -m tools.experiments.fast_math           # relaxc's lowering (the table in docs/fast_math.md)
+    .venv/bin/python -m tools.experiments.fast_math --tvm     # TVM's own lowering, for the speed comparison
 
 Accuracy: every function on 2**18 float32 inputs, half random bit patterns (every exponent, both
 signs, NaN payloads, subnormals), half normal values of scale 6, plus the special values, against
@@ -22,8 +22,8 @@ import numpy as np
 import tvm
 from tvm import te
 
-from passes import tir_pipeline
-from support import targets
+from relaxc.passes import tir_pipeline
+from relaxc.support import targets
 
 N = 1 << 18
 SPECIAL = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1e-38, 3.4028235e38, -3.4028235e38,
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tvm", action="store_true", help="TVM's own lowering (speed only)")
     args = parser.parse_args(argv)
     if not args.tvm:
-        from passes import fast_math
+        from relaxc.passes import fast_math
 
         fast_math.register()
     target = targets.resolve("cpu")

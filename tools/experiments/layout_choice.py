@@ -1,6 +1,6 @@
 """The graph-level layout choice model by model: what it changes and what it expects to save.
 
-    .venv/bin/python -m benchmarks.layout_choice STORE onnx:resnet50 zoo:googlenet ...
+    .venv/bin/python -m tools.experiments.layout_choice STORE onnx:resnet50 zoo:googlenet ...
 
 Compiles each model with ``layouts="measure"`` into the record store root ``STORE`` (times already
 there are replayed, the rest measured: run it on an idle machine), tuning off, and prints a
@@ -14,7 +14,7 @@ import argparse
 import collections
 import sys
 
-import compiler
+import relaxc as compiler
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,30 +1,38 @@
-"""Exported builds against onnxruntime where only TVM's runtime is installed (``python -m benchmarks.deployed``).
+"""Exported builds against onnxruntime where only TVM's runtime is installed (``python -m tools.experiments.deployed``).
 
     .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/r50.so          # here
-    .venv/bin/python -c "import onnx; from compiler import frontend; \\
+    .venv/bin/python -c "import onnx; from relaxc import frontend; \\
         onnx.save(frontend.load_model('onnx:resnet50')[0], '/tmp/r50.onnx')"      # the model as relaxc read it
-    TVM_USE_RUNTIME_LIB=1 python -m benchmarks.deployed /tmp/r50.onnx /tmp/r50.so [other.so ...]   # there
+    TVM_USE_RUNTIME_LIB=1 python -m tools.experiments.deployed /tmp/r50.onnx /tmp/r50.so [other.so ...]   # there
 
 Why: to measure on a machine that has no compiler (another CPU, a quieter host) what a deployment
 runs: the artifact loaded by TVM's runtime alone (``TVM_USE_RUNTIME_LIB=1``: no libtvm_compiler),
-nothing of relaxc imported. Each build and onnxruntime run with 2 threads, taking turns in blocks
-(``benchmarks.turns.alternate``: a pause, a warm-up run, then the timed runs); outputs are
-checked against onnxruntime first. One table row per set of ``--repeat`` runs.
+nothing of relaxc imported (``import relaxc`` needs TVM's compiler library: ``benchmarks/turns.py`` and
+``benchmarks/reference.py`` are loaded by their paths). Each build and onnxruntime run with 2 threads,
+taking turns in blocks (``turns.alternate``: a pause, a warm-up run, then the timed runs); outputs are
+checked against onnxruntime first, with the project tolerance (``reference.assert_matches``). One table
+row per set of ``--repeat`` runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 
 import numpy as np
 import onnx
 
-from benchmarks.turns import alternate
+BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "benchmarks")
 
-MAX_IR_VERSION = 10  # onnxruntime refuses newer IR versions of the same graph
-TOLERANCE = 1e-3
+
+def _standalone(name: str):
+    """``benchmarks/<name>.py`` loaded by its path, without running ``relaxc``'s ``__init__``."""
+    spec = importlib.util.spec_from_file_location(f"relaxc_benchmarks_{name}", os.path.join(BENCHMARKS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _build(path: str, inputs: dict[str, np.ndarray]):
@@ -50,31 +58,28 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["TVM_NUM_THREADS"] = "2"
     os.environ.setdefault("TVM_BIND_THREADS", "0")
-    import onnxruntime as ort
-
+    turns, reference = _standalone("turns"), _standalone("reference")
     model = onnx.load(args.model)
-    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads, options.log_severity_level = 2, 1, 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = reference.ort_session(model, threads=2)
     rng = np.random.default_rng(0)
     inputs = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype("float32")
               for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}}
-    expected = session.run(None, inputs)[0]
+    expected = session.run(None, inputs)[:1]
     runs = {}
     for path in args.builds:
         run, output = _build(path, inputs)
-        error = float(np.abs(output() - expected).max())
-        if error > TOLERANCE:
-            raise SystemExit(f"{path}: output differs from onnxruntime by {error}")
+        try:
+            reference.assert_matches([output()], expected)
+        except AssertionError as err:
+            raise SystemExit(f"{path}: output differs from onnxruntime: {err}") from None
         runs[os.path.basename(path)] = run
     runs["onnxruntime"] = lambda: session.run(None, inputs)
     names = [n for n in runs if n != "onnxruntime"]
-    print(f"onnxruntime {ort.__version__}, 2 threads each, median of {args.repeat} per set\n")
+    print(f"onnxruntime {reference.onnxruntime().__version__}, 2 threads each, median of {args.repeat} per set\n")
     print("| " + " | ".join([*(f"{n} (ms)" for n in names), "onnxruntime (ms)", *(f"{n} / ort" for n in names)]) + " |")
     print("|" + " ---: |" * (2 * len(names) + 1))
     for _ in range(args.sets):
-        ms = alternate(runs, args.repeat)
+        ms = turns.alternate(runs, args.repeat)
         print("| " + " | ".join([*(f"{ms[n]:.2f}" for n in names), f"{ms['onnxruntime']:.2f}",
                                  *(f"{ms[n] / ms['onnxruntime']:.3f}x" for n in names)]) + " |", flush=True)
 

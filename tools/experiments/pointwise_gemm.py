@@ -1,7 +1,7 @@
 """ResNet-50's pointwise convolutions as relaxc runs them (blocked conv) against the same product as a
-packed GEMM on (H*W, C) rows (``python -m benchmarks.pointwise_gemm``).
+packed GEMM on (H*W, C) rows (``python -m tools.experiments.pointwise_gemm``).
 
-    .venv/bin/python -m benchmarks.pointwise_gemm [--tuning off]
+    .venv/bin/python -m tools.experiments.pointwise_gemm [--tuning off]
 
 Why: issue 17 lists "1x1 as a packed GEMM" among the implementations dispatch could choose from;
 this measures whether the ``Dense`` rule's packed product beats the ``Tiled`` rule's blocked conv on
@@ -18,9 +18,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-import compiler
-from compiler import profile
-from compiler.runtime import random_inputs
+import relaxc as compiler
+from relaxc import profile
+from relaxc.runtime import random_inputs
 
 # (input channels, output channels, height = width): ResNet-50's pointwise layers, stride 1
 SHAPES = ((1024, 256, 14), (256, 1024, 14), (512, 128, 28), (128, 512, 28), (256, 64, 56), (64, 256, 56),

@@ -3,7 +3,7 @@
 - ``onnx:<name>``: the classic CNNs that ship inside the onnx package's backend test data (with
   constant-filled weights).
 - ``zoo:<name>``: real architectures exported from PyTorch by ``benchmarks/export_models.py``,
-  committed in ``compiler/zoo/`` in their *light form*: every float weight is a shape-only
+  committed in ``compiler/frontend/zoo/`` in their *light form*: every float weight is a shape-only
   placeholder recording the mean and standard deviation of the exported random weights, filled here
   with seeded normal values of that scale when the model is loaded. The graph is the exporter's own,
   byte for byte, so the importer sees what users bring.
@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from support.errors import ModelError
+from relaxc.support.errors import ModelError
 
 PREFIX = "onnx:"
 ZOO_PREFIX = "zoo:"
@@ -50,7 +50,7 @@ def is_bundled(spec: object) -> bool:
 
 
 def zoo_names() -> list[str]:
-    """The ``zoo:`` models committed in ``compiler/zoo/``."""
+    """The ``zoo:`` models committed in ``compiler/frontend/zoo/``."""
     return sorted(f[:-5] for f in os.listdir(ZOO_DIR) if f.endswith(".onnx"))
 
 

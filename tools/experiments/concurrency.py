@@ -1,6 +1,6 @@
 """Latency and throughput of concurrent ``run`` calls on one artifact (docs/concurrency.md).
 
-    .venv/bin/python -m benchmarks.concurrency [onnx:squeezenet ...] [--runs 40] [--threads 1 2 4 8]
+    .venv/bin/python -m tools.experiments.concurrency [onnx:squeezenet ...] [--runs 40] [--threads 1 2 4 8]
 
 For each thread count N, N Python threads share one compiled model and each calls ``run`` ``--runs``
 times; the table gives the median latency of one call, the throughput of all threads together and
@@ -19,10 +19,10 @@ import time
 
 import psutil
 
-import compiler
-from compiler.runtime import Runner, random_inputs
-from support import targets
-from support.threads import configure_threads
+import relaxc as compiler
+from relaxc.runtime import Runner, random_inputs
+from relaxc.support import targets
+from relaxc.support.threads import configure_threads
 
 
 def measure(runner: Runner, threads: int, runs: int) -> tuple[float, float]:

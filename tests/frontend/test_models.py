@@ -5,8 +5,8 @@ import re
 import onnx
 import pytest
 
-import compiler
-from compiler import models
+import relaxc as compiler
+from relaxc.frontend import models
 from tests import reference
 
 

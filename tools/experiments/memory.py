@@ -1,7 +1,7 @@
 """The memory table behind docs/memory.md: the arena planner against the lower bound and TVM's
 StaticPlanBlockMemory for every bundled model, and latency with each planner.
 
-    .venv/bin/python -m benchmarks.memory [onnx:resnet50 ...] [--repeat 20]
+    .venv/bin/python -m tools.experiments.memory [onnx:resnet50 ...] [--repeat 20]
 
 Each model is compiled with both planners; both builds are checked against onnxruntime, then timed
 in alternating blocks (median of ``--repeat`` runs each, 2 threads).
@@ -15,10 +15,11 @@ import sys
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
-import compiler  # noqa: E402
-from benchmarks import harness, reference  # noqa: E402
-from compiler import frontend, models  # noqa: E402
-from compiler.runtime import random_inputs  # noqa: E402
+import relaxc as compiler  # noqa: E402
+from relaxc.benchmarks import harness, reference  # noqa: E402
+from relaxc import frontend
+from relaxc.frontend import models  # noqa: E402
+from relaxc.runtime import random_inputs  # noqa: E402
 
 
 def _mib(nbytes: int) -> str:

@@ -1,6 +1,6 @@
-"""How a kernel runs in the model against warm or cold caches (``python -m benchmarks.cache_state``).
+"""How a kernel runs in the model against warm or cold caches (``python -m tools.experiments.cache_state``).
 
-    .venv/bin/python -m benchmarks.cache_state onnx:resnet50 "fused_conv2d_NCHWc13_*" [--tuning strict]
+    .venv/bin/python -m tools.experiments.cache_state onnx:resnet50 "fused_conv2d_NCHWc13_*" [--tuning strict]
 
 Each call of the kernels whose names match, on the model's own arguments (``compiler.profile.model_calls``),
 timed four ways, median of ``--rounds``: right after the call before it in the model (as in an
@@ -19,9 +19,9 @@ import time
 import numpy as np
 import onnx
 
-import compiler
-from compiler.profile import model_calls
-from compiler.runtime import random_inputs
+import relaxc as compiler
+from relaxc.profile import model_calls
+from relaxc.runtime import random_inputs
 
 SWEEP_BYTES = 64 << 20  # more than this VM's L3 share
 

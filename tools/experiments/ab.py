@@ -1,8 +1,8 @@
-"""Two builds of one model against each other and onnxruntime, in one process (``python -m benchmarks.ab``).
+"""Two builds of one model against each other and onnxruntime, in one process (``python -m tools.experiments.ab``).
 
     .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/before.so   # in the old tree
     .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/after.so    # in the new one
-    .venv/bin/python -m benchmarks.ab onnx:resnet50 /tmp/before.so /tmp/after.so [--rounds 3]
+    .venv/bin/python -m tools.experiments.ab onnx:resnet50 /tmp/before.so /tmp/after.so [--rounds 3]
 
 Runs in separate processes minutes apart measure the VM's swings more than a change (onnxruntime's
 ResNet-50 read 31.8 to 48.8 ms in consecutive runs on the Emerald Rapids VM). Here both builds and
@@ -28,12 +28,12 @@ import statistics
 
 import onnx
 
-import compiler
-from benchmarks import by_op, harness, reference
-from compiler import frontend
-from compiler.profile import model_calls
-from compiler.runtime import random_inputs
-from schedules.sequence import is_builtin, time_in_order
+import relaxc as compiler
+from relaxc.benchmarks import by_op, harness, reference
+from relaxc import frontend
+from relaxc.profile import model_calls
+from relaxc.runtime import random_inputs
+from relaxc.schedules.sequence import is_builtin, time_in_order
 
 SHOWN = 12  # kernels listed, largest difference first
 
