@@ -1,33 +1,29 @@
 """relaxc: a deployment compiler for ONNX models on Apache TVM's Relax IR.
 
-    import relaxc as compiler
-    art = compiler.compile("onnx:resnet50", target="cpu")
+    import relaxc
+    art = relaxc.compile("onnx:resnet50", target="cpu")
     outputs = art.run(x)              # numpy in, numpy out
     art.export("resnet50.so")         # + resnet50.json manifest
-    dep = compiler.load("resnet50.so")
+    dep = relaxc.load("resnet50.so")
 
-``compiler.load`` needs only TVM's runtime; the ONNX importer and the pipeline are imported on the
+The package is the repository's ``compiler/`` folder; ``support/``, ``passes/``, ``schedules/`` and
+``benchmarks/`` install under it (``relaxc.passes`` ...). ``relaxc.load`` needs only TVM's runtime; the ONNX importer and the pipeline are imported on the
 first call to ``compile``. Importing relaxc changes nothing in the process: TVM's thread-pool
 defaults are set when a compile starts or an artifact is loaded (``support/threads.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from relaxc.options import Options, TuneOptions
 from relaxc.runtime import Deployed, load
 from relaxc.support.errors import (ExportError, InputError, ModelError, ShapeError, TargetError,
-                            UnsupportedOperatorError, UserError)
-
-log = logging.getLogger("relaxc")
+                                   UnsupportedOperatorError, UserError)
 
 if TYPE_CHECKING:
     from relaxc.artifact import Artifact
     from relaxc.frontend import Constants, ModelLike, Shapes
+    from relaxc.options import Options, TuneOptions
     from relaxc.support.targets import TargetLike
 
 __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Options", "TuneOptions", "Deployed",
@@ -50,6 +46,7 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     options: the fields of ``compiler.Options`` as keywords (``tuning``, ``cache_dir``,
         ``layout_block``, ``memory_planner``, ``unshared``, ``validate_memory``), each documented there.
     """
+    from relaxc.options import Options
     from relaxc.pipeline import compile_model
 
     return compile_model(model, target, shapes, Options(**options), constants)
@@ -76,112 +73,9 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     only then are the schedules selected.
     Returns a summary (tasks, trials, records, selection, minutes, stop reason, dispatch choices).
     """
-    from relaxc import diagnostics
-    from relaxc.pipeline import compile_model
-    from relaxc.runtime import open_device
-    from relaxc.schedules.tuning import tune_module
-    from relaxc.support import tvm_log
+    from relaxc.tuning import tune_model
 
-    tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
-    settings = TuneOptions(**{k: v for k, v in options.items() if k in tune_fields})
-    given = {k: v for k, v in options.items() if k not in tune_fields}
-    if given.get("dispatch", "replay") == "replay":  # tuning a model for this CPU measures its dispatch too
-        given["dispatch"] = "measure"
-    compile_options = Options(**given, tuning="off")
-    art = compile_model(model, target, shapes, compile_options, constants)
-    if art.target.kind.name != "llvm":
-        open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
-    with tvm_log.captured() as said:  # MetaSchedule's workers inherit the captured stderr too
-        tune_kernels = functools.partial(tune_module, target=art.target, trials=settings.trials,
-                                         trials_per_task=settings.trials_per_task, minutes=settings.minutes,
-                                         cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
-                                         model=art.report()["model"], kernels=tuple(settings.kernels))
-        summary = tune_kernels(art.module("fuse"), reselect=settings.reselect, select=settings.selection == "alone")
-        if settings.selection == "sequence":
-            replay = dataclasses.replace(compile_options, tuning="replay")
-            summary.update(_in_sequence(lambda: compile_model(model, target, shapes, replay, constants), tune_kernels,
-                                        settings, compile_options.cache_dir))
-    report = art.report()
-    diagnostics.translate(said, report["ops"])
-    if "dispatch" in report:
-        summary["dispatch"] = {k: report["dispatch"][k] for k in ("choices", "sources")}
-    return summary
-
-
-def _in_sequence(compile_replayed: "Callable[[], Artifact]", tune_kernels: "Callable[..., dict]",
-                 settings: TuneOptions, cache_dir: str | None) -> dict:
-    """``selection="sequence"`` after tuning: dispatch decided in the model, the kernels of the
-    implementations it changed to tuned, then every kernel's schedule selected in the model."""
-    from relaxc.schedules.dispatch import forcing
-
-    def replayed(forced: dict[str, str] | None = None) -> "Artifact":
-        with forcing(forced or {}):
-            return compile_replayed()
-
-    art = replayed()
-    summary = {"dispatch_in_sequence": _dispatch_in_sequence(art, replayed, cache_dir)}
-    if summary["dispatch_in_sequence"]["changed"]:
-        art = replayed()
-        untuned = art.report()["tuning"]["missing"]
-        if settings.trials and untuned:  # the kernels of the implementations now chosen, and only those
-            summary["tuned_after_dispatch"] = tune_kernels(art.module("fuse"), select=False, kernels=tuple(untuned))
-            art = replayed()
-        untuned = summary["dispatch_in_sequence"]["untuned"] = art.report()["tuning"]["missing"]
-        if untuned:  # tuning="strict" would refuse the model until they are tuned
-            log.warning("dispatch in sequence chose implementations whose kernels have no tuning record (%s): "
-                        "tune them (relaxc tune with --trials) before compiling with tuning='strict'",
-                        ", ".join(untuned))
-    summary["selection"] = _select_in_sequence(art, settings.kernels, cache_dir)
-    return summary
-
-
-def _dispatch_in_sequence(art: "Artifact", compile_forced: "Callable[[dict[str, str]], Artifact]",
-                          cache_dir: str | None) -> dict:
-    """``schedules.dispatch_sequence.decide_in_sequence`` for the convolutions of ``art`` (compiled
-    replaying the records) whose dispatch has more than one accurate candidate; ``compile_forced``
-    compiles the model with some workloads' candidates fixed."""
-    import tvm
-
-    from relaxc.profile import model_calls
-    from relaxc.runtime import random_inputs
-    from relaxc.schedules.cache import RecordStore, cache_root
-    from relaxc.schedules.dispatch import DispatchStore
-    from relaxc.schedules.dispatch_sequence import Variant, contested, decide_in_sequence
-
-    if art.target.kind.name != "llvm" or "dispatch" not in art.report():  # GPUs: one implementation so far
-        return {"workloads": 0, "changed": []}
-    inputs = random_inputs(art.inputs, high=art.input_high)
-
-    def build(workload: str, candidate: str) -> Variant:
-        variant = compile_forced({workload: candidate})
-        vm, calls = model_calls(variant, inputs)
-        kernels = {gv.name_hint: f for gv, f in variant.module("final").functions.items()
-                   if isinstance(f, tvm.tirx.PrimFunc)}
-        return Variant(calls, kernels, vm)
-
-    store = DispatchStore(RecordStore.of(cache_root(cache_dir), art.target))
-    return decide_in_sequence(contested(art.report()["dispatch"]["convolutions"]), build, store,
-                              art.report()["model"])
-
-
-def _select_in_sequence(art: "Artifact", kernels: tuple[str, ...], cache_dir: str | None) -> dict:
-    """``schedules.sequence.select_in_sequence`` on one inference of ``art`` (compiled replaying the
-    records), for the kernels matching the ``kernels`` globs (all if none)."""
-    import fnmatch
-
-    import tvm
-
-    from relaxc.profile import model_calls
-    from relaxc.runtime import random_inputs
-    from relaxc.schedules.cache import RecordStore, cache_root
-    from relaxc.schedules.sequence import select_in_sequence
-
-    on_cpu = art.target.kind.name == "llvm"  # GPU kernels keep their best record: nothing to run here
-    _vm, calls = model_calls(art, random_inputs(art.inputs, high=art.input_high)) if on_cpu else (None, [])
-    fused = {gv.name_hint: f for gv, f in art.module("fuse").functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
-    wanted = {name for name in fused if any(fnmatch.fnmatchcase(name, k) for k in kernels)} if kernels else None
-    return select_in_sequence(calls, fused, RecordStore.of(cache_root(cache_dir), art.target), art.target, wanted,
-                              model=art.report()["model"])
+    return tune_model(model, target, shapes, constants, options)
 
 
 def save_cache(path: str, cache_dir: str | None = None) -> str:
@@ -198,3 +92,13 @@ def load_cache(path: str, cache_dir: str | None = None) -> dict[str, int]:
     from relaxc.schedules import cache
 
     return cache.load(path, cache.cache_root(cache_dir))
+
+
+def __getattr__(name: str) -> Any:
+    """``Options`` and ``TuneOptions`` on first use: their choices come from the passes and
+    schedules, which loading an artifact never needs."""
+    if name in ("Options", "TuneOptions"):
+        from relaxc import options
+
+        return getattr(options, name)
+    raise AttributeError(f"module 'relaxc' has no attribute {name!r}")

@@ -238,43 +238,55 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _list_stores(root: str, what: str) -> int:
+    """Print the stores under ``root`` (``what`` they are); returns the problems found."""
+    from relaxc.schedules import cache
+
+    keys = cache.stores(root)
+    print(f"{what}: {root}" + ("" if keys else " (no tuning records)"))
+    problems = 0
+    for key in keys:
+        info = cache.describe_store(root, key)
+        print(f"  {key}: {info['records']} records for {info['workloads']} kernels, versions "
+              f"{info['versions']}{'' if info['compatible'] else ' (NOT this TVM: never applied)'}")
+        for fingerprint, entry in info["models"].items():
+            print(f"    {entry.get('model')} [{fingerprint}] trials {entry.get('trials')}, "
+                  f"{entry.get('minutes')} min, every kernel covered: {entry.get('complete')}")
+        print(f"    {info['selected']} kernels with a schedule chosen by measurement (selected.json)")
+        for name, count in info["measured"].items():
+            if count:
+                print(f"    {count} workloads measured in {name}")
+        for bad in info["bad_lines"]:
+            print(f"    unparsable line {bad}")
+        if info["bad_selection"]:
+            print(f"    invalid selection file {info['bad_selection']} (ignored: the best records apply)")
+        for bad in info["bad_measurements"]:
+            print(f"    {bad}")
+        problems += (len(info["bad_lines"]) + (not info["compatible"]) + bool(info["bad_selection"])
+                     + len(info["bad_measurements"]))
+    return problems
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from relaxc.schedules import cache
 
     root = cache.cache_root(args.cache_dir)
-    if args.action in ("merge", "save", "load") and not args.path:
+    if args.action in ("merge", "save", "load", "pack") and not args.path:
         raise UserError(f"relaxc cache {args.action} needs a PATH")
     if args.action == "list" or args.action == "verify":
-        keys = cache.stores(root)
-        if not keys:
-            print(f"no tuning records under {root}")
+        shipped = cache.shipped_root() if args.cache_dir is None else None
+        layers = [(root, "your records")] + ([(shipped, "beneath them, relaxc's")] if shipped else [])
+        problems = sum(_list_stores(where, what) for where, what in layers)
+        if not any(cache.stores(where) for where, _ in layers):
             return 0 if args.action == "list" else 1
-        problems = 0
-        for key in keys:
-            info = cache.describe_store(root, key)
-            print(f"{key}: {info['records']} records for {info['workloads']} kernels, versions "
-                  f"{info['versions']}{'' if info['compatible'] else ' (NOT this TVM: never applied)'}")
-            for fingerprint, entry in info["models"].items():
-                print(f"  {entry.get('model')} [{fingerprint}] trials {entry.get('trials')}, "
-                      f"{entry.get('minutes')} min, every kernel covered: {entry.get('complete')}")
-            print(f"  {info['selected']} kernels with a schedule chosen by measurement (selected.json)")
-            for name, count in info["measured"].items():
-                if count:
-                    print(f"  {count} workloads measured in {name}")
-            for bad in info["bad_lines"]:
-                print(f"  unparsable line {bad}")
-            if info["bad_selection"]:
-                print(f"  invalid selection file {info['bad_selection']} (ignored: the best records apply)")
-            for bad in info["bad_measurements"]:
-                print(f"  {bad}")
-            problems += (len(info["bad_lines"]) + (not info["compatible"]) + bool(info["bad_selection"])
-                         + len(info["bad_measurements"]))
         return 1 if args.action == "verify" and problems else 0
     if args.action == "merge":
         print(json.dumps(cache.merge(args.path, root)))
     elif args.action == "prune":
         for key, (before, after) in cache.prune(root).items():
             print(f"{key}: {before} -> {after} records (best per kernel)")
+    elif args.action == "pack":
+        print(f"packed {', '.join(cache.pack(root, args.path)) or 'no stores'} into {args.path}")
     elif args.action == "save":
         print(f"wrote {cache.save(args.path, root)}")
     else:
@@ -326,9 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_args(p, TuneOptions)
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("cache", parents=[common], help="list, verify, merge, prune, save or load tuning records")
-    p.add_argument("action", choices=("list", "verify", "merge", "prune", "save", "load"))
-    p.add_argument("path", nargs="?", help="merge: another records root; save/load: a .tar.gz archive")
+    p = sub.add_parser("cache", parents=[common],
+                       help="list, verify, merge, prune, pack, save or load tuning records")
+    p.add_argument("action", choices=("list", "verify", "merge", "prune", "pack", "save", "load"))
+    p.add_argument("path", nargs="?", help="merge: another records root; pack: the folder to write the "
+                   "stores into as relaxc ships them; save/load: a .tar.gz archive")
     add_option_args(p, Options, only=("cache_dir",))
     p.set_defaults(func=cmd_cache)
     return parser

@@ -43,7 +43,7 @@ from relaxc.options import Config, Options
 from relaxc.passes import fast_math
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
-from relaxc.schedules.cache import LAYOUT_FILE, RecordStore, cache_root
+from relaxc.schedules.cache import LAYOUT_FILE, store_for
 from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
 from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
@@ -127,7 +127,7 @@ def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:
     config = c.config
     block = config.layout_block
     layouts = [blocked(block), blocked(block * 2 if block < 16 else block // 2), STANDARD]
-    store = DispatchStore(RecordStore.of(cache_root(config.cache_dir), config.target), LAYOUT_FILE)
+    store = DispatchStore(store_for(config.cache_dir, config.target), LAYOUT_FILE)
     costs = MeasuredLayoutCosts(config.layouts == "measure", store, lambda m: _build_candidate(m, c))
     choice = layout_choice.choose(mod, layouts, costs)
     if choice is None:
@@ -143,7 +143,7 @@ def _dispatch(c: Compilation) -> list[tvm.transform.Pass]:
     if target.kind.name != "llvm":  # GPUs: one implementation per operator so far
         return []
     reads_store = config.dispatch in ("replay", "measure")
-    store = DispatchStore(RecordStore.of(cache_root(config.cache_dir), target)) if reads_store else None
+    store = DispatchStore(store_for(config.cache_dir, target)) if reads_store else None
     unit = (vector_lanes(target), vector_registers(target))
     chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), *unit,
                       strict=config.tuning == "strict")

@@ -105,7 +105,7 @@ def summary(report: dict, tune_with: str | None = None, latency: str | None = No
     if tuning:
         tasks, covered = tuning.get("tasks", 0), tuning.get("tasks_with_records", 0)
         lines.append(f"  tuning {tuning['mode']}: {covered} of {tasks} kernels have records "
-                     f"in {tuning.get('cache_dir')}")
+                     f"in {tuning.get('cache_dir')}" + (f" or relaxc's {tuning['shipped']}" if tuning.get("shipped") else ""))
         if "stores" in tuning:  # no store for this target there
             lines.append(f"    no records for this CPU there (stores: {', '.join(tuning['stores']) or 'none'})")
         if covered < tasks and tune_with:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine
 
 from relaxc import diagnostics
 from relaxc.backend import device_code
@@ -54,7 +54,7 @@ class VMPool:
         self._program = program
         self._device = device
         self.limit = limit
-        self._idle = [relax.VirtualMachine(program, device)]  # made now: a broken program fails at load
+        self._idle = [VirtualMachine(program, device)]  # made now: a broken program fails at load
         self._reset()
         _POOLS.add(self)
 
@@ -65,14 +65,14 @@ class VMPool:
         self.created = len(self._idle)
 
     @contextlib.contextmanager
-    def vm(self) -> Iterator[relax.VirtualMachine]:
+    def vm(self) -> Iterator[VirtualMachine]:
         with self._slots:
             with self._lock:
                 vm = self._idle.pop() if self._idle else None
                 if vm is None:
                     self.created += 1
             if vm is None:
-                vm = relax.VirtualMachine(self._program, self._device)
+                vm = VirtualMachine(self._program, self._device)
             try:
                 yield vm
             finally:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import json
 import logging
 import os
 import tarfile
+import sys
 import tempfile
 
 import tvm
@@ -39,7 +41,8 @@ def mean_seconds(entry: list) -> float:
 
 # --- the record store: MetaSchedule JSON databases under <root>/<target key>/ ----------------------
 
-DEFAULT_ROOT = "tuning_logs"
+SHIPPED = "tuning_logs"  # the committed stores: beside the package in a checkout, inside it when installed
+PACKED = ".gz"  # how the installed package ships the database files (the AVX2 store's 124 MB of workloads: 5.7 MB)
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 SELECTION_FILE = "selected.json"  # each kernel's schedule, chosen by measuring candidates side by side
 DISPATCH_FILE = "dispatch.json"  # each convolution workload's implementations, measured (schedules/dispatch.py)
@@ -49,8 +52,50 @@ log = logging.getLogger("relaxc")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> str:
-    """Where tuning records live: ``cache_dir``, else ``$RELAXC_CACHE_DIR``, else ``./tuning_logs``."""
-    return os.fspath(cache_dir or os.environ.get("RELAXC_CACHE_DIR") or DEFAULT_ROOT)
+    """Where tuning records are written and read first: ``cache_dir``, else ``$RELAXC_CACHE_DIR``,
+    else the user's cache directory (``$XDG_CACHE_HOME/relaxc``, ``~/.cache/relaxc``; macOS
+    ``~/Library/Caches/relaxc``)."""
+    if cache_dir or os.environ.get("RELAXC_CACHE_DIR"):
+        return os.fspath(cache_dir or os.environ["RELAXC_CACHE_DIR"])
+    if sys.platform == "darwin":
+        return os.path.expanduser("~/Library/Caches/relaxc")
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "relaxc")
+
+
+def shipped_root() -> str | None:
+    """The stores that come with relaxc: ``tuning_logs/`` inside the installed package (packed), or
+    the checkout's ``tuning_logs/``; None if neither exists."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # relaxc.schedules -> relaxc
+    for root in (os.path.join(package, SHIPPED), os.path.join(os.path.dirname(package), SHIPPED)):
+        if os.path.isdir(root):
+            return root
+    return None
+
+
+def store_for(cache_dir: str | os.PathLike | None, target: Target) -> "RecordStore":
+    """The records a compile or a tuning run of ``target`` uses. Given a ``cache_dir``: that
+    directory's store alone. Else the user's store (``cache_root``), where new records go, over
+    the store relaxc ships for the target, which is read only (and left out where it was tuned
+    with other versions)."""
+    store = RecordStore.of(cache_root(cache_dir), target)
+    shipped = shipped_root()
+    if cache_dir is None and shipped is not None and os.path.abspath(shipped) != os.path.abspath(cache_root()):
+        base = RecordStore.of(shipped, target)
+        if base.exists() and base.compatible():
+            store.base = base
+    return store
+
+
+def _database_path(directory: str, name: str) -> str | None:
+    """A database file of a store: the plain one, else the packed one; None if neither exists."""
+    for path in (os.path.join(directory, name), os.path.join(directory, name) + PACKED):
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _open_database(path: str, mode: str = "r"):
+    return gzip.open(path, mode + "t" if mode == "r" else mode) if path.endswith(PACKED) else open(path, mode)
 
 
 def target_key(target: Target) -> str:
@@ -65,13 +110,19 @@ class RecordStore:
     The manifest records the versions the records were tuned with; records of other versions are
     never applied. Lines that do not parse (a truncated write, garbage) are skipped with a warning
     naming file and line, and every other record still loads. ``lock()`` serialises writers.
+
+    A store may have a ``base`` (the one relaxc ships): its records and choices are read beneath
+    this store's own (``selections``, ``records_of``, ``workload``, ``measurements``); writes and
+    maintenance (``database``, ``prune``, ``describe``) concern this store's own files only. Its
+    database files may be packed (``PACKED``), as the installed package ships them: read only.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, base: "RecordStore | None" = None) -> None:
         self.dir = directory
+        self.base = base
         self.manifest_path = os.path.join(directory, "manifest.json")
         self.selection_path = os.path.join(directory, SELECTION_FILE)
-        self._index: tuple[tuple[int, int], list[str], dict[str, int]] | None = None  # see _workload_index
+        self._index: tuple[tuple[int, int], list[str], dict[str, int], bytes | None] | None = None  # _workload_index
 
     @classmethod
     def of(cls, root: str, target: Target) -> "RecordStore":
@@ -79,7 +130,13 @@ class RecordStore:
         return cls(os.path.join(root, target_key(target)))
 
     def exists(self) -> bool:
-        return all(os.path.exists(os.path.join(self.dir, name)) for name in DATABASE_FILES)
+        """Whether the store, or its base, has a record database."""
+        own = all(_database_path(self.dir, name) for name in DATABASE_FILES)
+        return own or (self.base is not None and self.base.exists())
+
+    def layers(self) -> list["RecordStore"]:
+        """This store's own files first, then its base's."""
+        return [self] + (self.base.layers() if self.base is not None else [])
 
     def lock(self):
         """Exclusive lock on the directory for a writer; a second writer waits for the first."""
@@ -112,11 +169,11 @@ class RecordStore:
 
     def _read(self, name: str) -> tuple[list[str], list[int]]:
         """The parsable lines of one database file (newline-terminated) and the numbers of the others."""
-        path = os.path.join(self.dir, name)
-        if not os.path.exists(path):
+        path = _database_path(self.dir, name)
+        if path is None:
             return [], []
         kept, bad = [], []
-        with open(path) as f:
+        with _open_database(path) as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -150,7 +207,7 @@ class RecordStore:
         """Drop unparsable lines from the database files (atomically), warning about each one."""
         for name, lines in self._clean()[0].items():
             path = os.path.join(self.dir, name)
-            if os.path.exists(path):
+            if os.path.exists(path):  # a packed file is never written
                 with open(path) as f:
                     if f.read() != "".join(lines):
                         atomic_write(path, "".join(lines))
@@ -176,8 +233,9 @@ class RecordStore:
                     atomic_write(os.path.join(self.dir, name), "".join(lines))
                 return json_database(self.dir)
         clean, skipped = self._clean()
+        plain = all(os.path.exists(os.path.join(self.dir, name)) for name in DATABASE_FILES)
         try:
-            return json_database(self.dir, allow_missing=False) if not skipped else _database_of(clean)
+            return json_database(self.dir, allow_missing=False) if plain and not skipped else _database_of(clean)
         except RuntimeError:
             return _database_of(self._applicable(clean))
 
@@ -201,10 +259,18 @@ class RecordStore:
         return {**files, DATABASE_FILES[1]: kept}
 
     def records_of(self, hashes) -> dict[str, list[str]]:
-        """The record lines of each workload in ``hashes`` (see ``workload_hash``) that has any.
+        """The record lines of each workload in ``hashes`` (see ``workload_hash``) that has any, this
+        store's own first, then its base's.
 
         Reads the workload file's hashes and each record's workload index only; a record line is
         parsed by whoever uses it, so asking for a few kernels of a store of thousands stays cheap."""
+        found: dict[str, list[str]] = {}
+        for layer in self.layers():
+            for key, lines in layer._own_records_of(hashes).items():
+                found.setdefault(key, []).extend(lines)
+        return found
+
+    def _own_records_of(self, hashes) -> dict[str, list[str]]:
         wanted = set(hashes)
         keys, _ = self._workload_index()
         index = {number: key for number, key in enumerate(keys) if key in wanted}  # what records refer to
@@ -222,15 +288,23 @@ class RecordStore:
     def workload(self, key: str) -> tvm.tirx.PrimFunc | None:
         """The kernel the records of workload ``key`` were tuned on (their traces name its blocks);
         None if the store has no such workload or its line does not parse (logged)."""
+        for layer in self.layers():
+            offset = layer._workload_index()[1].get(key)
+            if offset is not None:
+                return layer._workload_at(key, offset)
+        return None
+
+    def _workload_at(self, key: str, offset: int) -> tvm.tirx.PrimFunc | None:
         from tvm.s_tir import meta_schedule as ms
 
-        offset = self._workload_index()[1].get(key)
-        if offset is None:
-            return None
-        path = os.path.join(self.dir, DATABASE_FILES[0])
-        with open(path, "rb") as f:
-            f.seek(offset)
-            line = f.readline()
+        path = _database_path(self.dir, DATABASE_FILES[0])
+        if self._index is not None and self._index[3] is not None:  # a packed file, held unpacked
+            end = self._index[3].find(b"\n", offset)
+            line = self._index[3][offset:end if end >= 0 else None]
+        else:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                line = f.readline()
         try:
             return ms.database.Workload.from_json(json.loads(line)).mod["main"]
         except Exception as err:  # noqa: BLE001 - whatever TVM raises, the workload cannot be read
@@ -242,23 +316,23 @@ class RecordStore:
         records refer to) and each hash's byte offset; read once while the file is unchanged
         (a replay looks up a workload per kernel whose blocks are named otherwise: one scan
         each took VGG-19's 25 lookups 0.06 s in a 7 MB file, and the AVX2 store's is 124 MB)."""
-        path = os.path.join(self.dir, DATABASE_FILES[0])
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:
+        path = _database_path(self.dir, DATABASE_FILES[0])
+        if path is None:
             return [], {}
+        stat = os.stat(path)
         version = (stat.st_size, stat.st_mtime_ns)
         if self._index is None or self._index[0] != version:
             keys: list[str] = []
             offsets: dict[str, int] = {}
-            with open(path, "rb") as f:
+            unpacked = gzip.decompress(open(path, "rb").read()) if path.endswith(PACKED) else None
+            with open(path, "rb") if unpacked is None else contextlib.nullcontext(unpacked.splitlines(True)) as f:
                 offset = 0
                 for line in f:
                     if line.strip():  # ["<hash>","<base64 module>"]: only the hash is read
                         keys.append(line[2:line.find(b'"', 2)].decode())
                         offsets.setdefault(keys[-1], offset)
                     offset += len(line)
-            self._index = (version, keys, offsets)
+            self._index = (version, keys, offsets, unpacked)
         return self._index[1], self._index[2]
 
     def best_records(self, hashes) -> dict[str, list]:
@@ -267,7 +341,11 @@ class RecordStore:
                 for key, lines in self.records_of(hashes).items()}
 
     def selections(self) -> dict[str, dict]:
-        """The chosen schedule of each selected kernel, by workload hash (``schedules/selection.py``)."""
+        """The chosen schedule of each selected kernel, by workload hash (``schedules/selection.py``);
+        this store's choice where it and its base both have one."""
+        return {**(self.base.selections() if self.base is not None else {}), **self._own_selections()}
+
+    def _own_selections(self) -> dict[str, dict]:
         try:
             return self._selection_file()
         except (json.JSONDecodeError, KeyError, TypeError) as err:
@@ -288,8 +366,9 @@ class RecordStore:
     def save_selections(self, entries: dict[str, dict], replace: bool = True) -> None:
         """Record the choices for some kernels (hold ``lock()``), keeping the others; with ``replace``
         False, a kernel that has a choice keeps it. Written to a temporary file and renamed."""
-        chosen = self.selections()
-        chosen.update(entries if replace else {k: v for k, v in entries.items() if k not in chosen})
+        chosen = self._own_selections()
+        taken = self.selections()
+        chosen.update(entries if replace else {k: v for k, v in entries.items() if k not in taken})
         atomic_write(self.selection_path, json.dumps({"kernels": chosen}, indent=1, sort_keys=True))
 
     def describe(self) -> dict:
@@ -306,10 +385,15 @@ class RecordStore:
             "models": {fp[:12]: {k: v for k, v in entry.items() if k != "tasks"}
                        for fp, entry in manifest.get("fingerprints", {}).items()},
             "bad_lines": [f"{os.path.basename(path)}:{number}" for path, number in self.bad_lines()],
-            "selected": len(self.selections()),
+            "selected": len(self._own_selections()),
             "bad_selection": self._selection_problem(),
             **self._measurements(),
         }
+
+    def measurements(self, name: str) -> dict[str, dict]:
+        """The workloads measured in the ``MEASUREMENT_FILES`` file ``name``, this store's own over its base's."""
+        return {**(self.base.measurements(name) if self.base is not None else {}),
+                **read_measurements(os.path.join(self.dir, name))}
 
     def _measurements(self) -> dict:
         """Workloads measured per ``MEASUREMENT_FILES`` file, and the files that do not parse."""
@@ -376,7 +460,27 @@ def stores(root: str) -> list[str]:
     if not os.path.isdir(root):
         return []
     return sorted(name for name in os.listdir(root)
-                  if all(os.path.exists(os.path.join(root, name, f)) for f in DATABASE_FILES))
+                  if all(_database_path(os.path.join(root, name), f) for f in DATABASE_FILES))
+
+
+def pack(source_root: str, root: str) -> list[str]:
+    """Write the stores of ``source_root`` under ``root`` as relaxc ships them: database files
+    gzipped (``PACKED``), the other files as they are; returns the target keys written."""
+    keys = stores(source_root)
+    for key in keys:
+        source, packed = os.path.join(source_root, key), os.path.join(root, key)
+        os.makedirs(packed, exist_ok=True)
+        for name in DATABASE_FILES + ("manifest.json", SELECTION_FILE) + MEASUREMENT_FILES:
+            path = _database_path(source, name) if name in DATABASE_FILES else os.path.join(source, name)
+            if path is None or not os.path.exists(path):
+                continue
+            data = open(path, "rb").read()
+            if name in DATABASE_FILES:
+                data = gzip.decompress(data) if path.endswith(PACKED) else data
+                atomic_write(os.path.join(packed, name + PACKED), gzip.compress(data, 6, mtime=0))
+            else:
+                atomic_write(os.path.join(packed, name), data)
+    return keys
 
 
 def describe_store(root: str, key: str) -> dict:

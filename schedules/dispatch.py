@@ -86,13 +86,15 @@ class DispatchStore:
         return os.path.join(self.store.dir, self.file)
 
     def load(self) -> dict[str, dict]:
-        return read_measurements(self.path)
+        """Every measured workload: the store's own over those of the store relaxc ships."""
+        return self.store.measurements(self.file)
 
     def save(self, key: str, entry: dict) -> None:
-        """Add one workload's measurement (the others kept): written to a temporary file and renamed."""
+        """Add one workload's measurement to the store's own file (the others kept): written to a
+        temporary file and renamed."""
         os.makedirs(self.store.dir, exist_ok=True)
         with self.store.lock():
-            write_measurements(self.path, {**self.load(), key: entry})
+            write_measurements(self.path, {**read_measurements(self.path), key: entry})
 
 
 def decide(entry: dict, strategy: str) -> str:

@@ -27,7 +27,7 @@ from tvm.ir.utils import derived_object
 from tqdm import tqdm
 
 from relaxc.schedules import builder
-from relaxc.schedules.cache import RecordStore, cache_root, stores, workload_hash
+from relaxc.schedules.cache import RecordStore, cache_root, shipped_root, store_for, stores, workload_hash
 from relaxc.schedules.default import IS_SCHEDULED, default_schedule
 from relaxc.schedules.selection import Selection, apply_trace, recorded
 from relaxc.support import targets, tvm_internals, tvm_log
@@ -127,7 +127,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
         raise UserError(f"trials must be at least 0, not {trials}")
     configure_threads()  # the measuring workers inherit it
     tvm_internals.skip_tensor_intrinsics(target)
-    store = RecordStore.of(cache_root(cache_dir), target)
+    store = store_for(cache_dir, target)
     tasks = ms.relax_integration.extract_tasks(mod, target)
     wanted = {t.task_name for t in tasks
               if not kernels or any(fnmatch.fnmatchcase(t.task_name, k) for k in kernels)}
@@ -293,10 +293,10 @@ class ApplyTuningRecords:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         target = Target.current()
-        store = RecordStore.of(cache_root(self.cache_dir), target)
+        store = store_for(self.cache_dir, target)
         tasks = ms.relax_integration.extract_tasks(mod, target)
-        self.report = {"mode": self.mode, "cache_dir": store.dir, "tasks": len(tasks),
-                       "tasks_with_records": 0, "missing": [t.task_name for t in tasks]}
+        self.report = {"mode": self.mode, "cache_dir": store.dir, "shipped": store.base and store.base.dir,
+                       "tasks": len(tasks), "tasks_with_records": 0, "missing": [t.task_name for t in tasks]}
         if self.mode == "off":
             return mod
         if self.mode == "tune":
@@ -314,14 +314,14 @@ class ApplyTuningRecords:
         """Say (report, and a progress line that ``-q`` hides: the summary says it too) that no records
         are for this target, which stores there are, and what would tune for it."""
         root = cache_root(self.cache_dir)
-        others = stores(root)
+        others = sorted(set(stores(root)) | set(stores(shipped_root() or "") if self.cache_dir is None else ()))
         spec = {k: v for k, v in targets.describe(target).items() if k in ("kind", "mcpu", "num-cores")}
         command = f"relaxc tune {self.model} -t '{json.dumps(spec, separators=(',', ':'))}'" + \
             (f" --log-dir {root}" if self.cache_dir else "")
         self.report.update(store=None, stores=others, tune_command=command)
         if self.mode == "replay":
             log.info("no tuning records for %s in %s (stores there: %s): the default schedules run; to tune for "
-                        "this CPU: %s", os.path.basename(store.dir), root, ", ".join(others) or "none", command)
+                     "this CPU: %s", os.path.basename(store.dir), root, ", ".join(others) or "none", command)
 
     def _finish(self, mod: tvm.IRModule, tasks: list, store: RecordStore | None) -> tvm.IRModule:
         traces, sources = chosen_traces(store, tasks) if store is not None else ({}, {})

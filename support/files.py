@@ -48,10 +48,10 @@ class Staging:
                     os.unlink(temp)
 
 
-def atomic_write(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` in one step, flushed to disk before the rename."""
+def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
+    """Write ``text`` (or bytes) to ``path`` in one step, flushed to disk before the rename."""
     with Staging() as staging:
-        with open(staging.path(path), "w") as f:
+        with open(staging.path(path), "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -1,7 +1,11 @@
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The user's record cache of this test session (its subprocesses too): empty, over the stores
+# relaxc ships, never the user's own.
+os.environ["RELAXC_CACHE_DIR"] = os.path.join(tempfile.mkdtemp(prefix="relaxc-test-cache-"), "records")
 
 import onnx  # noqa: E402
 import pytest  # noqa: E402

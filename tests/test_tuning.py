@@ -22,6 +22,7 @@ from tvm.s_tir import meta_schedule as ms
 import relaxc as compiler
 from relaxc import frontend
 from relaxc.report import summary
+from relaxc import tuning as relaxc_tuning
 from relaxc.schedules import cache, selection, sequence, tuning
 from relaxc.support import targets, versions
 from relaxc.schedules.cache import RecordStore
@@ -163,7 +164,7 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
 
 
 def test_after_a_dispatch_change_only_the_untuned_kernels_are_tuned_then_selected(monkeypatch):
-    """compiler._in_sequence with its steps replaced: the new implementation's kernels (those
+    """relaxc.tuning._in_sequence with its steps replaced: the new implementation's kernels (those
     without records) get the trials, not every kernel short of its share; then the selection."""
     missing = [["winograd_product2", "winograd_input2"], []]  # before tuning them, after
 
@@ -178,20 +179,20 @@ def test_after_a_dispatch_change_only_the_untuned_kernels_are_tuned_then_selecte
             return phase
 
     calls, tuned_with = [], {}
-    monkeypatch.setattr(compiler, "_dispatch_in_sequence", lambda art, build, cache_dir: {"changed": ["w"]})
-    monkeypatch.setattr(compiler, "_select_in_sequence", lambda art, kernels, cache_dir: calls.append("select") or {})
+    monkeypatch.setattr(relaxc_tuning, "_dispatch_in_sequence", lambda art, build, cache_dir: {"changed": ["w"]})
+    monkeypatch.setattr(relaxc_tuning, "_select_in_sequence", lambda art, kernels, cache_dir: calls.append("select") or {})
 
     def tune_kernels(mod, **kwargs):
         calls.append("tune")
         tuned_with.update(kwargs, mod=mod)
         return {"trials": 10}
 
-    summary = compiler._in_sequence(Replayed, tune_kernels, compiler.TuneOptions(trials=10), None)
+    summary = relaxc_tuning._in_sequence(Replayed, tune_kernels, compiler.TuneOptions(trials=10), None)
     assert calls == ["tune", "select"] and tuned_with == {"mod": "fuse", "select": False,
                                                           "kernels": ("winograd_product2", "winograd_input2")}
     assert summary["dispatch_in_sequence"]["untuned"] == [] and summary["tuned_after_dispatch"] == {"trials": 10}
     calls.clear()
-    summary = compiler._in_sequence(Replayed, tune_kernels, compiler.TuneOptions(trials=0), None)
+    summary = relaxc_tuning._in_sequence(Replayed, tune_kernels, compiler.TuneOptions(trials=0), None)
     assert calls == ["select"] and summary["dispatch_in_sequence"]["untuned"] == missing[0]
 
 
@@ -208,6 +209,53 @@ def test_an_invalid_selection_file_is_ignored_with_a_warning(tuned, tmp_path, ca
     assert report["selected"] == 0 and report["missing"] == []  # the best records still apply
     proc = relaxc("cache", "verify", "--log-dir", copy)
     assert proc.returncode == 1 and "invalid selection file selected.json" in proc.stdout
+
+
+def test_a_packed_store_replays_like_the_plain_one(tuned, tmp_path):
+    """``relaxc cache pack``: the form relaxc ships its stores in (database files gzipped), read only."""
+    log_dir, _ = tuned
+    packed = tmp_path / "packed"
+    proc = relaxc("cache", "pack", packed, "--log-dir", log_dir)
+    key = cache.target_key(targets.resolve("cpu"))
+    assert proc.returncode == 0 and key in proc.stdout, proc.stderr
+    assert sorted(os.listdir(packed / key)) == sorted(
+        [name + cache.PACKED for name in cache.DATABASE_FILES] + ["dispatch.json", "manifest.json", "selected.json"])
+    plain, shipped = RecordStore(str(log_dir / key)), RecordStore(str(packed / key))
+    assert cache.stores(str(packed)) == [key] and shipped.describe()["records"] == plain.describe()["records"]
+    hashes = list(plain.selections())
+    assert shipped.records_of(hashes) == plain.records_of(hashes) and shipped.selections() == plain.selections()
+    assert all(tvm_ffi.structural_equal(shipped.workload(h), plain.workload(h)) for h in hashes)
+    reports = [compiler.compile(reference.small_cnn(), cache_dir=str(root), tuning="strict").report()["tuning"]
+               for root in (log_dir, packed)]
+    assert reports[0]["tasks_with_records"] == reports[1]["tasks_with_records"] == reports[0]["tasks"]
+
+
+def test_the_users_records_lie_over_the_shipped_store(tuned, tmp_path, monkeypatch):
+    """With no ``cache_dir``: the user's store, where records and measurements are written, over
+    the one relaxc ships, whose choices apply where the user has none; a ``cache_dir`` is alone."""
+    log_dir, _ = tuned
+    target = targets.resolve("cpu")
+    monkeypatch.setattr(cache, "shipped_root", lambda: str(log_dir))
+    monkeypatch.setenv("RELAXC_CACHE_DIR", str(tmp_path / "user"))
+    store = cache.store_for(None, target)
+    assert store.dir == str(tmp_path / "user" / cache.target_key(target)) and store.base.dir.startswith(str(log_dir))
+    assert cache.store_for(str(tmp_path / "other"), target).base is None
+    shipped = store.base.selections()
+    mine = next(iter(shipped))
+    with store.lock():
+        store.save_selections({mine: {**shipped[mine], "chosen_by": "me"}})
+    assert store.selections()[mine]["chosen_by"] == "me" and store.selections().keys() == shipped.keys()
+    assert RecordStore(store.dir).selections().keys() == {mine}  # the shipped choices are not copied
+    DispatchStore(store).save("w", {"candidates": {}})
+    assert DispatchStore(store).load().keys() == DispatchStore(store.base).load().keys() | {"w"}
+    assert cache.read_measurements(os.path.join(store.dir, cache.DISPATCH_FILE)).keys() == {"w"}
+    report = compiler.compile(reference.small_cnn(), tuning="strict").report()["tuning"]
+    assert report["shipped"] == store.base.dir and report["missing"] == []
+    listed = relaxc("cache", "list").stdout.splitlines()  # another process: the checkout's stores beneath
+    assert listed[0] == f"your records: {tmp_path / 'user'} (no tuning records)"  # a choice and a measurement only
+    beneath = listed.index(f"beneath them, relaxc's: {os.path.join(ROOT, 'tuning_logs')}")
+    assert {line.split(":")[0].strip() for line in listed[beneath:] if line.startswith("  llvm-")} == \
+        set(cache.stores(os.path.join(ROOT, "tuning_logs")))
 
 
 def test_the_selection_prefers_the_cheaper_build_among_equally_fast_kernels():
@@ -433,7 +481,7 @@ def test_two_tuners_on_one_directory_do_not_corrupt_it(model_file, tmp_path):
 # --- fingerprints ---------------------------------------------------------------------------------
 
 def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monkeypatch):
-    code = ("import compiler; from tests import reference; "
+    code = ("import relaxc as compiler; from tests import reference; "
             "print(compiler.compile(reference.small_cnn(), tuning='off').fingerprint)")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=300)
     base = compiler.compile(reference.small_cnn(), tuning="off")
