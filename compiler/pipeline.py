@@ -53,7 +53,8 @@ from relaxc.passes.cse import EliminateCommonSubexpr
 from relaxc.passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants
 from relaxc.passes.half_precision import AccumulateHalfInFloat32
 from relaxc.passes import layout_choice
-from relaxc.passes.layout import STANDARD, LayoutPass, blocked
+from relaxc.passes.layout import LayoutPass
+from relaxc.passes.layout_algebra import STANDARD, blocked
 from relaxc.passes.legalize import legalize_ops
 from relaxc.passes.memory import ArenaPlan
 from relaxc.schedules.default import DefaultSchedules

@@ -24,6 +24,8 @@ from tvm.target import Target
 
 from relaxc.support.errors import UserError
 from relaxc.support.files import Staging, atomic_write
+from relaxc.support.store_files import (DATABASE_FILES, DISPATCH_FILE, LAYOUT_FILE, MEASUREMENT_FILES,  # noqa: F401
+                                        PACKED, SELECTION_FILE, STORE_FILES, database_path, pack_store)
 from relaxc.support.targets import describe
 from relaxc.support.versions import code_versions
 
@@ -42,12 +44,6 @@ def mean_seconds(entry: list) -> float:
 # --- the record store: MetaSchedule JSON databases under <root>/<target key>/ ----------------------
 
 SHIPPED = "tuning_logs"  # the committed stores: beside the package in a checkout, inside it when installed
-PACKED = ".gz"  # how the installed package ships the database files (the AVX2 store's 124 MB of workloads: 5.7 MB)
-DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
-SELECTION_FILE = "selected.json"  # each kernel's schedule, chosen by measuring candidates side by side
-DISPATCH_FILE = "dispatch.json"  # each convolution workload's implementations, measured (schedules/dispatch.py)
-LAYOUT_FILE = "layouts.json"  # convolution and converter times of the layout choice (passes/layout_choice.py)
-MEASUREMENT_FILES = (DISPATCH_FILE, LAYOUT_FILE)
 log = logging.getLogger("relaxc")
 
 
@@ -86,16 +82,9 @@ def store_for(cache_dir: str | os.PathLike | None, target: Target) -> "RecordSto
     return store
 
 
-def _database_path(directory: str, name: str) -> str | None:
-    """A database file of a store: the plain one, else the packed one; None if neither exists."""
-    for path in (os.path.join(directory, name), os.path.join(directory, name) + PACKED):
-        if os.path.exists(path):
-            return path
-    return None
-
-
-def _open_database(path: str, mode: str = "r"):
-    return gzip.open(path, mode + "t" if mode == "r" else mode) if path.endswith(PACKED) else open(path, mode)
+def _open_database(path: str):
+    """A database file for reading as text, packed or not."""
+    return gzip.open(path, "rt") if path.endswith(PACKED) else open(path)
 
 
 def target_key(target: Target) -> str:
@@ -131,7 +120,7 @@ class RecordStore:
 
     def exists(self) -> bool:
         """Whether the store, or its base, has a record database."""
-        own = all(_database_path(self.dir, name) for name in DATABASE_FILES)
+        own = all(database_path(self.dir, name) for name in DATABASE_FILES)
         return own or (self.base is not None and self.base.exists())
 
     def layers(self) -> list["RecordStore"]:
@@ -169,7 +158,7 @@ class RecordStore:
 
     def _read(self, name: str) -> tuple[list[str], list[int]]:
         """The parsable lines of one database file (newline-terminated) and the numbers of the others."""
-        path = _database_path(self.dir, name)
+        path = database_path(self.dir, name)
         if path is None:
             return [], []
         kept, bad = [], []
@@ -297,7 +286,7 @@ class RecordStore:
     def _workload_at(self, key: str, offset: int) -> tvm.tirx.PrimFunc | None:
         from tvm.s_tir import meta_schedule as ms
 
-        path = _database_path(self.dir, DATABASE_FILES[0])
+        path = database_path(self.dir, DATABASE_FILES[0])
         if self._index is not None and self._index[3] is not None:  # a packed file, held unpacked
             end = self._index[3].find(b"\n", offset)
             line = self._index[3][offset:end if end >= 0 else None]
@@ -316,7 +305,7 @@ class RecordStore:
         records refer to) and each hash's byte offset; read once while the file is unchanged
         (a replay looks up a workload per kernel whose blocks are named otherwise: one scan
         each took VGG-19's 25 lookups 0.06 s in a 7 MB file, and the AVX2 store's is 124 MB)."""
-        path = _database_path(self.dir, DATABASE_FILES[0])
+        path = database_path(self.dir, DATABASE_FILES[0])
         if path is None:
             return [], {}
         stat = os.stat(path)
@@ -460,26 +449,15 @@ def stores(root: str) -> list[str]:
     if not os.path.isdir(root):
         return []
     return sorted(name for name in os.listdir(root)
-                  if all(_database_path(os.path.join(root, name), f) for f in DATABASE_FILES))
+                  if all(database_path(os.path.join(root, name), f) for f in DATABASE_FILES))
 
 
 def pack(source_root: str, root: str) -> list[str]:
-    """Write the stores of ``source_root`` under ``root`` as relaxc ships them: database files
-    gzipped (``PACKED``), the other files as they are; returns the target keys written."""
+    """Write the stores of ``source_root`` under ``root`` as relaxc ships them (``pack_store``);
+    returns the target keys written."""
     keys = stores(source_root)
     for key in keys:
-        source, packed = os.path.join(source_root, key), os.path.join(root, key)
-        os.makedirs(packed, exist_ok=True)
-        for name in DATABASE_FILES + ("manifest.json", SELECTION_FILE) + MEASUREMENT_FILES:
-            path = _database_path(source, name) if name in DATABASE_FILES else os.path.join(source, name)
-            if path is None or not os.path.exists(path):
-                continue
-            data = open(path, "rb").read()
-            if name in DATABASE_FILES:
-                data = gzip.decompress(data) if path.endswith(PACKED) else data
-                atomic_write(os.path.join(packed, name + PACKED), gzip.compress(data, 6, mtime=0))
-            else:
-                atomic_write(os.path.join(packed, name), data)
+        pack_store(os.path.join(source_root, key), os.path.join(root, key), write=atomic_write)
     return keys
 
 
@@ -574,10 +552,10 @@ def save(path: str, root: str) -> str:
     with Staging() as staging:
         with tarfile.open(staging.path(path), "w:gz") as archive:
             for key in keys:
-                for name in DATABASE_FILES + ("manifest.json", SELECTION_FILE) + MEASUREMENT_FILES:
-                    member = os.path.join(root, key, name)
+                for name in STORE_FILES:
+                    member = database_path(os.path.join(root, key), name) or os.path.join(root, key, name)
                     if os.path.exists(member):
-                        archive.add(member, arcname=f"{key}/{name}")
+                        archive.add(member, arcname=f"{key}/{os.path.basename(member)}")
     return path
 
 

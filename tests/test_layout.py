@@ -12,8 +12,9 @@ from tvm.ir import GenericConst
 
 import relaxc as compiler
 from relaxc import frontend, pipeline
-from relaxc.passes.layout import (LayoutPass, blocked, block_constant, input_block, pack_conv_weight,
-                           pack_windowed_conv_weight, window_firsts)
+from relaxc.passes.layout import LayoutPass
+from relaxc.passes.layout_algebra import (block_constant, blocked, input_block, pack_conv_weight, pack_windowed_conv_weight,
+                                         window_firsts)
 from relaxc.passes.ir import static_shape
 from relaxc.passes.legalize import legalize_ops
 from tests import reference

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 import relaxc as compiler
 from relaxc import frontend, pipeline
 from relaxc.passes import layout_choice
-from relaxc.passes.layout import STANDARD, blocked
+from relaxc.passes.layout_algebra import STANDARD, blocked
 from relaxc.schedules import cache
 from relaxc.schedules.cache import LAYOUT_FILE
 from relaxc.support import targets

@@ -19,8 +19,8 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from relaxc.passes import prefetch
 from relaxc.passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
-from relaxc.schedules.cpu.tiled import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial, try_attach,
-                                 vectorize_innermost)
+from relaxc.schedules.cpu.steps import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial,
+                                        try_attach, vectorize_innermost)
 from relaxc.support.targets import VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
 

@@ -27,7 +27,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
-from relaxc.schedules.cpu.tiled import loop_extent, vectorize_innermost
+from relaxc.schedules.cpu.steps import loop_extent, vectorize_innermost
 from relaxc.support.targets import VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
 

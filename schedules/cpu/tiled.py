@@ -23,45 +23,24 @@ from __future__ import annotations
 
 import math
 
-import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
-from relaxc.passes.legalize import STAGE_ATTR
 from relaxc.schedules.cpu.rule import CpuRule
+from relaxc.schedules.cpu.steps import (L1_BYTES, MIN_PARALLEL_ROWS, broadcasts, index_names, inline_elementwise,
+                                        loop_extent, schedule_spatial, try_attach, vector_width, vectorize_innermost)
 from relaxc.support.targets import VectorUnit, accumulators
 from relaxc.support.tvm_internals import UncheckedSchedule
 
 MAX_TILE = 8  # register tile along the output row: 8 accumulators + 1 weight vector
 MIN_ACCUMULATORS = 4  # fewer cannot hide the FMA latency
-MIN_PARALLEL_ROWS = 16  # fewer rows than this: one flat parallel loop balances better
 MAX_WHOLE_ROW = 14  # a short row with no good factor (13) is tiled whole: 13 accumulators still fit
 LONG_REDUCTION = 1024  # a pointwise conv reducing over this many channels or more reduces in chunks
-L1_BYTES = 32 * 1024  # the smallest L1 data cache of the CPUs seen (Zen 3): a tile's weights over it reduce in chunks
 CHUNK_BYTES = 16 * 1024  # a chunk's weights for a tile's output channels (128 channels of a pointwise conv's 2 blocks)
 MIN_TILES_PER_CHUNK = 4  # register tiles each chunk's weights serve, at least
 LARGE_MATRIX = 1 << 18  # elements: a matrix-vector product this large streams its rows in parts
 MATRIX_PARTS = (8, 4, 2)  # parts of the rows, the most that divide them
 ROW_UNROLL = 4  # matrix rows per accumulator update in a part
-TRANSCENDENTAL = {"tirx.exp", "tirx.sigmoid", "tirx.tanh", "tirx.erf", "tirx.pow", "tirx.log"}
-
-
-def loop_extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, tirx.IntImm) else None
-
-
-def _vector_width(extent: int | None, lanes: int) -> int:
-    """Largest vector width that divides ``extent`` (no tail loop), or 1 if none is worth it."""
-    if extent is None or extent <= 1:
-        return 1
-    if extent <= lanes:
-        return extent
-    for width in range(lanes, max(lanes // 4, 2) - 1, -1):
-        if extent % width == 0:
-            return width
-    return 1
 
 
 def _tile(extent: int | None, limit: int = MAX_TILE) -> int:
@@ -132,11 +111,6 @@ def _broadcast_reads(info: SBlockInfo, sch: s_tir.Schedule) -> tuple[list[tirx.V
     return variables, [names for names in indexed if variables[-1] is None or variables[-1].name not in names]
 
 
-def index_names(region: tirx.BufferRegion) -> set[str]:
-    """The names of the variables a buffer region is indexed by."""
-    return {v.name for r in region.region for v in tirx.analysis.undefined_vars(r.min)}
-
-
 def _broadcast_reuse(info: SBlockInfo, sch: s_tir.Schedule) -> list[bool]:
     """Per spatial loop, whether a broadcast read is not indexed by it: a tile along it reuses
     the broadcast."""
@@ -193,95 +167,6 @@ def _inline_lane_padding(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[
     return blocks
 
 
-def _points(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
-    """How many points the block's spatial iterators cover (None if not static)."""
-    extents = [v.dom.extent for v in sch.get(block).iter_vars if v.iter_type == tirx.IterVar.DataPar]
-    return math.prod(int(e) for e in extents) if all(isinstance(e, tirx.IntImm) for e in extents) else None
-
-
-def _broadcasts(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, producer: s_tir.schedule.SBlockRV) -> bool:
-    """Whether ``block`` runs over more points than its ``producer`` computes: it broadcasts the
-    producer's result (a squeeze-excitation scale applied to a whole feature map). Inlined there,
-    the producer's work (a sigmoid) is redone at every point; computed in a reduction's tile loop,
-    the block runs on as many threads as the reduction has tiles, often one: EfficientNet's
-    excitation conv with its 56 x 56 x 144 multiply took 0.15 ms that way."""
-    sizes = _points(sch, block), _points(sch, producer)
-    return None not in sizes and sizes[0] > sizes[1]
-
-
-def _costly(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
-    """Whether the block evaluates a transcendental function (tens of instructions per value)."""
-    calls = []
-    tvm_ffi.structural_map(sch.get(block).body, (tvm.ir.Call, lambda call: calls.append(call.op) or call))
-    return any(getattr(op, "name", None) in TRANSCENDENTAL for op in calls)
-
-
-def _inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
-    """Whether inlining ``block`` redoes no costly work: a transcendental stays out of consumers
-    that broadcast it. A copy or cast is still inlined into them: kept apart, a buffer of booleans
-    between two stages meets a TVM 0.27 code generation bug (BERT's attention mask)."""
-    return not (any(_broadcasts(sch, c, block.block_rv) for c in sch.get_consumers(block.block_rv))
-                and _costly(sch, block.block_rv))
-
-
-def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
-    """Whether ``block`` is the only reader of its one producer, and does not broadcast it (TVM
-    0.27's reverse_compute_inline fails internally, not with a ScheduleError, on a broadcast).
-    Without the first check, reverse_compute_inline leaves other readers reading a buffer nobody
-    writes (ill-formed TIR; the fuzzer found it with a Split after a LeakyRelu, whose Select passes
-    for padding)."""
-    producers = sch.get_producers(block.block_rv)
-    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1 \
-        and not _broadcasts(sch, block.block_rv, producers[0])
-
-
-def inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
-    """Inline spatial blocks into their neighbours, but not a transcendental into a consumer that
-    broadcasts it; padding, and blocks the legalisation marked (``STAGE_ATTR``: a separable resize's first pass),
-    stay stages of their own."""
-    keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)
-            or STAGE_ATTR in sch.get(b.block_rv).annotations]
-    remaining = [b for b in blocks if b not in keep]
-    while True:  # as dl.try_inline: into consumers while any block can, then into a producer
-        inlined = next((b for b in remaining if _inlinable(sch, b) and _try(sch.compute_inline, b)), None) or \
-            next((b for b in remaining if _reverse_inlinable(sch, b) and _try(sch.reverse_compute_inline, b)), None)
-        if inlined is None:
-            break
-        remaining.remove(inlined)
-    order = {b.name: i for i, b in enumerate(blocks)}
-    return sorted(keep + remaining, key=lambda b: order[b.name])
-
-
-def _try(primitive, block: SBlockInfo) -> bool:
-    try:
-        primitive(block.block_rv)
-        return True
-    except s_tir.schedule.ScheduleError:
-        return False
-
-
-def schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
-    """All loops fused into one parallel loop around a vector; but where the innermost loop is
-    shorter than a vector (a 4-lane input block), vectors run along rows of the last two loops and
-    the rows in parallel: a vector across rows would mix their index patterns (the stem's padding
-    of a 224x224x4 input: 0.43 ms that way, 0.03 ms along rows)."""
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    outer = loops[:-2]
-    extent = math.prod(loop_extent(sch, loop) or 0 for loop in outer)
-    if (loop_extent(sch, loops[-1]) or lanes) < lanes and extent >= MIN_PARALLEL_ROWS:
-        sch.fuse(*loops[-2:])
-        vectorize_innermost(sch, block, lanes)
-        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        return
-    if len(loops) > 1:
-        sch.fuse(*loops)
-    outer = vectorize_innermost(sch, block, lanes)
-    if outer is not None:
-        sch.parallel(outer)
-
-
 def _spatial_then_reduction(info: SBlockInfo) -> bool:
     """Whether the block's loops are one or more spatial loops, then one or more reduction loops.
 
@@ -308,7 +193,7 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, unit: VectorUnit,
         in_parts = _matrix_vector_in_parts(sch, block, spatial[0], reduction[0], lanes)
         if in_parts is not None:
             return in_parts
-    width = _vector_width(loop_extent(sch, spatial[-1]), lanes)
+    width = vector_width(loop_extent(sch, spatial[-1]), lanes)
     reuse = _broadcast_reuse(info, sch) if width > 1 else [False] * n_spatial
     input_bytes, weight_bytes, output_bytes = _operand_bytes(info, sch)
     rows_first = width > 1 and n_spatial == 4 and _input_dominates(input_bytes, weight_bytes, output_bytes)
@@ -488,33 +373,6 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
     return [channels, row_outer], chunk_outer, [row_inner, columns, vectors, chunk_inner, *reduction[1:]]
 
 
-def vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
-                         lanes: int) -> s_tir.schedule.LoopRV | None:
-    """Vectorise the block's innermost loop (split off a vector-wide part if it is longer).
-
-    Returns the loop left outside the vector (None if the whole loop became one vector).
-    """
-    loop = sch.get_loops(block)[-1]
-    width = _vector_width(loop_extent(sch, loop), lanes)
-    if width == 1:
-        return loop
-    if loop_extent(sch, loop) == width:
-        sch.vectorize(loop)
-        return None
-    outer, inner = sch.split(loop, factors=[None, width])
-    sch.vectorize(inner)
-    return outer
-
-
-def try_attach(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
-    """Compute an epilogue under its producer's tile loop, if its access pattern allows."""
-    try:
-        sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
-    except s_tir.ScheduleError:
-        return False
-    return True
-
-
 class Tiled(CpuRule):
     """Register-tiled reductions with their epilogues; None for a kernel of another shape."""
 
@@ -543,7 +401,7 @@ def _tiled(func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
             apart = apart or anchor is not None  # a second reduction: keep the first one's buffer
             anchor, write_back = _schedule_reduction(sch, info, unit, pads)
             reduction = block
-        elif anchor is not None and not _broadcasts(sch, block, reduction) and try_attach(sch, block, anchor):
+        elif anchor is not None and not broadcasts(sch, block, reduction) and try_attach(sch, block, anchor):
             epilogue = True
             vectorize_innermost(sch, block, lanes)
         else:

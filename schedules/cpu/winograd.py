@@ -18,7 +18,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from relaxc.passes.legalize import STAGE_ATTR
 from relaxc.passes.winograd import INPUT_ATTR, OUTPUT_ATTR
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
-from relaxc.schedules.cpu.tiled import inline_elementwise, loop_extent
+from relaxc.schedules.cpu.steps import inline_elementwise, loop_extent
 from relaxc.support.targets import VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
 

@@ -7,7 +7,7 @@ from relaxc.passes import winograd
 from relaxc.passes.dense import pack_panels
 from relaxc.passes.dispatch import blocked_taps
 from relaxc.passes.ir import TVM_ALIGNMENT
-from relaxc.passes.layout import pack_conv_weight
+from relaxc.passes.layout_algebra import pack_conv_weight
 
 
 @pytest.mark.parametrize("out_channels, channels, block, panel", [

@@ -9,7 +9,8 @@ from tvm import s_tir, te, tirx, topi
 from tvm.target import Target
 
 from relaxc.schedules.cpu import Basic, Tiled, tiled
-from relaxc.schedules.cpu.tiled import MAX_TILE, _tile, _vector_width
+from relaxc.schedules.cpu.steps import vector_width as _vector_width
+from relaxc.schedules.cpu.tiled import MAX_TILE, _tile
 from relaxc.support import targets
 
 AVX512 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})

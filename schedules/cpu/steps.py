@@ -1,0 +1,156 @@
+"""Schedule steps every CPU rule takes: loop extents, vectorising the innermost loop, spatial
+kernels in one parallel loop, elementwise blocks inlined into their neighbours, epilogues attached
+to a tile."""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import SBlockInfo
+
+from relaxc.passes.legalize import STAGE_ATTR
+
+MIN_PARALLEL_ROWS = 16  # fewer rows than this: one flat parallel loop balances better
+L1_BYTES = 32 * 1024  # the smallest L1 data cache of the CPUs seen (Zen 3): a tile's weights over it reduce in chunks
+TRANSCENDENTAL = {"tirx.exp", "tirx.sigmoid", "tirx.tanh", "tirx.erf", "tirx.pow", "tirx.log"}
+
+
+def loop_extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def vector_width(extent: int | None, lanes: int) -> int:
+    """Largest vector width that divides ``extent`` (no tail loop), or 1 if none is worth it."""
+    if extent is None or extent <= 1:
+        return 1
+    if extent <= lanes:
+        return extent
+    for width in range(lanes, max(lanes // 4, 2) - 1, -1):
+        if extent % width == 0:
+            return width
+    return 1
+
+
+def index_names(region: tirx.BufferRegion) -> set[str]:
+    """The names of the variables a buffer region is indexed by."""
+    return {v.name for r in region.region for v in tirx.analysis.undefined_vars(r.min)}
+
+
+def schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    """All loops fused into one parallel loop around a vector; but where the innermost loop is
+    shorter than a vector (a 4-lane input block), vectors run along rows of the last two loops and
+    the rows in parallel: a vector across rows would mix their index patterns (the stem's padding
+    of a 224x224x4 input: 0.43 ms that way, 0.03 ms along rows)."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    outer = loops[:-2]
+    extent = math.prod(loop_extent(sch, loop) or 0 for loop in outer)
+    if (loop_extent(sch, loops[-1]) or lanes) < lanes and extent >= MIN_PARALLEL_ROWS:
+        sch.fuse(*loops[-2:])
+        vectorize_innermost(sch, block, lanes)
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        return
+    if len(loops) > 1:
+        sch.fuse(*loops)
+    outer = vectorize_innermost(sch, block, lanes)
+    if outer is not None:
+        sch.parallel(outer)
+
+
+def vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                         lanes: int) -> s_tir.schedule.LoopRV | None:
+    """Vectorise the block's innermost loop (split off a vector-wide part if it is longer).
+
+    Returns the loop left outside the vector (None if the whole loop became one vector).
+    """
+    loop = sch.get_loops(block)[-1]
+    width = vector_width(loop_extent(sch, loop), lanes)
+    if width == 1:
+        return loop
+    if loop_extent(sch, loop) == width:
+        sch.vectorize(loop)
+        return None
+    outer, inner = sch.split(loop, factors=[None, width])
+    sch.vectorize(inner)
+    return outer
+
+
+def try_attach(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
+    """Compute an epilogue under its producer's tile loop, if its access pattern allows."""
+    try:
+        sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
+    except s_tir.ScheduleError:
+        return False
+    return True
+
+
+def inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:
+    """Inline spatial blocks into their neighbours, but not a transcendental into a consumer that
+    broadcasts it; padding, and blocks the legalisation marked (``STAGE_ATTR``: a separable resize's first pass),
+    stay stages of their own."""
+    keep = [b for b in blocks if not b.is_injective() or b.is_data_pad(sch)
+            or STAGE_ATTR in sch.get(b.block_rv).annotations]
+    remaining = [b for b in blocks if b not in keep]
+    while True:  # as dl.try_inline: into consumers while any block can, then into a producer
+        inlined = next((b for b in remaining if _inlinable(sch, b) and _try(sch.compute_inline, b)), None) or \
+            next((b for b in remaining if _reverse_inlinable(sch, b) and _try(sch.reverse_compute_inline, b)), None)
+        if inlined is None:
+            break
+        remaining.remove(inlined)
+    order = {b.name: i for i, b in enumerate(blocks)}
+    return sorted(keep + remaining, key=lambda b: order[b.name])
+
+
+def _inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
+    """Whether inlining ``block`` redoes no costly work: a transcendental stays out of consumers
+    that broadcast it. A copy or cast is still inlined into them: kept apart, a buffer of booleans
+    between two stages meets a TVM 0.27 code generation bug (BERT's attention mask)."""
+    return not (any(broadcasts(sch, c, block.block_rv) for c in sch.get_consumers(block.block_rv))
+                and _costly(sch, block.block_rv))
+
+
+def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
+    """Whether ``block`` is the only reader of its one producer, and does not broadcast it (TVM
+    0.27's reverse_compute_inline fails internally, not with a ScheduleError, on a broadcast).
+    Without the first check, reverse_compute_inline leaves other readers reading a buffer nobody
+    writes (ill-formed TIR; the fuzzer found it with a Split after a LeakyRelu, whose Select passes
+    for padding)."""
+    producers = sch.get_producers(block.block_rv)
+    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1 \
+        and not broadcasts(sch, block.block_rv, producers[0])
+
+
+def _points(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
+    """How many points the block's spatial iterators cover (None if not static)."""
+    extents = [v.dom.extent for v in sch.get(block).iter_vars if v.iter_type == tirx.IterVar.DataPar]
+    return math.prod(int(e) for e in extents) if all(isinstance(e, tirx.IntImm) for e in extents) else None
+
+
+def broadcasts(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, producer: s_tir.schedule.SBlockRV) -> bool:
+    """Whether ``block`` runs over more points than its ``producer`` computes: it broadcasts the
+    producer's result (a squeeze-excitation scale applied to a whole feature map). Inlined there,
+    the producer's work (a sigmoid) is redone at every point; computed in a reduction's tile loop,
+    the block runs on as many threads as the reduction has tiles, often one: EfficientNet's
+    excitation conv with its 56 x 56 x 144 multiply took 0.15 ms that way."""
+    sizes = _points(sch, block), _points(sch, producer)
+    return None not in sizes and sizes[0] > sizes[1]
+
+
+def _costly(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether the block evaluates a transcendental function (tens of instructions per value)."""
+    calls = []
+    tvm_ffi.structural_map(sch.get(block).body, (tvm.ir.Call, lambda call: calls.append(call.op) or call))
+    return any(getattr(op, "name", None) in TRANSCENDENTAL for op in calls)
+
+
+def _try(primitive, block: SBlockInfo) -> bool:
+    try:
+        primitive(block.block_rv)
+        return True
+    except s_tir.schedule.ScheduleError:
+        return False
