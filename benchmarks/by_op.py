@@ -5,7 +5,7 @@
 relaxc's kernels are timed one by one in their model order, on the VM's own arguments, so each
 runs with the caches as the previous kernel left them (``relaxc profile`` times each kernel alone,
 hot, which hides the weights streamed from memory: ResNet-50's kernels took 35 ms alone and 44 ms
-in sequence on the Emerald Rapids VM). onnxruntime's nodes are timed by its own profiler. Both in
+in sequence on a 2-core VM). onnxruntime's nodes are timed by its own profiler. Both in
 the same process, taking turns in rounds of 10 inferences; each kernel's or node's median counts.
 Convolutions are grouped by kernel size and stride (a Winograd convolution's three kernels count as
 one 3x3 stride-1 convolution), everything else by operator.

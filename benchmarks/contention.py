@@ -5,7 +5,7 @@
 
 Each round times both runtimes (2 threads each, taking turns in blocks, ``harness.alternate``)
 alone, then again with a busy loop pinned to the second core (another process on the machine, or
-a VM's vCPU descheduled). Why: in this VM's slow spells relaxc slowed down more than onnxruntime;
+a VM's vCPU descheduled). Why: in a VM's slow spells relaxc slows down more than onnxruntime:
 a kernel whose parallel loop is split evenly between the threads waits for the slower one.
 """
 

@@ -6,7 +6,7 @@
 Each model is built from its library's real architecture code with a small or standard config and
 random weights, exported by the exporter users run (``torch.onnx.export``: the TorchScript exporter
 at opset 17 and the dynamo exporter at opset 18 or 23, which writes its weights to an external data file),
-then reduced to its light form (``compiler.models.make_light``: every float weight becomes a
+then reduced to its light form (``relaxc.frontend.models.make_light``: every float weight becomes a
 shape-only placeholder that the loader fills with seeded random values of the original's mean and
 standard deviation). The light file is what is committed and what ``zoo:<name>`` loads.
 """
@@ -126,7 +126,7 @@ EXPORTS: dict[str, Export] = {
         # more of the same families: groups of 4 channels, inception concats, inverted residuals,
         # RegNetX's group-16 convs, ShuffleNetV2's 24-channel halves
         "resnext50_32x4d", "googlenet", "mobilenet_v2", "regnet_x_400mf", "shufflenet_v2_x0_5",
-        # shifted-window attention: TVM's importer alone could not import its export (issue 15)
+        # shifted-window attention: TVM's importer alone cannot import its export
         "swin_t")},
 }
 

@@ -7,8 +7,8 @@ a slow spell of the machine hits both, while neither runs while the other's thre
 spinning: single runs in alternation measured that contention (SqueezeNet: 21 ms instead of 11),
 and so did blocks without the pause for models of a few milliseconds (onnxruntime's workers spin
 for tens of milliseconds after their last task: a 768x768 dense layer measured 4.2 ms after
-onnxruntime's block, 1.6 ms after the pause). Prints a Markdown table, ready for
-``docs/benchmarks.md``.
+onnxruntime's block, 1.6 ms after the pause). Prints a Markdown table (``relaxc-bench --markdown``
+writes it into ``docs/results.md``).
 """
 
 from __future__ import annotations

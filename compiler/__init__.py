@@ -79,8 +79,9 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
 
 
 def save_cache(path: str, cache_dir: str | None = None) -> str:
-    """Archive the tuning records under ``cache_dir`` (default ``$RELAXC_CACHE_DIR`` or
-    ``./tuning_logs``) to ``path`` (.tar.gz), to carry them to another machine or CI."""
+    """Archive the tuning records under ``cache_dir`` (default: the user's record cache,
+    ``$RELAXC_CACHE_DIR`` or ``~/.cache/relaxc``; never the stores relaxc ships) to ``path``
+    (.tar.gz), to carry them to another machine or CI."""
     from relaxc.schedules import cache
 
     return cache.save(path, cache.cache_root(cache_dir))

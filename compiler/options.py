@@ -74,8 +74,9 @@ class Options:
                            "the graph-level choice among NCHW and two blocks, converters included, from times "
                            "stored for this CPU (replay; the rule where any is missing) or measured now "
                            "(measure). Experimental: docs/layout_choice.md", choices=LAYOUT_MODES)
-    cache_dir: str | None = _option(None, "root of the tuning records (default: $RELAXC_CACHE_DIR, else "
-                                    "./tuning_logs)", flag="--log-dir", metavar="DIR")
+    cache_dir: str | None = _option(None, "root of the tuning records, used alone (default: your record "
+                                    "cache, $RELAXC_CACHE_DIR or ~/.cache/relaxc, over the stores relaxc "
+                                    "ships)", flag="--log-dir", metavar="DIR")
     layout_block: int | None = _option(None, "channel block b of the blocked NCHW{b}c layout (default: the "
                                        "target's fp32 vector lanes on CPU, 0 on GPU); 0 keeps NCHW",
                                        type=int, flag="--block", metavar="B")

@@ -1,6 +1,6 @@
 """The compilation pipeline: every phase, in order, from an ONNX model to a built artifact.
 
-    import     compiler/frontend.py        validate the ONNX model, expand function operators, fold shape
+    import     compiler/frontend/          validate the ONNX model, expand function operators, fold shape
                                            computations, rewrite ignored attributes, refuse inexact
                                            forms, convert to Relax
     simplify   passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,

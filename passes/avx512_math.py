@@ -15,7 +15,7 @@ polynomial on the reduced argument, and ``vscalefps`` for the power of two (subn
 results come out right, so no cut-off select); then 1 / (1 + e) from ``vrcp14ps`` and one
 Newton-Raphson step, giving sigmoid(|x|) for x > 0 and e / (1 + e) otherwise. Error: 4 ulp on
 normal results, relative 2.9e-7 (fast_math's form: 2 ulp); NaN, +-inf and signs exact
-(``docs/fast_math.md``, ``benchmarks/fast_math.py``).
+(``docs/fast_math.md``, ``tools/experiments/fast_math.py``).
 """
 
 from __future__ import annotations

@@ -30,9 +30,9 @@ DIRECT = "direct"
 # FuseOps' kOutEWiseFusable: the output transform takes its elementwise epilogue (bias, activation,
 # residual add) as the direct convolution it replaces does, and is never fused into what follows
 # (a concat, the next convolution's input transform). Derived from its TE compute it would be
-# injective, and those fused kernels were slow to build (VGG-19 compiled in 11.2 s, now 8.8;
-# Inception v2 10.2, now 8.3) for no run time gained, but for the copy a concat now makes of the
-# output transform's tensor (SqueezeNet about 5 %; docs/benchmarks.md).
+# injective, and those fused kernels are slow to build (VGG-19's compile 11.2 s with them, 8.8
+# without; Inception v2's 10.2 and 8.3) for no run time gained; the cost is the copy a concat makes
+# of the output transform's tensor (SqueezeNet about 5 %).
 OUT_ELEMWISE_FUSABLE = 4
 WINOGRAD = {m: f"winograd{m}" for m in winograd.TILE_SIZES}
 

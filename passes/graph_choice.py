@@ -2,10 +2,10 @@
 other than the one it was produced in pays a converter, and the total is minimised.
 
 Why a solver of its own: choosing each operator's fastest layout alone ignores the converters
-between them (seed 000), and trying every assignment is exponential. The total is a sum of
-operator costs (one variable each) and, per value, the converters its consumers need (a term over
-the producer and its consumers: one converter per value and layout, shared by every consumer
-that reads it, as ``passes/layout.py`` inserts them).
+between them (docs/design.md, "The ideas relaxc is built on"), and trying every assignment is
+exponential. The total is a sum of operator costs (one variable each) and, per value, the
+converters its consumers need (a term over the producer and its consumers: one converter per value
+and layout, shared by every consumer that reads it, as ``passes/layout.py`` inserts them).
 
 How, ``solve``:
 - exact, by variable elimination: dynamic programming over the graph in an elimination order

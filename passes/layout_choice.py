@@ -3,10 +3,10 @@
 Left alone, the layout pass (``passes/layout.py``) runs every convolution it can in the target's
 block and lets the other ops follow their inputs: right when that convolution is the fastest in
 every layer and when converting into and out of it costs less than it saves. This module checks
-both on the model at hand (seed 000): each convolution is timed in every layout it can run in
-(NCHW and each candidate block), each converter on the real tensor shapes, and
-``passes/graph_choice.solve`` picks the assignment with the least total time, which the layout
-pass then follows (its ``plan``).
+both on the model at hand (docs/design.md, "The ideas relaxc is built on"): each convolution is
+timed in every layout it can run in (NCHW and each candidate block), each converter on the real
+tensor shapes, and ``passes/graph_choice.solve`` picks the assignment with the least total time,
+which the layout pass then follows (its ``plan``).
 
 What the model counts: convolutions cost their measured time in each layout, reading their input
 in that layout (a blocked input of another block is converted, few input channels read in a small

@@ -138,7 +138,7 @@ def resize2d_separable(data: te.Tensor, size: tuple[int, int], method: str, mode
     The interpolation is separable and TOPI's 2-D form interpolates along the width first too, so
     the values are the same; but each output element no longer gathers 4 (16 for cubic) inputs
     with their coordinates computed per element: DeepLabV3's 21 x 14 x 14 -> 224 x 224 upsampling
-    took 2.0 ms in the 2-D form (measured in docs/benchmarks.md).
+    took 2.0 ms in the 2-D form.
     """
     batch, channels, height, width = (int(d) for d in data.shape)
     out_h, out_w = size

@@ -6,10 +6,9 @@ runs one weight panel per parallel iteration, every register tile of rows agains
 the panel comes from L3 or memory: the first row tile stalls on it (the hardware prefetchers do
 not run ahead across 4 KiB pages), the others find it in L2, so the memory traffic comes in bursts
 and overlaps with no computation. ResNet-50's 14x14 F(2x2) product (16 x 54 x 256 x 256, 4.2 MB of
-transformed weights, Emerald Rapids, 2 threads) took 0.39 ms with its operands in cache, 0.53-0.64
-ms in the model and 0.78-0.85 ms with every cache flushed; prefetching the next panel, one cache
-line per iteration of the reduction loop, the flushed runs took 0.66-0.68 ms and the cached ones
-0.47-0.49 instead of 0.51-0.56 (where the weights come from L3).
+transformed weights, 2 threads) takes 0.39 ms with its operands in cache and 0.78-0.85 ms with
+every cache flushed; prefetching the next panel, one cache line per iteration of the reduction
+loop, brings the flushed runs to 0.66-0.68 ms.
 
 How: the schedule marks the loop over the row tiles with ``ATTR`` and the weights' buffer name
 and panel size in elements (``mark``); TVM's lowering keeps it as a ``pragma_`` attribute around

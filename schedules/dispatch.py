@@ -3,16 +3,17 @@
 ``passes/dispatch.py`` asks a ``Chooser`` which implementation a convolution gets. The chooser
 answers from the record store's ``dispatch.json`` (one per target key, beside the tuning records:
 ``schedules/cache.py``), keyed by workload, so a workload is measured once ever per target and every
-later compile replays the decision (seed 003). Modes (``compile(dispatch=...)``):
+later compile replays the decision (docs/design.md, "The ideas relaxc is built on"). Modes
+(``compile(dispatch=...)``):
 
 - ``measure``: workloads without a stored measurement are measured now and stored;
 - ``replay`` (the default): stored decisions; a workload without one gets the rule below, and the
   report and one log line say which and how to measure them; with ``tuning="strict"`` (CI) a
   missing decision is an error, as a missing tuning record is;
-- ``off``: the direct convolution everywhere (what relaxc did before dispatch; for comparisons);
+- ``off``: the direct convolution everywhere (for comparisons);
 - ``heuristic``: the rule only, the store is not read: Winograd F(4x4, 3x3) wherever a whole vector
   of input channels feeds it (measured 1.4-3.7x faster than the direct convolution on every
-  ResNet/VGG 3x3 shape here, docs/benchmarks.md), the direct convolution otherwise.
+  ResNet/VGG 3x3 shape), the direct convolution otherwise.
 
 A measurement builds each candidate alone (the convolution with its real weights, the pipeline's
 phases from legalisation on, tuning records replayed as in the model), then times the candidates in

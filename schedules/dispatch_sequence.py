@@ -3,10 +3,10 @@
 Why: ``schedules/dispatch.py`` times each convolution's candidates alone, the caches flushed by the
 calling thread only. In the model, Winograd's transformed weights (alpha^2 / 9 times the direct
 convolution's: 4x for F(4x4), 1.8x for F(2x2)) stream from memory after the kernels before them
-have filled the caches, and both cores hold what those kernels left. On the Emerald Rapids VM,
-ResNet-50's 14x14 convolutions (256 channels) measured alone took F(4x4) 0.58, F(2x2) 0.70 ms,
-and its 7x7 ones (512 channels) F(2x2) 1.41, direct 1.64 ms; in the model, F(2x2) and direct
-were faster (0.34-0.80 ms per inference together, two runs in both orders).
+have filled the caches, and both cores hold what those kernels left. Alone, ResNet-50's 14x14
+convolutions (256 channels) favour F(4x4) (0.58 ms against F(2x2)'s 0.70) and its 7x7 ones (512
+channels) F(2x2) (1.41 ms against direct's 1.64); in the model F(2x2) and direct respectively
+are faster, by 0.34-0.80 ms per inference together.
 
 How: for each workload with more than one accurate candidate (error within the dispatch's limit),
 the model is built once per candidate, that workload fixed to it (``schedules.dispatch.forcing``),

@@ -1,9 +1,9 @@
 """Each kernel's schedule chosen by its time inside the model's sequence (``relaxc tune --selection sequence``).
 
 Why: the selection of ``schedules/selection.py`` times a kernel alone, its weights flushed and its
-input hot, and that misjudges some kernels by a lot. In ResNet-50 on the Emerald Rapids VM the
-selected record of the 256 -> 64 convolution at 56x56 took 0.49 ms alone and 0.74 ms in the model,
-where the default schedule took 0.47: what the kernels before it leave in the caches, and on which
+input hot, and that misjudges some kernels by a lot. In ResNet-50 the selected record of the
+256 -> 64 convolution at 56x56 took 0.49 ms alone and 0.74 ms in the model, where the default
+schedule took 0.47: what the kernels before it leave in the caches, and on which
 core, is not what a flush leaves.
 
 How: the model runs call by call on the VM's own arguments (``compiler.profile.model_calls``), and

@@ -192,8 +192,8 @@ def _commit_defaults(tasks: list, target: Target, database) -> int:
     """Measure relaxc's default schedule of each task and commit it as a record (its trace replays it).
 
     The database then holds the default beside every tuned candidate, so replay picks whichever was
-    faster: a short tuning run (SqueezeNet, 16 trials per kernel) had made replay 2.7x slower than
-    the default schedules. Returns how many were committed.
+    faster: without it, a short tuning run (SqueezeNet, 16 trials per kernel) made replay 2.7x slower
+    than the default schedules. Returns how many were committed.
     """
     if target.kind.name != "llvm" or not tasks:
         return 0
@@ -261,7 +261,7 @@ def alloc_arguments(device: tvm.runtime.Device, args_info: list, alloc_repeat: i
 
 def _space(target: Target) -> ms.space_generator.SpaceGenerator | str:
     """MetaSchedule's search space; on CPU with explicit unrolling limited to 64 steps, because 512
-    made single kernels take LLVM up to 5 s to build and load, for no speed (docs/benchmarks.md)."""
+    made single kernels take LLVM up to 5 s to build and load, for no speed."""
     if target.kind.name != "llvm":
         return "post-order-apply"
     rules = [ms.schedule_rule.ParallelizeVectorizeUnroll(max_jobs_per_core=16, max_vectorize_extent=64,

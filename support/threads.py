@@ -9,8 +9,8 @@ artifact is loaded and when tuning starts. Importing relaxc changes nothing.
 Why these defaults:
 - TVM's own thread count is half the logical CPUs (to skip hyper-threads): one thread on a 2-core VM
   without SMT, which ran ResNet-50 in 171 ms instead of 96.
-- TVM pins each thread to a core. On this project's 2-vCPU VMs that made tuned ResNet-50 slower and
-  erratic (median 55-64 ms, runs from 49 to 72 ms) against 48-50 ms unpinned (docs/benchmarks.md).
+- TVM pins each thread to a core. On a 2-vCPU VM that made tuned ResNet-50 slower and erratic
+  (median 55-64 ms, runs from 49 to 72 ms) against 48-50 ms unpinned.
 """
 
 from __future__ import annotations

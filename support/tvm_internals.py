@@ -16,7 +16,7 @@ from tvm.target import Target
 
 
 def onnx_converters() -> set[str]:
-    """The ONNX op types TVM's importer converts (``compiler/frontend.py`` refuses the others up
+    """The ONNX op types TVM's importer converts (``compiler/frontend/`` refuses the others up
     front, all at once, with node names). Private: ``onnx_frontend._get_convert_map``. Public
     replacement: none; ``from_onnx`` fails at the first unknown op only."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map

@@ -24,7 +24,7 @@ KNOWN = [  # (case name pattern, outcome): the first that matches; every other c
      "unsupported"),  # crop-and-resize and scales with axes, keep_aspect_ratio_policy not_larger
     (r"test_shape($|_)", "unsupported"),  # Shape as the graph's output: a shape value, not a tensor
     (r"test_reshape_allowzero_reordered", "unsupported"),  # allowzero with an empty input: dynamic output
-    # Refused by compiler/exactness.py where the importer would answer wrongly:
+    # Refused by compiler/frontend/exactness.py where the importer would answer wrongly:
     (r"test_cast(like)?_.*(FLOAT8|FLOAT4E2M1|INT4|UINT4|INT2|UINT2)", "unsupported"),  # float8, 2/4-bit
     (r"test_mod_.*fmod_0", "unsupported"),  # float Mod needs fmod=1
     (r"test_resize_(downsample_scales_|upsample_scales_linear_half_pixel_symmetric)", "unsupported"),  # fractional
@@ -76,7 +76,7 @@ def test_a_crashing_case_is_isolated(cases, monkeypatch):
 
 
 # Cases TVM's importer answered wrongly (docs/conformance.md): each refused before compile by
-# compiler/exactness.py, one per rule; and forms the rules must let through.
+# compiler/frontend/exactness.py, one per rule; and forms the rules must let through.
 REFUSED_NOT_WRONG = (
     "test_dropout_default_mask", "test_training_dropout", "test_if_seq", "test_split_to_sequence_nokeepdims",
     "test_mod_float_edge_cases_fmod_0_float32", "test_roialign_mode_max",
@@ -85,12 +85,12 @@ REFUSED_NOT_WRONG = (
 )
 STILL_PASSING = ("test_convtranspose_kernel_shape", "test_dropout_default", "test_dropout_default_ratio",
                  "test_isinf", "test_mod_mixed_sign_float32", "test_cast_FLOAT_to_BFLOAT16",
-                 # wrong before: fp16 sums rounded at every step; max of -inf rows from -3.4e38
+                 # right only with fp16 sums in float32 and a max of -inf rows that stays -inf
                  "test_attention_4d_causal_fp16_expanded",
                  "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
-                 # refused before: its Mean/InvStdDev outputs; now expanded (compiler/functions.py)
+                 # its Mean/InvStdDev outputs: expanded (compiler/frontend/functions.py), not refused
                  "test_layer_normalization_4d_axis1",
-                 # refused before: attributes the importer ignores; now rewritten (compiler/rewrites.py)
+                 # attributes the importer ignores: rewritten (compiler/frontend/rewrites.py), not refused
                  "test_convtranspose_output_shape", "test_isinf_negative", "test_isinf_positive",
                  "test_spacetodepth_crd_mode_example")
 

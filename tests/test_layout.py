@@ -1,5 +1,5 @@
 """The layout pass on its own: padding arithmetic, converter insertion, reuse and cancellation,
-fallback on operators it does not know, idempotence; and the ResNet-50 layout the issue asks for."""
+fallback on operators it does not know, idempotence; and ResNet-50's blocked layout."""
 
 import numpy as np
 import onnx

@@ -32,7 +32,7 @@ Shapes = Mapping[str, Sequence[int]]
 Constants = Mapping[str, np.ndarray]
 
 # Ops the importer handles itself rather than through its converter table. Ops it converts
-# wrongly in some form are refused by compiler/exactness.py.
+# wrongly in some form are refused by compiler/frontend/exactness.py.
 _BUILTIN_OPS = {"If", "Constant"}
 _ONNX_DOMAINS = {"", "ai.onnx"}
 

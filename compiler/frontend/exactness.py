@@ -250,7 +250,7 @@ RULES: dict[str, tuple[Callable[[onnx.NodeProto, Facts], str | None], ...]] = {
                                                       "importer"),),
     "Dropout": (_optional_outputs(1, why="(mask) comes back as float32, not bool, from the importer"),
                 _dropout_training),
-    "ConvTranspose": (_conv_transpose_output_shape,),  # where compiler/rewrites.py could not make it pads
+    "ConvTranspose": (_conv_transpose_output_shape,),  # where compiler/frontend/rewrites.py could not make it pads
     "SpaceToDepth": (_attribute("mode", lambda v: v != "DCR", "is ignored by the importer (DCR order "
                                 "is produced)"),),
     "RoiAlign": (_attribute("mode", lambda v: v == "max", "gives other values from the importer"),),

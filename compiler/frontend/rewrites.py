@@ -9,7 +9,7 @@ Each rewrite replaces one node by standard ONNX nodes computing what the specifi
   the stride, as the specification requires of it;
 - ``SpaceToDepth`` with ``mode=CRD`` (opset 28; the importer produces DCR order): the reshape,
   transpose, reshape that defines it.
-A form not rewritten here is refused by ``compiler/exactness.py``.
+A form not rewritten here is refused by ``compiler/frontend/exactness.py``.
 """
 
 from __future__ import annotations

@@ -84,16 +84,14 @@ def _square_tile(row: int | None, channels: int | None, budget: int) -> tuple[in
     if ``row`` has no factor from ``MIN_ACCUMULATORS`` to ``MAX_TILE``.
 
     The row tile first (8 x 2 on a 56-wide map) loads 10 vectors for 16 FMAs and reads the input
-    once per two channel blocks; 4 x 4 loads 8 and reads it once per four. ResNet-50 in one
-    process, the kernels in the model's sequence (``python -m relaxc.benchmarks.ab``, Emerald Rapids, 2
-    cores): its three 64 -> 256 convs at 56 x 56 1.73 -> 1.58 ms per inference, the 64 -> 64 one
-    0.17 -> 0.11; the 14- and 7-wide maps keep 7 x 2. 3x3 convs too since 2026-11-26: ResNet-50's
-    stride-2 128-channel one (28-wide output) 7 x 2 -> 4 x 4 with rows first, 0.10-0.13 ms faster
-    per inference in the model in four runs of ``benchmarks.ab``. AVX2's 12 accumulators hold no two
-    row tiles, but 4 x 2 on the 56- and 28-wide maps (6 loads per 8 FMAs; the row tile 8 x 1 loads
-    9): ResNet-50 with the default schedules, AVX2 code on a Zen 4 VM, 40.2 -> 37.4 ms
-    (``benchmarks.ab``, five rounds, all faster); there the 14- and 7-wide maps keep the row tile in
-    the plain order (7 x 1 in the rows-first order lost 0.1-0.3 ms per conv)."""
+    once per two channel blocks; 4 x 4 loads 8 and reads it once per four. On AVX-512 (2 cores, in
+    the model) ResNet-50's three 64 -> 256 convs at 56 x 56 take 1.58 ms per inference instead of
+    1.73, the 64 -> 64 one 0.11 instead of 0.17, and its stride-2 128-channel 3x3 conv (28-wide
+    output, rows first) 0.10-0.13 ms less; the 14- and 7-wide maps keep 7 x 2. AVX2's 12
+    accumulators hold no two row tiles, but 4 x 2 on the 56- and 28-wide maps (6 loads per 8 FMAs;
+    the row tile 8 x 1 loads 9): ResNet-50 with the default schedules 37.4 ms instead of 40.2; there
+    the 14- and 7-wide maps keep the row tile in the plain order (7 x 1 rows first lost 0.1-0.3 ms
+    per conv)."""
     if row is None or channels is None:
         return None
     tiles = [(c, k) for c in range(MIN_ACCUMULATORS, MAX_TILE + 1) for k in range(1, channels + 1)
@@ -140,10 +138,8 @@ def _input_dominates(input_bytes: int, weight_bytes: int, output_bytes: int) -> 
     and the output together (its weights and result; ``_operand_bytes``).
 
     Such a conv runs its parallel loop rows first: with output channels first each of the 2 threads
-    reads the whole input. ResNet-50 on Emerald Rapids, in the model (``benchmarks.ab``, four runs,
-    both orders, kernels then selected in sequence): 512 -> 128 at 28 x 28 (three calls) 0.34-0.44
-    ms faster per inference, 256 -> 128 at 56 x 56 0.12-0.28, 512 -> 256 0.12-0.19, the stride-2
-    256 -> 512 0.07-0.12; the kernel sums 0.74-1.19 ms faster."""
+    reads the whole input. Rows first, ResNet-50's kernels sum 0.74-1.19 ms per inference less in
+    the model (its three 512 -> 128 convs at 28 x 28: 0.34-0.44 ms of it)."""
     return input_bytes > weight_bytes + output_bytes
 
 
@@ -255,11 +251,9 @@ def _pad_per_tile(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_t
     ``loop`` (its input channel blocks), into a local buffer of the rows and columns the tile reads,
     instead of a padded copy of the whole input first (as the Winograd input transform pads per
     tile): the tile's input goes to L1 once, where the copy wrote the padded input (1.7 MB) and read
-    it back. In the model (``benchmarks.ab``, both orders, Emerald Rapids, 2 cores), ResNet-50's
-    stride-2 3x3 conv from 56 x 56 x 128, its only such conv: 0.07-0.16 ms faster per inference in
-    four runs; ResNet-18's from 56 x 56 x 64: 0.03. Convs that reduce in chunks lost with it (the
-    stride-2 convs to 14 x 14 and 7 x 7, the 512-channel 3x3 at 7 x 7: 0.05-0.15 ms), and so did the
-    RGB stem (0.08-0.14): they keep the copy."""
+    it back. ResNet-50's stride-2 3x3 conv from 56 x 56 x 128, its only such conv, runs 0.07-0.16 ms
+    per inference faster in the model. Convs that reduce in chunks (0.05-0.15 ms slower with it) and
+    the RGB stem (0.08-0.14) keep the copy."""
     producers = {sch.get(p).name_hint for p in sch.get_producers(block)}
     for pad in (p.block_rv for p in pads if p.name in producers):
         sch.compute_at(pad, loop, preserve_unit_loops=True)
@@ -278,9 +272,8 @@ def _matrix_vector_in_parts(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
 
     Split along N instead (the plain tiling: 5 chunks of 200 columns for N = 1000), each thread
     reads 800 bytes of every 4000-byte row, and 5 chunks run 3 on one thread and 2 on the other.
-    ResNet-50's 2048 x 1000 FC in the model's sequence (Emerald Rapids, 2 cores): 0.52 ms split by
-    columns, 0.35 in 2 to 8 parts of rows (0.42-0.46 updating the accumulators every row);
-    onnxruntime's 0.37."""
+    ResNet-50's 2048 x 1000 FC in the model (2 cores): 0.35 ms in parts of rows against 0.52 split
+    by columns (0.42-0.46 updating the accumulators every row; onnxruntime's 0.37)."""
     n, k = loop_extent(sch, columns), loop_extent(sch, depth)
     width = math.gcd(n or 0, lanes)  # a whole number of vectors per row: 8 lanes for N = 1000
     parts = next((p for p in MATRIX_PARTS if k and k % (p * ROW_UNROLL) == 0), None)
@@ -340,19 +333,14 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
     Tile by tile over the whole reduction, each tile reads its input as one short run per channel
     block (64 runs of 448 bytes for 1024 channels), which the prefetchers do not follow, and its
     weights from L2 for one row of outputs; in chunks, each chunk's input for the rows is one run per
-    block and its weights stay in L1. ResNet-50's five 1024 -> 256 convs at 14 x 14, in the model
-    (``python -m relaxc.benchmarks.ab``, Emerald Rapids, 2 cores): 2.17-3.34 ms per inference tile by tile,
-    1.94-2.59 in chunks; the 2048 -> 512 ones at 7 x 7 and the 1024 -> 512 at 14 x 14 gained less.
-    A 3x3 conv's chunk is one block of 16 channels (2 x 16 x 9 weight vectors, 18 KB). In the model
-    (``benchmarks.ab``, both orders, 2026-11-26): ResNet-50's stride-2 512-channel 3x3 conv to 7 x 7
-    0.17-0.23 ms faster per inference, the 256-channel one to 14 x 14 0.07-0.12, the 512 -> 2048
-    pointwise conv at 7 x 7 (64 KB of weights per tile) 0.09-0.13; ResNet-18's 512-channel 3x3
-    convs at 7 x 7 0.13-0.24 (two calls). Two blocks per chunk gained less; the stride-2 3x3 conv to
-    28 x 28, whose input dominates, lost (1.19 -> 1.29 ms after its predecessor), and so did ZFNet's
-    5x5 96 -> 256 conv to 25 x 25 (0.15-0.21 ms in the model), whose tile's weights per block (4 x 16
-    x 25 vectors, 100 KB) do not fit in L1 anyway. A shorter
-    reduction lost (a variant of this rule, not kept): the 128 -> 512 conv at 28 x 28 took 0.54 ms
-    tile by tile and 1.0 ms in one chunk (the accumulators of whole rows go through memory)."""
+    block and its weights stay in L1: ResNet-50's five 1024 -> 256 convs at 14 x 14 take 1.94-2.59
+    ms per inference in the model instead of 2.17-3.34. A 3x3 conv's chunk is one block of 16
+    channels (2 x 16 x 9 weight vectors, 18 KB): ResNet-50's stride-2 512-channel 3x3 conv to 7 x 7
+    runs 0.17-0.23 ms faster, ResNet-18's 512-channel 3x3 convs at 7 x 7 0.13-0.24. The conditions
+    leave out what lost: a conv whose input dominates (the stride-2 3x3 conv to 28 x 28, 1.19 ->
+    1.29 ms), one whose tile's weights per block do not fit in L1 anyway (ZFNet's 5x5 96 -> 256
+    conv, 100 KB per block: 0.15-0.21 ms), and a shorter reduction (the 128 -> 512 conv at 28 x 28:
+    0.54 ms tile by tile, 1.0 ms in one chunk, the accumulators of whole rows going through memory)."""
     extents = [loop_extent(sch, loop) for loop in reduction]
     if len(outer) != 4 or len(reduction) < 2 or None in extents or second is None or second[0] != 0:
         return None

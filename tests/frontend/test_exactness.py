@@ -1,4 +1,4 @@
-"""Shape-dependent refusals (compiler/exactness.py): refused where TVM would answer wrongly, and
+"""Shape-dependent refusals (compiler/frontend/exactness.py): refused where TVM would answer wrongly, and
 only there: the Resize forms real models use still compile and match onnxruntime."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""compiler/functions.py: ONNX function operators expanded into ONNX's own bodies, checked against
+"""compiler/frontend/functions.py: ONNX function operators expanded into ONNX's own bodies, checked against
 onnx's reference evaluator (an independent implementation of the operators themselves)."""
 
 import numpy as np

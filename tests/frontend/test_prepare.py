@@ -1,4 +1,4 @@
-"""compiler/prepare.py: shape computations folded into constants before TVM's importer, checked
+"""compiler/frontend/prepare.py: shape computations folded into constants before TVM's importer, checked
 against onnxruntime; weights and dynamic computations are left alone."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""compiler/rewrites.py: attributes the importer ignores, rewritten into forms it converts; checked
+"""compiler/frontend/rewrites.py: attributes the importer ignores, rewritten into forms it converts; checked
 against onnx's reference evaluator and onnxruntime."""
 
 import numpy as np

@@ -43,7 +43,7 @@ def test_zoo_model_matches_onnxruntime(name):
 CNNS = ["efficientnet_b0", "mobilenet_v3_large", "convnext_tiny", "regnet_y_400mf", "shufflenet_v2_x1_0",
         "resnet18", "lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large",
         "resnext50_32x4d", "googlenet", "mobilenet_v2", "regnet_x_400mf", "shufflenet_v2_x0_5",
-        "swin_t"]  # Swin-T: TVM's importer alone could not import it (issue 15)
+        "swin_t"]  # Swin-T: TVM's importer alone cannot import it
 
 
 @pytest.mark.slow

@@ -4,20 +4,18 @@
     .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/after.so    # in the new one
     .venv/bin/python -m tools.experiments.ab onnx:resnet50 /tmp/before.so /tmp/after.so [--rounds 3]
 
-Runs in separate processes minutes apart measure the VM's swings more than a change (onnxruntime's
-ResNet-50 read 31.8 to 48.8 ms in consecutive runs on the Emerald Rapids VM). Here both builds and
+Runs in separate processes minutes apart measure a VM's swings more than a change (onnxruntime's
+ResNet-50 read 31.8 to 48.8 ms in consecutive runs on a 2-core VM). Here both builds and
 onnxruntime take turns in blocks (``harness.alternate``), one line per round; then every kernel of
 both builds is timed in model order (``benchmarks.by_op``: caches as the model leaves them), the
 builds taking turns, and the kernels whose time differs most are listed, so a change's own kernels
 can be read against the drift of the unchanged ones (kernels are matched by name: a change that
 renames one lists it twice, each with 0 on the other side).
 
-One run is not enough: given the same build twice, a run read one copy's kernels 5.7 ms (17 %) and
-its whole model a few percent faster, and the next run neither (Emerald Rapids VM, whose speed
-changes in steps within seconds). Kernels now take turns every inference, which evens out the
-steps, but copies of one build still differed by up to 8 % in one call (their memory's
-placement, likely). Run it several times in both orders and trust a kernel that moves the same
-way in every run (``docs/benchmarks.md``).
+One run is not enough: kernels take turns every inference, which evens out a VM's steps in speed,
+but two copies of one build still differ by up to 8 % in one run (their memory's placement,
+likely). Run it several times in both orders and trust a kernel that moves the same way in every
+run.
 """
 
 from __future__ import annotations
@@ -59,8 +57,8 @@ def by_kernel(builds: dict[str, compiler.Deployed], inputs: dict, rounds: int) -
     kernels timed one by one in model order, ``by_op.RUNS`` inferences per round, the builds taking
     turns every inference, the first one first every other time: a step in the VM's speed then
     falls on both builds alike (with turns of ten inferences, four copies of one build read
-    29.5-37.8 ms on the Emerald Rapids VM; both builds run on TVM's one thread pool, so turns this
-    short do not make two pools fight)."""
+    29.5-37.8 ms on a 2-core VM; both builds run on TVM's one thread pool, so turns this short do
+    not make two pools fight)."""
     calls = {name: [c for c in model_calls(build, inputs)[1] if not is_builtin(c[0])]
              for name, build in builds.items()}
     times = {name: collections.defaultdict(list) for name in builds}

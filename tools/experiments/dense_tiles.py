@@ -4,7 +4,7 @@
     .venv/bin/python -m tools.experiments.dense_tiles -t '{"kind": "llvm", "mcpu": "znver3", "num-cores": 2}'
     .venv/bin/python -m tools.experiments.dense_tiles --cold                # weights flushed from the caches
 
-The numbers behind ``register_tile``'s preferences (its docstring, docs/benchmarks.md). Each tile
+The numbers behind ``register_tile``'s preferences (its docstring). Each tile
 (rows x vectors of the panel) is the real kernel: ``dense_packed`` scheduled by the ``Dense`` rule,
 built for the target; the tile ``register_tile`` picks is starred. Times are medians of runs taken in
 turns, with x hot (the activation its producer just wrote) and the weights hot, or with ``--cold``

@@ -3,9 +3,9 @@ packed GEMM on (H*W, C) rows (``python -m tools.experiments.pointwise_gemm``).
 
     .venv/bin/python -m tools.experiments.pointwise_gemm [--tuning off]
 
-Why: issue 17 lists "1x1 as a packed GEMM" among the implementations dispatch could choose from;
-this measures whether the ``Dense`` rule's packed product beats the ``Tiled`` rule's blocked conv on
-the real shapes before anyone builds the candidate. Each shape is two one-layer models compiled by
+Why: "1x1 as a packed GEMM" is one of the implementations dispatch could choose from; this
+measures whether the ``Dense`` rule's packed product beats the ``Tiled`` rule's blocked conv on the
+real shapes before anyone builds the candidate. Each shape is two one-layer models compiled by
 relaxc (Conv + bias + ReLU on NCHW, and MatMul + bias + ReLU on rows), and each model's main kernel
 timed alone by ``compiler.profile`` (warm caches); layout converters around the conv are not counted.
 """

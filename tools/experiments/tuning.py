@@ -1,5 +1,4 @@
-"""The tuning table behind docs/benchmarks.md: what the committed records buy, and what replaying
-them costs at compile time.
+"""What the committed tuning records buy, and what replaying them costs at compile time.
 
     .venv/bin/python -m tools.experiments.tuning [onnx:resnet50 ...] [--repeat 20] [--compiles 3]
     .venv/bin/python -m tools.experiments.tuning onnx:resnet50 --selection 12   # what the selection chose
