@@ -38,7 +38,8 @@ def digest(spec: str, target, tuning: str) -> dict[str, str]:
     report = art.report()
     for timing in ("phases", "compile_seconds"):
         report.pop(timing)
-    report["tuning"].pop("cache_dir")  # where the checkout is
+    for where in ("cache_dir", "shipped"):  # where the records are: the user's cache, the checkout
+        report["tuning"].pop(where, None)
     return {"ir": _sha(art.ir("final").encode()), "outputs": _sha(b"".join(o.tobytes() for o in outputs)),
             "report": _sha(json.dumps(report, sort_keys=True).encode())}
 

@@ -14,8 +14,8 @@ import gzip
 import json
 import logging
 import os
-import tarfile
 import sys
+import tarfile
 import tempfile
 
 import tvm
@@ -43,7 +43,7 @@ def mean_seconds(entry: list) -> float:
 
 # --- the record store: MetaSchedule JSON databases under <root>/<target key>/ ----------------------
 
-SHIPPED = "tuning_logs"  # the committed stores: beside the package in a checkout, inside it when installed
+SHIPPED = "tuning_logs"  # the stores relaxc ships: the checkout's, packed into the installed package
 log = logging.getLogger("relaxc")
 
 
@@ -59,13 +59,10 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> str:
 
 
 def shipped_root() -> str | None:
-    """The stores that come with relaxc: ``tuning_logs/`` inside the installed package (packed), or
-    the checkout's ``tuning_logs/``; None if neither exists."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # relaxc.schedules -> relaxc
-    for root in (os.path.join(package, SHIPPED), os.path.join(os.path.dirname(package), SHIPPED)):
-        if os.path.isdir(root):
-            return root
-    return None
+    """The stores that come with relaxc: ``tuning_logs/`` beside ``schedules/``, which is inside the
+    installed package (packed) or the checkout's root (plain); None if there is none."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), SHIPPED)  # beside schedules/
+    return root if os.path.isdir(root) else None
 
 
 def store_for(cache_dir: str | os.PathLike | None, target: Target) -> "RecordStore":
@@ -77,7 +74,10 @@ def store_for(cache_dir: str | os.PathLike | None, target: Target) -> "RecordSto
     shipped = shipped_root()
     if cache_dir is None and shipped is not None and os.path.abspath(shipped) != os.path.abspath(cache_root()):
         base = RecordStore.of(shipped, target)
-        if base.exists() and base.compatible():
+        if base.exists() and not base.compatible():
+            log.warning("ignoring %s: its records were tuned with other versions %s", base.dir,
+                        base.manifest().get("versions"))
+        elif base.exists():
             store.base = base
     return store
 
