@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import gzip
 import json
 import logging
@@ -111,7 +112,6 @@ class RecordStore:
         self.base = base
         self.manifest_path = os.path.join(directory, "manifest.json")
         self.selection_path = os.path.join(directory, SELECTION_FILE)
-        self._index: tuple[tuple[int, int], list[str], dict[str, int], bytes | None] | None = None  # _workload_index
 
     @classmethod
     def of(cls, root: str, target: Target) -> "RecordStore":
@@ -161,16 +161,8 @@ class RecordStore:
         path = database_path(self.dir, name)
         if path is None:
             return [], []
-        kept, bad = [], []
-        with _open_database(path) as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if _parses(line):
-                    kept.append(line if line.endswith("\n") else line + "\n")
-                else:
-                    bad.append(number)
-        return kept, bad
+        kept, bad = _database_lines(path, *_version(path))
+        return list(kept), list(bad)
 
     def bad_lines(self) -> list[tuple[str, int]]:
         """(file, line number) of every line of the database files that does not parse."""
@@ -287,9 +279,10 @@ class RecordStore:
         from tvm.s_tir import meta_schedule as ms
 
         path = database_path(self.dir, DATABASE_FILES[0])
-        if self._index is not None and self._index[3] is not None:  # a packed file, held unpacked
-            end = self._index[3].find(b"\n", offset)
-            line = self._index[3][offset:end if end >= 0 else None]
+        unpacked = _indexed_workloads(path, *_version(path))[2]
+        if unpacked is not None:  # a packed file, held unpacked
+            end = unpacked.find(b"\n", offset)
+            line = unpacked[offset:end if end >= 0 else None]
         else:
             with open(path, "rb") as f:
                 f.seek(offset)
@@ -302,27 +295,12 @@ class RecordStore:
 
     def _workload_index(self) -> tuple[list[str], dict[str, int]]:
         """The workload file's hash on each line (by line number, blank lines not counted: what
-        records refer to) and each hash's byte offset; read once while the file is unchanged
-        (a replay looks up a workload per kernel whose blocks are named otherwise: one scan
-        each took VGG-19's 25 lookups 0.06 s in a 7 MB file, and the AVX2 store's is 124 MB)."""
+        records refer to) and each hash's byte offset (``_indexed_workloads``)."""
         path = database_path(self.dir, DATABASE_FILES[0])
         if path is None:
             return [], {}
-        stat = os.stat(path)
-        version = (stat.st_size, stat.st_mtime_ns)
-        if self._index is None or self._index[0] != version:
-            keys: list[str] = []
-            offsets: dict[str, int] = {}
-            unpacked = gzip.decompress(open(path, "rb").read()) if path.endswith(PACKED) else None
-            with open(path, "rb") if unpacked is None else contextlib.nullcontext(unpacked.splitlines(True)) as f:
-                offset = 0
-                for line in f:
-                    if line.strip():  # ["<hash>","<base64 module>"]: only the hash is read
-                        keys.append(line[2:line.find(b'"', 2)].decode())
-                        offsets.setdefault(keys[-1], offset)
-                    offset += len(line)
-            self._index = (version, keys, offsets, unpacked)
-        return self._index[1], self._index[2]
+        keys, offsets, _ = _indexed_workloads(path, *_version(path))
+        return keys, offsets
 
     def best_records(self, hashes) -> dict[str, list]:
         """The fastest record (as measured when tuned) of each workload in ``hashes`` that has any."""
@@ -417,6 +395,47 @@ def _database_of(files: dict[str, list[str]]):
             with open(os.path.join(copy, name), "w") as f:
                 f.writelines(lines)
         return json_database(copy, allow_missing=False)
+
+
+def _version(path: str) -> tuple[int, int]:
+    """What changes when a file is written: its size and modification time."""
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+# A database file is read once per process while it is unchanged (keyed by path, size and mtime):
+# every compile replaying records reads the host's store, and the AVX2 store's record file took
+# 0.53 s to check line by line for each small model of the test suite.
+@functools.lru_cache(maxsize=8)
+def _database_lines(path: str, _size: int, _mtime_ns: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The parsable lines of a database file (newline-terminated) and the numbers of the others."""
+    kept, bad = [], []
+    with _open_database(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if _parses(line):
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                bad.append(number)
+    return tuple(kept), tuple(bad)
+
+
+@functools.lru_cache(maxsize=8)
+def _indexed_workloads(path: str, _size: int, _mtime_ns: int) -> tuple[list[str], dict[str, int], bytes | None]:
+    """A workload file's hash on each line, each hash's byte offset, and the file's bytes if it is
+    packed (a replay looks up a workload per kernel whose blocks are named otherwise)."""
+    keys: list[str] = []
+    offsets: dict[str, int] = {}
+    unpacked = gzip.decompress(open(path, "rb").read()) if path.endswith(PACKED) else None
+    with open(path, "rb") if unpacked is None else contextlib.nullcontext(unpacked.splitlines(True)) as f:
+        offset = 0
+        for line in f:
+            if line.strip():  # ["<hash>","<base64 module>"]: only the hash is read
+                keys.append(line[2:line.find(b'"', 2)].decode())
+                offsets.setdefault(keys[-1], offset)
+            offset += len(line)
+    return keys, offsets, unpacked
 
 
 def _parses(line: str) -> bool:
