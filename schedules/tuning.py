@@ -40,6 +40,7 @@ DEFAULT_TRIALS = 2000  # measurements of one tuning run, by compiler.tune and by
 TRIALS_PER_ITER = 64
 RUNS_PER_TRIAL = 5  # cold runs timed per candidate
 UNROLL_STEPS = (0, 16, 64)  # explicit unrolling MetaSchedule may choose on CPU (its default adds 512)
+POPULATION_PER_TRIAL = 8  # evolutionary search population per candidate a batch measures (MetaSchedule: 512)
 
 
 @dataclass
@@ -154,6 +155,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
             progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline)
             callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
             cost_model = ms.cost_model.XGBModel(num_tuning_cores=physical_cores())
+            measure = ms.builder.LocalBuilder(f_build=builder.build), _runner(target)  # each starts processes
             left = {i: per_task - have[i] for i in todo}
             try:
                 while left and progress.trials < budget and summary["stopped"] == "done":
@@ -164,7 +166,8 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
                         size = min(batch, left[i], budget - progress.trials)
                         if size <= 0:
                             break
-                        done = _tune_batch(tasks[i], i, size, store.dir, database, cost_model, callbacks, progress)
+                        done = _tune_batch(tasks[i], i, size, store.dir, database, cost_model, measure, callbacks,
+                                           progress)
                         left[i] -= max(done, 1)  # a task whose space is exhausted measures nothing
                         if left[i] <= 0:
                             del left[i]
@@ -218,16 +221,17 @@ def _commit_defaults(tasks: list, target: Target, database) -> int:
 
 
 def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, database, cost_model,
-                callbacks: list, progress: Progress) -> int:
-    """Measure one batch of ``task`` and commit it; returns the trials measured."""
+                measure: tuple[ms.builder.Builder, ms.runner.Runner | str], callbacks: list,
+                progress: Progress) -> int:
+    """Measure one batch of ``task`` with ``measure`` (builder, runner) and commit it; returns the
+    trials measured."""
     _quiet_metaschedule()  # each batch's logging set-up sets its logger back to DEBUG
-    target = task.target
-    (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir, space=_space(target))
+    (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        [task], work_dir, space=_space(task.target), strategy=_strategy(size))
     before = progress.trials
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
-                  builder=ms.builder.LocalBuilder(f_build=builder.build), runner=_runner(target),
-                  cost_model=cost_model, measure_callbacks=callbacks + [_ProgressCallback(progress, index)],
+                  builder=measure[0], runner=measure[1], cost_model=cost_model, measure_callbacks=callbacks + [_ProgressCallback(progress, index)],
                   task_scheduler="round-robin")
     return progress.trials - before
 
@@ -257,6 +261,15 @@ def alloc_arguments(device: tvm.runtime.Device, args_info: list, alloc_repeat: i
             random_fill(tensor)
 
     return ms.runner.utils.alloc_argument_common(fill, device, args_info, alloc_repeat)
+
+
+def _strategy(size: int) -> ms.search_strategy.EvolutionarySearch:
+    """MetaSchedule's evolutionary search with a population in proportion to the batch it picks (512,
+    its default, for a batch of 64): sampling 512 schedules of a Winograd input transform took 64 s
+    on 2 cores, and a batch of 2 needs no such choice."""
+    population = max(16, min(512, POPULATION_PER_TRIAL * size))
+    return ms.search_strategy.EvolutionarySearch(population_size=population,
+                                                 init_min_unmeasured=min(50, population // 2))
 
 
 def _space(target: Target) -> ms.space_generator.SpaceGenerator | str:
