@@ -48,6 +48,7 @@ from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCost
 from relaxc.passes.channels_last import ChannelsLastToNCHW
 from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                  SumOfStackToAdd)
+from relaxc.passes.check_indices import CheckIndices
 from relaxc.passes.conv_taps import DropPaddingTaps
 from relaxc.passes.cse import EliminateCommonSubexpr
 from relaxc.passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants
@@ -91,7 +92,7 @@ class Phase:
         return mod
 
 
-def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
+def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
     return [
         AccumulateHalfInFloat32(),
         FoldConstantsNumpy(),  # materialise fills first: FoldBatchnormToConv2D needs constants
@@ -106,6 +107,7 @@ def _simplify(_c: Compilation) -> list[tvm.transform.Pass]:
         DropoutToIdentity(),
         DivideByConstantToMultiply(),
         ChannelsLastToNCHW(),
+        CheckIndices(c.config.target.kind.name == "llvm", c.model.index_readers, c.model.onnx_names),
         EliminateCommonSubexpr(),  # TVM's, without hashing every weight's bytes
         relax.transform.CanonicalizeBindings(),
         relax.transform.DeadCodeElimination(),
@@ -218,6 +220,6 @@ def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes:
                 mod = recorder.run(phase.name, phase.run, mod, compilation)
         recorder.snapshots["final"] = mod
         executable = recorder.run("build", codegen.build, mod, config.target)
-    compilation.report["warnings"], compilation.report["tvm_log"] = diagnostics.translate(said, imported.ops)
+    compilation.report["warnings"], compilation.report["tvm_log"] = diagnostics.translate(said)
     return Artifact(executable, config.target, imported.inputs, imported.outputs,
                     report.assemble(compilation, recorder), recorder.snapshots)

@@ -22,7 +22,7 @@ from tvm.runtime.vm import VirtualMachine
 
 from relaxc import diagnostics
 from relaxc.backend import device_code
-from relaxc.support import tvm_log
+from relaxc.support import index_checks, tvm_log
 from relaxc.support.errors import ExportError, InputError, TargetError, UserError
 from relaxc.support.tensors import TensorSpec
 from relaxc.support.threads import configure_threads
@@ -134,11 +134,14 @@ class Runner:
         if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
-        ordered = self._order(arrays)
-        args = [tvm.runtime.tensor(self._check(spec, value), self._device)
-                for spec, value in zip(self.inputs, ordered)]
+        ordered = [self._check(spec, value) for spec, value in zip(self.inputs, self._order(arrays))]
+        args = [tvm.runtime.tensor(value, self._device) for value in ordered]
         with self._pool.vm() as vm:
-            return _to_numpy(_in_usable_thread(lambda: vm["main"](*args)))
+            try:
+                return _to_numpy(_in_usable_thread(lambda: vm["main"](*args)))
+            except InputError as err:  # an index check failed in the compiled code
+                named = {name: value for (name, _, _), value in zip(self.inputs, ordered)}
+                raise InputError(index_checks.with_offending_value(str(err), named)) from None
 
     def _order(self, arrays: Sequence[Any]) -> list[Any]:
         names = [name for name, _, _ in self.inputs]
@@ -158,6 +161,8 @@ class Runner:
     def _check(spec: TensorSpec, value: Any) -> np.ndarray:
         name, shape, dtype = spec
         array = np.asarray(value)
+        if array.dtype != np.dtype(dtype) and array.dtype.newbyteorder("=") == np.dtype(dtype):
+            array = array.astype(dtype)  # the same type in the other byte order (a big-endian file's)
         if array.dtype != np.dtype(dtype):
             raise InputError(f"input {name!r}: expected dtype {dtype}, got {array.dtype}")
         if tuple(array.shape) != tuple(shape):

@@ -47,7 +47,7 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
             summary.update(_in_sequence(lambda: compile_model(model, target, shapes, replay, constants), tune_kernels,
                                         settings, compile_options.cache_dir))
     report = art.report()
-    diagnostics.translate(said, report["ops"])
+    diagnostics.translate(said)
     if "dispatch" in report:
         summary["dispatch"] = {k: report["dispatch"][k] for k in ("choices", "sources")}
     return summary

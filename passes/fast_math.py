@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 PRIORITY = 100  # above TVM's own rules (level 10 and 99)
@@ -201,3 +202,50 @@ def register() -> None:
         tirx.register_intrin_lowering(op, "llvm", f=_rule(function, _default_rule(op)), level=PRIORITY)
     tirx.register_intrin_lowering("tirx.pow", "llvm", f=_pow_rule(_default_rule("tirx.pow")), level=PRIORITY)
     register.done = True
+
+
+EXPANDED = ("tirx.exp", "tirx.tanh", "tirx.erf", "tirx.sigmoid")  # what the lowering writes out in full
+
+
+def _expanded(expr: object) -> bool:
+    return isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", None) in EXPANDED
+
+
+def _contains(expr: tirx.PrimExpr, wanted: Callable[[object], bool]) -> bool:
+    found = []
+    tvm_ffi.structural_map(expr, lambda node: found.append(node) or node if wanted(node) else node)
+    return bool(found)
+
+
+def _in_a_branch(expr: tirx.PrimExpr) -> bool:
+    """Whether an expanded call sits in a branch of an ``if_then_else`` (evaluated only if taken)."""
+    return _contains(expr, lambda node: isinstance(node, tvm.ir.Call)
+                     and getattr(node.op, "name", None) == "tirx.if_then_else"
+                     and any(_contains(arg, _expanded) for arg in node.args[1:]))
+
+
+def _bind_arguments(store: tirx.BufferStore) -> tirx.Stmt:
+    if not _contains(store.value, _expanded) or _contains(store.value, lambda n: isinstance(n, tirx.Let)) \
+            or _in_a_branch(store.value):
+        return store
+    binds: list[tirx.Stmt] = []
+
+    def bind(call: tvm.ir.Call) -> tirx.PrimExpr:
+        argument = call.args[0] if _expanded(call) else None
+        if argument is None or isinstance(argument, (tirx.Var, tirx.FloatImm, tvm.ir.TensorLoad)):
+            return call
+        var = tirx.Var(f"{call.op.name[5:]}_arg", argument.ty)
+        binds.append(tirx.LetStmt(var, argument))
+        return tirx.call_intrin(str(call.ty.dtype), call.op, var, *call.args[1:])
+
+    value = tvm_ffi.structural_map(store.value, (tvm.ir.Call, bind))
+    return tirx.SeqStmt([*binds, tirx.BufferStore(store.buffer, value, store.indices)]) if binds else store
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="relaxc.BindExpandedArguments")
+def BindExpandedArguments(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tirx.PrimFunc:
+    """The argument of each call these functions expand (and the AVX-512 sigmoid) bound to a variable
+    first: an expansion reads its argument several times, and an argument that is itself an
+    expansion (sigmoid(sigmoid(x)), a fuzzed graph's) made lowering one kernel grow past 21 GB.
+    Calls in a branch of an ``if_then_else`` are left where they are (evaluated only when taken)."""
+    return tvm_ffi.structural_map(func, (tirx.BufferStore, _bind_arguments))

@@ -14,6 +14,9 @@ import tvm
 from tvm import relax
 from tvm.ir import GenericConst
 
+IS_SCHEDULED = "tirx.is_scheduled"  # set on every scheduled kernel; dlight and tuning skip those
+SCHEDULE_ATTR = "relaxc.schedule"  # the label of what scheduled a kernel (a rule, the index checks)
+
 
 def map_relax_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], relax.Function]) -> tvm.IRModule:
     """A copy of ``mod`` with every Relax function replaced by ``rewrite(function)``."""

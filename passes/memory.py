@@ -245,7 +245,8 @@ def accepting_offsets(func: tirx.PrimFunc) -> tirx.PrimFunc:
     element offset, and on CPU the VM gives a tensor at a storage offset exactly that byte offset
     (TVM's own planner only ever uses offset 0). Each parameter becomes a buffer with a symbolic
     element offset (a multiple of 64 bytes, so kernels keep their alignment), and the original
-    buffer is declared over the address of its first element, so the body is unchanged.
+    buffer is declared over the address of its first element (its own element offset, where it
+    has a symbolic one, bound to 0), so the body is unchanged.
     """
     params, declarations = [], []
     for param in func.params:
@@ -257,6 +258,8 @@ def accepting_offsets(func: tirx.PrimFunc) -> tirx.PrimFunc:
                                  elem_offset=tirx.Var(f"{param.name}_elem_offset", "int64"),
                                  offset_factor=max(1, ALIGNMENT // itemsize))
         params.append(outer)
+        if isinstance(param.elem_offset, tirx.Var):  # TOPI's ir_builder kernels (scatter) declare one
+            declarations.append(tirx.LetStmt(param.elem_offset, tirx.const(0, str(param.elem_offset.ty))))
         declarations.append(tirx.DeclBuffer(param, data=tirx.address_of(
             tirx.BufferLoad(outer, [0] * len(param.shape)))))
     return tirx.PrimFunc(params, tirx.SeqStmt(declarations + [func.body]), func.ret_type, func.attrs)

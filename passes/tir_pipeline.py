@@ -5,10 +5,14 @@ relaxc's kernel-level passes, in this order:
    (ndim, dtype, shape): 20-40 % of LLVM's time on a model's kernels;
 2. ``StackBuffers`` (``passes/stack_buffers.py``): small kernel-local buffers on the stack instead
    of TVM's workspace pool;
-3. ``Avx512Sigmoid`` (``passes/avx512_math.py``): AVX-512 kernels' vectorised sigmoid in AVX-512
+3. ``BindExpandedArguments`` (``passes/fast_math.py``): the argument of each exp, tanh, erf and
+   sigmoid bound to a variable, as their expansions read it several times;
+4. ``Avx512Sigmoid`` (``passes/avx512_math.py``): AVX-512 kernels' vectorised sigmoid in AVX-512
    instructions (it needs the vectorised calls and each kernel's target, which this point has);
-4. ``PrefetchNextPanel`` (``passes/prefetch.py``): the loops a schedule marked prefetch the next
-   parallel iteration's weights (it needs the flattened buffers and the parallel loop's variable).
+5. ``PrefetchNextPanel (``passes/prefetch.py``): the loops a schedule marked prefetch the next
+   parallel iteration's weights (it needs the flattened buffers and the parallel loop's variable);
+6. ``NaNThroughBounds`` (``passes/nan_bounds.py``): a max or min against a constant (ReLU, Clip)
+   written so that a NaN input stays NaN, as in onnxruntime.
 
 Every CPU build goes through it: the model's code generation, the tuning builder and the schedule
 selection, so that what is measured is what ships. Other targets use TVM's default pipeline.
@@ -22,6 +26,8 @@ from tvm.target import Target
 
 from relaxc.passes.arg_checks import DropVerifiedArgChecks
 from relaxc.passes.avx512_math import Avx512Sigmoid
+from relaxc.passes.fast_math import BindExpandedArguments
+from relaxc.passes.nan_bounds import NaNThroughBounds
 from relaxc.passes.prefetch import PrefetchNextPanel
 from relaxc.passes.stack_buffers import StackBuffers
 
@@ -30,7 +36,8 @@ NAME = "relaxc"
 
 def _relaxc_pipeline():
     lower, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
-    passes = [lower, DropVerifiedArgChecks, StackBuffers, Avx512Sigmoid, PrefetchNextPanel]
+    passes = [lower, DropVerifiedArgChecks, StackBuffers, BindExpandedArguments, Avx512Sigmoid, PrefetchNextPanel,
+              NaNThroughBounds]
     return tvm.transform.Sequential(passes), finalize_host, finalize_device
 
 

@@ -21,10 +21,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR
 from relaxc.schedules import cpu
 
-SCHEDULE_ATTR = "relaxc.schedule"  # the label of the rule that scheduled a kernel
-IS_SCHEDULED = "tirx.is_scheduled"  # set on every scheduled kernel; dlight skips those
 
 # (label, rule factory), in the order the rules are tried
 RULES: tuple[tuple[str, Callable[[], dl.ScheduleRule]], ...] = (

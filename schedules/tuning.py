@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from relaxc.schedules import builder
 from relaxc.schedules.cache import RecordStore, cache_root, shipped_root, store_for, stores, workload_hash
-from relaxc.schedules.default import IS_SCHEDULED, default_schedule
+from relaxc.passes.ir import IS_SCHEDULED
+from relaxc.schedules.default import default_schedule
 from relaxc.schedules.selection import Selection, apply_trace, recorded
 from relaxc.support import targets, tvm_internals, tvm_log
 from relaxc.support.errors import UserError
@@ -101,6 +102,12 @@ def _quiet_metaschedule() -> None:
             ms_logger.removeHandler(handler)
 
 
+def tuning_tasks(mod: tvm.IRModule, target: Target) -> list[ms.ExtractedTask]:
+    """MetaSchedule's tasks of ``mod``, less the kernels relaxc wrote scheduled (the index checks)."""
+    return [task for task in ms.relax_integration.extract_tasks(mod, target)
+            if not task.dispatched[0]["main"].attrs.get(IS_SCHEDULED, False)]
+
+
 def _records(database, task: ms.ExtractedTask) -> int:
     """How many valid records the database holds for ``task``."""
     mod = task.dispatched[0]
@@ -129,7 +136,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     configure_threads()  # the measuring workers inherit it
     tvm_internals.skip_tensor_intrinsics(target)
     store = store_for(cache_dir, target)
-    tasks = ms.relax_integration.extract_tasks(mod, target)
+    tasks = tuning_tasks(mod, target)
     wanted = {t.task_name for t in tasks
               if not kernels or any(fnmatch.fnmatchcase(t.task_name, k) for k in kernels)}
     if not wanted:
@@ -307,7 +314,7 @@ class ApplyTuningRecords:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         target = Target.current()
         store = store_for(self.cache_dir, target)
-        tasks = ms.relax_integration.extract_tasks(mod, target)
+        tasks = tuning_tasks(mod, target)
         self.report = {"mode": self.mode, "cache_dir": store.dir, "shipped": store.base and store.base.dir,
                        "tasks": len(tasks), "tasks_with_records": 0, "missing": [t.task_name for t in tasks]}
         if self.mode == "off":

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import relaxc as compiler
 from relaxc import frontend
@@ -154,6 +154,55 @@ def test_run_with_wrong_count(small_artifact):
     x = np.zeros((1, 3, 32, 32), np.float32)
     with pytest.raises(compiler.InputError, match=r"model takes 1 input\(s\) \['x'\], got 2"):
         small_artifact.run(x, x)
+
+
+def _misaligned(x: np.ndarray) -> np.ndarray:
+    """``x`` copied into memory 4 bytes past an allocation's start."""
+    raw = np.empty(x.nbytes + 4, np.uint8)
+    view = raw[4:].view(x.dtype).reshape(x.shape)
+    view[...] = x
+    return view
+
+
+def test_any_numpy_memory_form_gives_the_same_answer(small_artifact):
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    expected = small_artifact.run(x)[0]
+    read_only = x.copy()
+    read_only.flags.writeable = False
+    forms = {"Fortran order": np.asfortranarray(x), "strided view": np.repeat(x, 2, axis=3)[..., ::2],
+             "transposed view": np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2),
+             "misaligned": _misaligned(x), "read-only": read_only, "big-endian": x.astype(">f4")}
+    for name, form in forms.items():
+        before = form.copy()
+        np.testing.assert_array_equal(small_artifact.run(form)[0], expected, err_msg=name)
+        np.testing.assert_array_equal(form, before, err_msg=name)  # the caller's array is left alone
+    with pytest.raises(compiler.InputError, match="expected dtype float32, got >f8"):
+        small_artifact.run(x.astype(">f8"))
+
+
+def test_nan_and_infinities_pass_through_as_in_onnxruntime():
+    """ReLU and Clip keep a NaN (x86's max alone would turn it into the bound); Conv, pools,
+    Softmax and the activations propagate NaN and infinities as onnxruntime does."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    x[0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
+    x[0, 3, 2, 2] = np.nan
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Clip", ["x", "lo", "hi"], ["k"]), helper.make_node("Sigmoid", ["x"], ["s"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[1, 1]),
+             helper.make_node("Softmax", ["x"], ["m"], axis=1)]
+    outputs = ["c", "r", "k", "s", "p", "m"]
+    graph = helper.make_graph(nodes, "nan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 8, 6, 6))],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, (1, 8, 6, 6)) for o in outputs],
+                              [numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype(np.float32), "w"),
+                               numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                               numpy_helper.from_array(np.array(6, np.float32), "hi")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = reference.ORT_MAX_IR_VERSION
+    ours = compiler.compile(model, tuning="off").run(x)
+    for name, got, expected in zip(outputs, ours, reference.ort_run(model, {"x": x})):
+        assert np.isnan(expected).any(), name  # the case is there
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=name)  # NaN where it has NaN
 
 
 def test_export_to_missing_directory(small_artifact, tmp_path):

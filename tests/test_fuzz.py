@@ -3,14 +3,16 @@
 import glob
 import json
 import os
+import time
 
 import onnx
 import pytest
 
 from tests.fuzz.__main__ import fuzz
-from tests.fuzz.check import Outcome, check
+from tests.fuzz.check import Outcome, check, check_in, worker
 from tests.fuzz.generate import random_graph
 from tests.fuzz.shrink import shrink
+from tests.isolated import HUNG, Isolated
 
 CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "fuzz_cases", "*.onnx")))
 CI_SEED, CI_GRAPHS = 20261123, 36
@@ -23,15 +25,39 @@ def test_ci_slice_has_no_failure(tmp_path):
     assert summary["counts"]["pass"] >= CI_GRAPHS * 0.8, summary["counts"]
 
 
+@pytest.fixture(scope="module")
+def isolated():
+    process = worker()
+    yield process
+    process.close()
+
+
 @pytest.mark.parametrize("path", CASES, ids=[os.path.basename(p) for p in CASES])
-def test_kept_reproducer(path):
+def test_kept_reproducer(path, isolated):
     model = onnx.load(path)
     meta = json.loads(model.doc_string)
-    outcome = check(model)
+    outcome = check_in(isolated, model)  # a graph that hung once could take the machine's memory
     if meta["expect"] == "refused":
         assert outcome.kind == "refused", outcome
     else:
         assert outcome.kind == "pass", outcome
+
+
+def _allocate(megabytes: int) -> str:
+    try:
+        return str(len(bytearray(megabytes << 20)))
+    except MemoryError:
+        return "MemoryError"
+
+
+def test_a_worker_that_hangs_or_runs_out_of_memory_becomes_an_answer():
+    slow = Isolated(time.sleep)
+    assert slow.call(5, timeout=0.5)[1].startswith(HUNG)
+    slow.close()
+    small = Isolated(_allocate, memory=1 << 30)
+    assert small.call(2048, timeout=60) == ("MemoryError", "")  # beyond the cap: refused, not swapped in
+    assert small.call(64, timeout=60) == (str(64 << 20), "")  # the worker goes on
+    small.close()
 
 
 def test_generated_graphs_are_valid_onnx():

@@ -119,9 +119,8 @@ def test_compile_export_load_are_quiet_and_warnings_reach_the_report(tmp_path, d
         assert any("Scope Loaded" in line for line in _tvm_lines(proc.stderr))
     else:
         assert _tvm_lines(proc.stderr) == [], proc.stderr
-    assert len(report["warnings"]) == 1 and "not bounds-checked" in report["warnings"][0]
-    assert "1 Gather node(s)" in report["warnings"][0]
-    assert report["warnings"][0] in proc.stderr  # said once in relaxc's words, through its logger
+    assert report["warnings"] == []  # take's "fast mode" warning is internal: every index is checked
+    assert any("Fast mode segfaults" in m["message"] for m in report["tvm_log"])
     assert any("Detected pow" in m["message"] and m["count"] >= 1 for m in report["tvm_log"])
 
 

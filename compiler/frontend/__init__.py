@@ -49,6 +49,7 @@ class ImportedModel:
     ops: dict[str, int]
     onnx_names: dict[str, str]
     input_high: dict[str, int]  # integer inputs' exclusive bounds the model declares (models.input_high)
+    index_readers: dict[str, str]  # Relax parameter -> the nodes indexing with it, for error messages
 
 
 def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
@@ -258,6 +259,26 @@ def _identifier_inputs(proto: onnx.ModelProto, names: list[str]) -> tuple[onnx.M
     return copy, mapping
 
 
+INDEX_OPS = ("Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND", "Scatter")
+VALUE_KEEPING_OPS = ("Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+
+
+def _index_readers(graph: onnx.GraphProto) -> dict[str, str]:
+    """Each graph input that nodes index with (as it is, or through ops that keep its values):
+    those nodes, as an error message names them ("Gather 'word_embeddings'")."""
+    inputs = {i.name for i in graph.input}
+    producers = {node.output[0]: node for node in graph.node if node.op_type in VALUE_KEEPING_OPS}
+    readers: dict[str, list[str]] = collections.defaultdict(list)
+    for node in graph.node:
+        if node.op_type in INDEX_OPS and len(node.input) > 1:
+            source = node.input[1]
+            while source in producers:
+                source = producers[source].input[0]
+            if source in inputs:
+                readers[source].append(f"{node.op_type} {node.name!r}" if node.name else node.op_type)
+    return {name: ", ".join(nodes) for name, nodes in readers.items()}
+
+
 def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None) -> ImportedModel:
     """Validate the model and convert it to Relax; every failure is a UserError."""
     proto, name, path = load_model(model)
@@ -280,4 +301,5 @@ def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Cons
             raise UnsupportedOperatorError(f"TVM's ONNX importer cannot convert this model: "
                                            f"{type(err).__name__}: {_first_line(err)}") from err
     return ImportedModel(name, module, inputs, _output_specs(proto.graph, module), dict(sorted(ops.items())),
-                         {new: old for old, new in names.items() if new != old}, models.input_high(proto))
+                         {new: old for old, new in names.items() if new != old}, models.input_high(proto),
+                         {names[n]: nodes for n, nodes in _index_readers(proto.graph).items() if n in names})

@@ -3,8 +3,10 @@
     .venv/bin/python -m tests.fuzz --graphs 1000 --seed 0 [--save DIR]
 
 Graph ``i`` comes from seed ``S + i`` (``tests/fuzz/generate.py``), so any finding is reproduced by
-its seed alone. Each failure (wrong answer, internal error, crash) is shrunk to a minimal graph and
-saved under ``--save`` for a regression test in ``tests/fuzz_cases/``. Exit status 1 if any failed.
+its seed alone. Each graph runs in a worker process limited in time and memory (``check.TIMEOUT_S``,
+``check.MEMORY_BYTES``). Each failure (wrong answer, internal error, crash, hang) is shrunk to a
+minimal graph and saved under ``--save`` for a regression test in ``tests/fuzz_cases/``. Exit
+status 1 if any failed.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ import time
 import onnx
 from tqdm import tqdm
 
-from tests.fuzz.check import FAILURES, KINDS, check, check_in
+from tests.fuzz.check import FAILURES, KINDS, check_in, worker
 from tests.fuzz.generate import random_graph
 from tests.fuzz.shrink import shrink
-from tests.isolated import Isolated
 
 
 def _reason(detail: str) -> str:
@@ -35,15 +36,16 @@ def _reason(detail: str) -> str:
 def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: bool = True) -> dict:
     """Run the fuzzer; returns counts by outcome and the failures (seed, outcome, saved path)."""
     counts: collections.Counter[str] = collections.Counter({kind: 0 for kind in KINDS})
-    failures, refusals = [], collections.Counter()
-    worker = Isolated(check)
-    isolated_check = functools.partial(check_in, worker)
+    failures, refusals, peak_mb = [], collections.Counter(), 0.0
+    isolated = worker()
+    isolated_check = functools.partial(check_in, isolated)
     start = time.perf_counter()
     try:
         for graph_seed in tqdm(range(seed, seed + graphs), desc="fuzz", unit="graph", disable=not progress):
             model = random_graph(graph_seed, max_ops)
             outcome = isolated_check(model)
             counts[outcome.kind] += 1
+            peak_mb = max(peak_mb, outcome.peak_mb)
             if outcome.kind == "refused":
                 refusals[_reason(outcome.detail)] += 1
             if outcome.kind in FAILURES:
@@ -61,9 +63,9 @@ def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: 
                            f"  shrunk to {len(small.graph.node)} node(s): {failures[-1]['nodes']}"
                            + (f", saved {path}" if path else ""))
     finally:
-        worker.close()
+        isolated.close()
     return {"graphs": graphs, "seed": seed, "seconds": round(time.perf_counter() - start, 1),
-            "counts": dict(counts), "refusals": dict(refusals), "failures": failures}
+            "counts": dict(counts), "refusals": dict(refusals), "failures": failures, "peak_mb": peak_mb}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(f"{summary['graphs']} graphs from seed {summary['seed']} in {summary['seconds']} s: " +
-              ", ".join(f"{n} {kind}" for kind, n in summary["counts"].items()))
+              ", ".join(f"{n} {kind}" for kind, n in summary["counts"].items()) +
+              f"; the worker's peak resident memory {summary['peak_mb']:.0f} MB")
         for reason, n in sorted(summary["refusals"].items(), key=lambda kv: -kv[1]):
             print(f"  refused x{n}: {reason}")
     return 1 if summary["failures"] else 0

@@ -3,26 +3,31 @@
 
 from __future__ import annotations
 
+import resource
 import traceback
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from tests.isolated import Isolated
+from tests.isolated import HUNG, Isolated
 
-KINDS = ("pass", "refused", "mismatch", "error", "crash", "reference")
-FAILURES = ("mismatch", "error", "crash")  # what the fuzzer shrinks and must end at zero
+KINDS = ("pass", "refused", "mismatch", "error", "crash", "hang", "reference")
+FAILURES = ("mismatch", "error", "crash", "hang")  # what the fuzzer shrinks and must end at zero
+TIMEOUT_S = 120.0  # a graph's compile and run: seconds, unless something is wrong
+MEMORY_BYTES = 4 << 30  # the worker's address space (its compiles take about 0.3 GB resident)
 
 
 @dataclass(frozen=True)
 class Outcome:
     """``pass``; ``refused``: a UserError before anything ran (a clear refusal, allowed);
-    ``mismatch``: a wrong answer; ``error``: any other exception; ``crash``: the process died or
-    hung; ``reference``: onnxruntime could not run the graph (a generator problem, not relaxc's)."""
+    ``mismatch``: a wrong answer; ``error``: any other exception; ``crash``: the process died;
+    ``hang``: no answer within ``TIMEOUT_S``; ``reference``: onnxruntime could not run the graph (a
+    generator problem, not relaxc's). ``peak_mb``: the worker's largest resident size so far."""
 
     kind: str
     detail: str = ""
+    peak_mb: float = 0.0
 
     def same_failure(self, other: "Outcome") -> bool:
         """Whether ``other`` still shows this failure (for shrinking): same kind, same exception type."""
@@ -38,6 +43,13 @@ def inputs_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def check(model: onnx.ModelProto) -> Outcome:
+    """``compare(model)`` with the process's peak resident memory."""
+    outcome = compare(model)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return Outcome(outcome.kind, outcome.detail, round(peak, 1))
+
+
+def compare(model: onnx.ModelProto) -> Outcome:
     """Compile ``model`` (no tuning), run it and onnxruntime on the same random inputs, compare."""
     import relaxc as compiler
     from relaxc.benchmarks import reference
@@ -72,10 +84,13 @@ def _where(err: BaseException) -> str:
     return f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
 
 
-TIMEOUT_S = 300.0
+def worker() -> Isolated:
+    """A worker process for ``check_in``, its memory capped at ``MEMORY_BYTES``."""
+    return Isolated(check, memory=MEMORY_BYTES)
 
 
 def check_in(worker: Isolated, model: onnx.ModelProto) -> Outcome:
-    """``check`` in ``worker`` (an ``Isolated(check)``): a crash or a hang becomes a ``crash``."""
+    """``check`` in ``worker`` (``worker()``): a worker that dies is a ``crash``, one that gives no
+    answer within ``TIMEOUT_S`` a ``hang``."""
     outcome, why = worker.call(model, TIMEOUT_S)
-    return outcome if outcome is not None else Outcome("crash", why)
+    return outcome if outcome is not None else Outcome("hang" if why.startswith(HUNG) else "crash", why)

@@ -5,7 +5,8 @@ import tvm
 from tvm.target import Target
 
 import relaxc as compiler
-from relaxc.schedules.default import SCHEDULE_ATTR, DefaultSchedules, default_schedule, rules
+from relaxc.passes.ir import SCHEDULE_ATTR
+from relaxc.schedules.default import DefaultSchedules, default_schedule, rules
 from relaxc.schedules.cpu import tiled
 from relaxc.support.targets import vector_unit
 from tests.schedules.test_tiling import AVX512, matmul

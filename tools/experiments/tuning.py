@@ -19,13 +19,13 @@ import time
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
-from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import relaxc as compiler  # noqa: E402
 from relaxc.benchmarks import harness, reference  # noqa: E402
 from relaxc import frontend  # noqa: E402
 from relaxc.runtime import random_inputs  # noqa: E402
 from relaxc.schedules.cache import RecordStore, workload_hash  # noqa: E402
+from relaxc.schedules.tuning import tuning_tasks  # noqa: E402
 
 TARGET = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # what tuning_logs/llvm-znver3-2c is for
 DEFAULT_MODELS = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2"]
@@ -82,7 +82,7 @@ def _print_selection(spec: str, count: int, log_dir: str) -> None:
     art = compiler.compile(spec, target=TARGET, tuning="off", cache_dir=log_dir)
     chosen = RecordStore.of(log_dir, art.target).selections()
     tasks = [(t, chosen.get(workload_hash(t.dispatched[0])))
-             for t in ms.relax_integration.extract_tasks(art.module("fuse"), art.target)]
+             for t in tuning_tasks(art.module("fuse"), art.target)]
     decided = sorted(((t, e) for t, e in tasks if e), key=lambda te: -float(te[0].weight) * te[1]["default_ms"])
     print(f"\n{spec}: {len(decided)} of {len(tasks)} kernels selected; the {count} slowest with default schedules\n")
     print("| kernel | runs | choice | ms | default ms | build s | default build s | candidates |")
