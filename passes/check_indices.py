@@ -11,11 +11,13 @@ importer's ``where``, or inside TOPI's ScatterElements). Indices known at compil
 checked now (``ModelError``) and cost nothing at run time; a take in "clip" or "wrap" mode cannot
 read outside and is left alone.
 
-On CPU the check is a plain loop marked scheduled (label ``index-check``): no tuning task.
+On CPU the check is a plain loop marked scheduled (label ``index-check``): no tuning task. GPU
+targets get no run-time check (``CheckIndices``).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping
 
 import numpy as np
@@ -27,6 +29,7 @@ from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR, constant_array, is_op,
 from relaxc.support.errors import ModelError
 from relaxc.support.index_checks import message
 
+log = logging.getLogger("relaxc")
 ONNX_OPS = {"relax.take": "Gather", "relax.gather_elements": "GatherElements", "relax.gather_nd": "GatherND",
             "relax.scatter_elements": "ScatterElements", "relax.scatter_nd": "ScatterND"}
 ND_OPS = ("relax.gather_nd", "relax.scatter_nd")
@@ -90,6 +93,7 @@ class _Checks(relax.PyExprMutator):
         self.readers = readers  # Relax parameter -> the ONNX nodes that index with it (ImportedModel)
         self.names = names  # Relax parameter -> its ONNX name, where they differ
         self.checked = 0
+        self.unchecked: list[str] = []
 
     def _bound(self, expr: relax.Expr) -> relax.Expr | None:
         return self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
@@ -143,9 +147,11 @@ class _Checks(relax.PyExprMutator):
         if known is not None:
             _check_now(known, ranges, call.op.name in ND_OPS, what)
             return call
+        if not self.on_cpu:  # TVM writes a kernel's assert as host code, which no GPU compiler takes
+            self.unchecked.append(what)
+            return call
         kernel = check_kernel(shape, dtype, ranges, message(what, source, ranges))
-        if self.on_cpu:  # a plain loop: no tuning task, no default schedule
-            kernel = kernel.with_attr(IS_SCHEDULED, True).with_attr(SCHEDULE_ATTR, LABEL)
+        kernel = kernel.with_attr(IS_SCHEDULED, True).with_attr(SCHEDULE_ATTR, LABEL)  # a plain loop, no tuning
         checked = self.builder_.emit(relax.call_tir(self.builder_.add_func(kernel, "check_indices"), [raw],
                                                     relax.TensorType(shape, dtype)))
         if wrap_extent is not None:  # the importer's wrapping of negative indices, on the checked ones
@@ -168,8 +174,9 @@ def _check_now(known: np.ndarray, ranges: list[tuple[int, int]], per_coordinate:
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.CheckIndices")
 class CheckIndices:
-    """Check every data-dependent index at run time (``InputError``), constant ones now
-    (``ModelError``); ``summary()`` counts the run-time checks."""
+    """Check every data-dependent index at run time (``InputError``) on CPU, constant ones now
+    (``ModelError``). On GPUs the run-time checks are not made (TVM emits a kernel's assert as host
+    code, which CUDA's compiler refuses); each unchecked op is named in a warning and the summary."""
 
     report_key = "index_checks"
 
@@ -177,13 +184,16 @@ class CheckIndices:
         self.on_cpu = on_cpu
         self.readers = readers
         self.names = names
-        self.count = 0
+        self.report: dict = {}
 
-    def summary(self) -> int:
-        return self.count
+    def summary(self) -> dict:
+        return self.report
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         rewriter = _Checks(mod.clone(), self.on_cpu, self.readers, self.names)
         mod = rewrite_emitting(mod, rewriter)
-        self.count = rewriter.checked
+        self.report = {"checked": rewriter.checked, "unchecked": rewriter.unchecked}
+        if rewriter.unchecked:
+            log.warning("indices are not checked at run time on this GPU target: an out-of-range index reads "
+                        "outside the data (%s)", ", ".join(rewriter.unchecked))
         return mod

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from tests.fuzz.__main__ import fuzz
-from tests.fuzz.check import Outcome, check, check_in, worker
+from tests.fuzz.check import Outcome, check, check_in, inputs_for, out_of_range, worker
 from tests.fuzz.generate import random_graph
 from tests.fuzz.shrink import shrink
 from tests.isolated import HUNG, Isolated
@@ -41,6 +41,15 @@ def test_kept_reproducer(path, isolated):
         assert outcome.kind == "refused", outcome
     else:
         assert outcome.kind == "pass", outcome
+
+
+def test_out_of_range_indices_are_refused_as_onnxruntime_refuses_them():
+    """Gathers read indices from graph inputs; the check feeds valid ones (negative included) and
+    out-of-range ones, which both runtimes must refuse."""
+    model = next(m for m in map(random_graph, range(100)) if out_of_range(m, inputs_for(m)))
+    indices = [i.name for i in model.graph.input if i.name != "x"]
+    assert any((inputs_for(model)[name] < 0).any() for name in indices)
+    assert check(model).kind == "pass"
 
 
 def _allocate(megabytes: int) -> str:

@@ -130,15 +130,16 @@ def _resize_align_corners_to_one(node: onnx.NodeProto, facts: Facts) -> str | No
 def _resize_nearest_ties(node: onnx.NodeProto, facts: Facts) -> str | None:
     """Nearest rounds the source coordinate; where it is exactly on a rounding boundary and the size
     ratio is not a binary fraction, the float coordinate lands on either side of it depending on
-    the order of operations, and TVM's pick differs from ONNX's (the fuzzer found 8 -> 15)."""
+    the order of operations, and TVM's pick differs from ONNX's (the fuzzer found 8 -> 15, and
+    14 -> 4, where the scale 2/7 is inexact although 14/4 is not)."""
     if _attr(node, "mode", "nearest") != "nearest":
         return None
     transform = _attr(node, "coordinate_transformation_mode", "half_pixel")
     boundary = Fraction(1, 2) if _attr(node, "nearest_mode", "round_prefer_floor").startswith("round") else 0
     for axis, size_in, size_out in _resize_sizes(node, facts.shapes):
         ratio = Fraction(size_in, size_out)
-        if ratio.denominator & (ratio.denominator - 1) == 0:
-            continue  # a binary fraction: float arithmetic is exact
+        if all(n & (n - 1) == 0 for n in (ratio.numerator, ratio.denominator)):
+            continue  # 2^k: exact whether computed as x * in / out or as x / (out / in) (onnxruntime)
         for x in range(size_out):
             source = _source_coordinate(transform, x, size_in, size_out)
             if source is not None and source > 0 and source - (source.numerator // source.denominator) == boundary:

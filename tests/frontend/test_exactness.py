@@ -41,6 +41,8 @@ REFUSED = [
      "align_corners with output size 1 on axis 2"),
     (dict(size_in=(8, 6), size_out=(15, 6), mode="nearest", coordinate_transformation_mode="half_pixel"),
      "from 8 to 15 puts output 7 exactly on a rounding boundary"),
+    (dict(size_in=(14, 12), size_out=(4, 3), mode="nearest", coordinate_transformation_mode="asymmetric",
+          nearest_mode="floor"), "from 14 to 4 puts output 2 exactly on a rounding boundary"),  # scale 2/7
 ]
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import resource
 import traceback
 from dataclasses import dataclass
@@ -35,11 +36,50 @@ class Outcome:
                                             self.detail.split(":")[0] == other.detail.split(":")[0])
 
 
+def _extents(value: onnx.ValueInfoProto) -> list[int] | None:
+    """An index input's valid extents (``generate.Graph.index_input``), None for a float input."""
+    return json.loads(value.doc_string)["extents"] if value.type.tensor_type.elem_type == onnx.TensorProto.INT64 \
+        else None
+
+
 def inputs_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs: standard normals, and valid indices (negative ones included) for the index inputs."""
     from relaxc.runtime import random_inputs
 
-    specs = [(i.name, tuple(d.dim_value for d in i.type.tensor_type.shape.dim), "float32") for i in model.graph.input]
-    return random_inputs(specs, seed)
+    rng = np.random.default_rng(seed)
+    shape = lambda i: tuple(d.dim_value for d in i.type.tensor_type.shape.dim)  # noqa: E731
+    inputs = random_inputs([(i.name, shape(i), "float32") for i in model.graph.input if _extents(i) is None], seed)
+    for i in model.graph.input:
+        extents = _extents(i)
+        if extents is not None:
+            high = np.array(extents).reshape((1,) * (len(shape(i)) - 1) + (-1,)) if len(extents) > 1 else extents[0]
+            inputs[i.name] = (rng.random(shape(i)) * 2 * high - high).astype(np.int64)  # [-extent, extent)
+    return inputs
+
+
+def _needed(model: onnx.ModelProto) -> set[str]:
+    """The tensors the graph's outputs depend on. An index input of a gather that no output needs is
+    left out: onnxruntime still checks it, relaxc drops the gather and never reads it."""
+    needed = {o.name for o in model.graph.output}
+    for node in reversed(model.graph.node):
+        if needed & set(node.output):
+            needed |= set(node.input)
+    return needed
+
+
+def out_of_range(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The inputs with one index out of range, for each index input an output needs: just past
+    either end, and huge."""
+    variants, needed = [], _needed(model)
+    for i in model.graph.input:
+        extents = _extents(i)
+        if extents is None or i.name not in needed:
+            continue
+        for bad in (extents[-1], -extents[-1] - 1, 2**62, -2**63):
+            indices = inputs[i.name].copy()
+            indices.flat[-1] = bad  # the last coordinate, for GatherND
+            variants.append({**inputs, i.name: indices})
+    return variants
 
 
 def check(model: onnx.ModelProto) -> Outcome:
@@ -72,7 +112,37 @@ def compare(model: onnx.ModelProto) -> Outcome:
         return Outcome("mismatch", " ".join(str(err).split())[:300])
     except Exception as err:  # noqa: BLE001
         return Outcome("error", f"{type(err).__name__} in run: {_line(err)}")
+    for variant in out_of_range(model, inputs):
+        outcome = _refused_alike(art, reference, model, variant)
+        if outcome is not None:
+            return outcome
     return Outcome("pass")
+
+
+def _refused_alike(art, reference, model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> Outcome | None:
+    """None if relaxc refuses an out-of-range index (InputError) where onnxruntime fails, and gives its
+    answer where onnxruntime gives one (an index whose gather no output needs); else the mismatch."""
+    import relaxc as compiler
+
+    try:
+        expected = reference.ort_run(model, inputs)
+    except Exception:  # noqa: BLE001 - onnxruntime refuses the call
+        expected = None
+    try:
+        actual = art.run(inputs)
+    except compiler.InputError:
+        actual = None
+    except Exception as err:  # noqa: BLE001
+        return Outcome("error", f"{type(err).__name__} on an out-of-range index: {_line(err)}")
+    if (expected is None) != (actual is None):
+        return Outcome("mismatch", f"out-of-range index: onnxruntime {'refused' if expected is None else 'ran'}, "
+                                   f"relaxc {'refused' if actual is None else 'ran'}")
+    if expected is not None:
+        try:
+            reference.assert_matches(actual, expected)
+        except AssertionError as err:
+            return Outcome("mismatch", "out-of-range index: " + " ".join(str(err).split())[:280])
+    return None
 
 
 def _line(err: BaseException) -> str:

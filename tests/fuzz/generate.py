@@ -2,7 +2,9 @@
 
 A graph grows from one NCHW input: each step picks an operator whose shape rules accept a tensor
 already built, so every graph is valid by construction (``onnx.checker`` and shape inference
-confirm it). Shapes are random, channel counts included, so blocks padded at the edge (channels that
+confirm it). Gathers take their indices from int64 graph inputs, whose valid extents (per
+coordinate for GatherND) are in the input's doc string, so the checker can feed indices at run
+time: valid ones, and out of range ones that must be refused as onnxruntime refuses them. Shapes are random, channel counts included, so blocks padded at the edge (channels that
 do not divide 8 or 16) are common. Weights are fan-in scaled normals, so values stay in range
 through a dozen layers and a wrong index shows as a wrong number.
 """
@@ -10,6 +12,7 @@ through a dozen layers and a wrong index shows as a wrong number.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,6 +32,7 @@ class Graph:
     shapes: dict[str, Shape] = field(default_factory=dict)
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
+    indices: dict[str, tuple[Shape, list[int]]] = field(default_factory=dict)  # int64 inputs: shape, extents
     count: int = 0
 
     def name(self, prefix: str) -> str:
@@ -49,6 +53,12 @@ class Graph:
         self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
         return name
 
+    def index_input(self, shape: Shape, extents: list[int]) -> str:
+        """A new int64 graph input of ``shape`` indexing ``extents`` (one, or one per last-axis entry)."""
+        name = self.name("i")
+        self.indices[name] = (shape, extents)
+        return name
+
     def floats(self, values) -> str:
         name = self.name("c")
         self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=np.float32), name))
@@ -64,6 +74,8 @@ class Graph:
                  if name in self.shapes}
         types.update({name: helper.make_tensor_type_proto(constants[name].data_type, constants[name].dims)
                       for name in inputs if name in constants})
+        types.update({name: helper.make_tensor_type_proto(TensorProto.INT64, self.indices[name][0])
+                      for name in inputs if name in self.indices})
         inferred = onnx.shape_inference.infer_node_outputs(
             onnx.defs.get_schema(op, OPSET), node, types, {n: constants[n] for n in inputs if n in constants},
             opset_imports=[helper.make_opsetid("", OPSET)])
@@ -316,6 +328,27 @@ def reduce(g: Graph, x: str) -> bool:
     return True
 
 
+@_operator(lambda s: 1 <= len(s) <= 4)
+def gather(g: Graph, x: str) -> bool:
+    shape = g.shapes[x]
+    rng = g.rng
+    op = _choice(rng, ["Gather", "GatherElements", "GatherND"])
+    axis = int(rng.integers(len(shape)))
+    if op == "Gather":
+        indices = tuple(int(d) for d in rng.integers(1, 5, size=int(rng.integers(1, 3))))
+        out, extents = shape[:axis] + indices + shape[axis + 1:], [shape[axis]]
+    elif op == "GatherElements":
+        indices = shape[:axis] + (int(rng.integers(1, shape[axis] + 3)),) + shape[axis + 1:]
+        out, extents = indices, [shape[axis]]
+    else:
+        k = int(rng.integers(1, min(2, len(shape)) + 1))
+        indices = (int(rng.integers(1, 5)), k)
+        out, extents = (indices[0],) + shape[k:], list(shape[:k])
+    attrs = {} if op == "GatherND" else {"axis": axis}
+    g.add(op, [x, g.index_input(indices, extents)], [out], **attrs)
+    return True
+
+
 RESIZE_MODES = ["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"]
 
 
@@ -343,14 +376,16 @@ def resize(g: Graph, x: str) -> bool:
 OPERATORS: dict[str, Callable[[Graph], bool]] = {
     "conv": conv, "batch_norm": batch_norm, "pool": pool, "unary": unary, "binary": binary,
     "concat": concat, "split": split, "transpose": transpose, "reshape": reshape, "matmul": matmul,
-    "normalize": normalize, "reduce": reduce, "resize": resize,
+    "normalize": normalize, "reduce": reduce, "resize": resize, "gather": gather,
 }
 WEIGHTS = {"conv": 4, "batch_norm": 1, "pool": 2, "unary": 3, "binary": 3, "concat": 2, "split": 1,
-           "transpose": 1, "reshape": 1, "matmul": 2, "normalize": 2, "reduce": 1, "resize": 1}
+           "transpose": 1, "reshape": 1, "matmul": 2, "normalize": 2, "reduce": 1, "resize": 1,
+           "gather": 1}
 
 
 def random_graph(seed: int, max_ops: int = 10) -> onnx.ModelProto:
-    """A valid random model (opset 17, float32, one NCHW input, one or two outputs)."""
+    """A valid random model (opset 17, one float32 NCHW input and the gathers' int64 index inputs,
+    one or two outputs)."""
     rng = np.random.default_rng(seed)
     g = Graph(rng)
     shape = (1, int(rng.integers(1, 41)), int(rng.integers(4, 33)), int(rng.integers(4, 33)))
@@ -364,8 +399,11 @@ def random_graph(seed: int, max_ops: int = 10) -> onnx.ModelProto:
     consumed = {i for node in g.nodes for i in node.input}
     dangling = [o for node in g.nodes for o in node.output if o not in consumed]
     outputs = [g.nodes[-1].output[0]] + [o for o in dangling if o != g.nodes[-1].output[0]][:1]
+    index_inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, index_shape,
+                                                  doc_string=json.dumps({"extents": extents}))
+                    for name, (index_shape, extents) in g.indices.items()]
     graph = helper.make_graph(
-        g.nodes, f"fuzz{seed}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        g.nodes, f"fuzz{seed}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape), *index_inputs],
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, g.shapes[o]) for o in outputs], g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="relaxc-fuzz")
     model.ir_version = 8

@@ -69,7 +69,7 @@ def _indices(op: str, shape: tuple, attrs: dict, extent: int | None, rng) -> np.
 def test_indices_in_range_match_onnxruntime_and_outside_raise(op, shape, attrs, extent):
     model = _model(op, shape, attrs)
     art = compiler.compile(model, tuning="off")
-    assert art.report()["index_checks"] == 1 and art.report()["schedules"][LABEL] == 1
+    assert art.report()["index_checks"] == {"checked": 1, "unchecked": []} and art.report()["schedules"][LABEL] == 1
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     data = rng.standard_normal(DATA).astype(np.float32)
@@ -116,17 +116,24 @@ def test_unsigned_and_int32_indices_are_checked_in_their_type():
 
 def test_indices_whose_type_cannot_leave_the_data_are_not_checked():
     art = compiler.compile(_model("Gather", (4,), {"axis": 0}, TensorProto.UINT8), tuning="off")
-    assert art.report()["index_checks"] == 1  # 6 rows: uint8 can exceed them
+    assert art.report()["index_checks"]["checked"] == 1  # 6 rows: uint8 can exceed them
     model = _model("Gather", (4,), {"axis": 0}, TensorProto.UINT8)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 256
-    assert compiler.compile(model, tuning="off").report()["index_checks"] == 0
+    assert compiler.compile(model, tuning="off").report()["index_checks"]["checked"] == 0
 
 
 def test_constant_indices_are_checked_at_compile_time_and_cost_nothing():
     fine = compiler.compile(_model("Gather", (3,), {"axis": 0}, constant_indices=np.array([0, -6, 5])), tuning="off")
-    assert fine.report()["index_checks"] == 0
+    assert fine.report()["index_checks"]["checked"] == 0
     with pytest.raises(ModelError, match=r"Gather.*constant index 6 is outside the valid range \[-6, 6\)"):
         compiler.compile(_model("Gather", (3,), {"axis": 0}, constant_indices=np.array([0, 6, 1])), tuning="off")
+
+
+def test_gpu_targets_say_which_indices_they_do_not_check(caplog):
+    with caplog.at_level("WARNING", logger="relaxc"):
+        art = compiler.compile(_model("Gather", (7,), {"axis": 0}), target="cuda", tuning="off")
+    assert art.report()["index_checks"] == {"checked": 0, "unchecked": ["Gather 'my_gather'"]}
+    assert "indices are not checked at run time on this GPU target" in caplog.text
 
 
 def test_the_checks_are_no_tuning_tasks():
