@@ -39,6 +39,8 @@ REFUSED = [
     (dict(size_in=(7, 9), scale=0.5, mode="linear"), "fractional sizes"),
     (dict(size_in=(7, 9), size_out=(1, 9), mode="linear", coordinate_transformation_mode="align_corners"),
      "align_corners with output size 1 on axis 2"),
+    (dict(size_in=(1, 9), size_out=(1, 5), mode="linear", coordinate_transformation_mode="align_corners"),
+     "align_corners with output size 1 on axis 2"),  # an axis left at 1 divides by 0 too
     (dict(size_in=(8, 6), size_out=(15, 6), mode="nearest", coordinate_transformation_mode="half_pixel"),
      "from 8 to 15 puts output 7 exactly on a rounding boundary"),
     (dict(size_in=(14, 12), size_out=(4, 3), mode="nearest", coordinate_transformation_mode="asymmetric",
