@@ -44,6 +44,7 @@ class Isolated:
             self._process = multiprocessing.get_context("spawn").Process(
                 target=_serve, args=(theirs, self._function, self._env, self._memory), daemon=True)
             self._process.start()
+            theirs.close()  # the worker holds its end now: its death reads as end of file here at once
         self._connection.send(argument)
         try:
             if self._connection.poll(timeout):

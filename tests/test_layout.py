@@ -1,6 +1,8 @@
 """The layout pass on its own: padding arithmetic, converter insertion, reuse and cancellation,
 fallback on operators it does not know, idempotence; and ResNet-50's blocked layout."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import onnx
 import pytest
@@ -17,6 +19,7 @@ from relaxc.passes.layout_algebra import (block_constant, blocked, input_block, 
                                          window_firsts)
 from relaxc.passes.ir import static_shape
 from relaxc.passes.legalize import legalize_ops
+from relaxc.support import targets
 from tests import reference
 
 RNG = np.random.default_rng(0)
@@ -253,8 +256,9 @@ def test_a_resize_inside_the_graph_runs_blocked_and_one_that_leaves_it_stays_nch
 
 
 def _simplified(model) -> tvm.IRModule:
-    mod = frontend.import_model(model, None).module
-    return tvm.transform.Sequential(pipeline._simplify(None))(mod)
+    imported = frontend.import_model(model, None)
+    compilation = SimpleNamespace(config=SimpleNamespace(target=targets.resolve("cpu")), model=imported)
+    return tvm.transform.Sequential(pipeline._simplify(compilation))(imported.module)
 
 
 @pytest.mark.parametrize("build", [reference.small_cnn, reference.branchy_cnn, reference.blocked_paths_cnn])
