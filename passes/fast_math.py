@@ -211,21 +211,21 @@ def _expanded(expr: object) -> bool:
     return isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", None) in EXPANDED
 
 
-def _contains(expr: tirx.PrimExpr, wanted: Callable[[object], bool]) -> bool:
+def _contains(expr: tirx.PrimExpr, kind: type, wanted: Callable[[object], bool] = lambda _: True) -> bool:
+    """Whether ``expr`` holds a node of ``kind`` that is ``wanted`` (Python sees only nodes of ``kind``)."""
     found = []
-    tvm_ffi.structural_map(expr, lambda node: found.append(node) or node if wanted(node) else node)
+    tvm_ffi.structural_map(expr, (kind, lambda node: found.append(node) or node if wanted(node) else node))
     return bool(found)
 
 
 def _in_a_branch(expr: tirx.PrimExpr) -> bool:
     """Whether an expanded call sits in a branch of an ``if_then_else`` (evaluated only if taken)."""
-    return _contains(expr, lambda node: isinstance(node, tvm.ir.Call)
-                     and getattr(node.op, "name", None) == "tirx.if_then_else"
-                     and any(_contains(arg, _expanded) for arg in node.args[1:]))
+    return _contains(expr, tvm.ir.Call, lambda node: getattr(node.op, "name", None) == "tirx.if_then_else"
+                     and any(_contains(arg, tvm.ir.Call, _expanded) for arg in node.args[1:]))
 
 
 def _bind_arguments(store: tirx.BufferStore) -> tirx.Stmt:
-    if not _contains(store.value, _expanded) or _contains(store.value, lambda n: isinstance(n, tirx.Let)) \
+    if not _contains(store.value, tvm.ir.Call, _expanded) or _contains(store.value, tirx.Let) \
             or _in_a_branch(store.value):
         return store
     binds: list[tirx.Stmt] = []

@@ -238,7 +238,8 @@ def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, da
     before = progress.trials
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
-                  builder=measure[0], runner=measure[1], cost_model=cost_model, measure_callbacks=callbacks + [_ProgressCallback(progress, index)],
+                  builder=measure[0], runner=measure[1], cost_model=cost_model,
+                  measure_callbacks=callbacks + [_ProgressCallback(progress, index)],
                   task_scheduler="round-robin")
     return progress.trials - before
 
