@@ -70,15 +70,19 @@ def pack_conv_weight(weight: np.ndarray, groups: int, in_block: int,
 
     Dense and grouped convs (whole blocks per group) use OIHW{i}i{o}o; depthwise convs use
     OIHW1i{b}o with one group per padded channel. Groups narrower than a block (RegNet's 8
-    channels, ResNeXt's 4) are merged into block-wide groups first (``merge_groups``). Padded
+    channels, ResNeXt's 4) are merged into block-wide groups first (``merge_groups``) where the
+    merged conv has as many output blocks as the padded original (5 groups of 8 channels merged by
+    4 would write 8 blocks for 5: such convs take the windowed form, ``None`` here). Padded
     output channels get zero weights, so they compute zeros; padded input channels get zero
     weights, so whatever they hold is ignored.
     """
     out_ch, in_per_group, kh, kw = weight.shape
     if groups > 1 and in_per_group > 1 and in_block == out_block and in_block % in_per_group == 0 \
             and in_per_group < in_block:
-        weight, groups = merge_groups(weight, groups, in_block // in_per_group)
-        out_ch, in_per_group, kh, kw = weight.shape
+        merged, merged_groups = merge_groups(weight, groups, in_block // in_per_group)
+        if -(-merged.shape[0] // out_block) == -(-out_ch // out_block):  # else the zero groups add blocks
+            weight, groups = merged, merged_groups
+            out_ch, in_per_group, kh, kw = weight.shape
     if groups > 1 and in_per_group == 1 and out_ch == groups:  # depthwise
         if in_block != out_block:
             return None

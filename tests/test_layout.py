@@ -143,6 +143,11 @@ def test_grouped_conv_splitting_a_block_is_not_packed_as_whole_groups():
     assert pack_conv_weight(np.zeros((48, 11, 1, 1), "float32"), 4, 8, 8) is None
 
 
+def test_groups_are_not_merged_where_the_zero_groups_would_add_output_blocks():
+    # 5 groups of 2 -> 8 channels: merged by 4 into 2 groups of 32 outputs, 8 blocks for 40 channels' 5
+    assert pack_conv_weight(np.zeros((40, 2, 3, 3), "float32"), 5, 8, 8) is None
+
+
 @pytest.mark.parametrize("out_channels, groups, in_per_group, firsts, width", [
     (136, 4, 34, [0, 0, 0, 2, 2, 4, 4, 4, 4], 5),  # ShuffleNet: 34-channel groups; the last windows moved back
     (48, 4, 11, [0, 0, 0], 3),  # 11 channels per group: a window as wide as the input, all from block 0

@@ -115,14 +115,17 @@ def _inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
 
 
 def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
-    """Whether ``block`` is the only reader of its one producer, and does not broadcast it (TVM
-    0.27's reverse_compute_inline fails internally, not with a ScheduleError, on a broadcast).
+    """Whether ``block`` is the only reader of its one producer and runs over as many points.
     Without the first check, reverse_compute_inline leaves other readers reading a buffer nobody
     writes (ill-formed TIR; the fuzzer found it with a Split after a LeakyRelu, whose Select passes
-    for padding)."""
+    for padding). TVM 0.27 checks neither bound of the second: on a broadcast it fails internally,
+    not with a ScheduleError, and a block reading part of its producer (a resize to one row reads
+    row 0) is inlined into the producer's loops, writing each output once per producer point."""
     producers = sch.get_producers(block.block_rv)
-    return len(producers) == 1 and len(sch.get_consumers(producers[0])) == 1 \
-        and not broadcasts(sch, block.block_rv, producers[0])
+    if len(producers) != 1 or len(sch.get_consumers(producers[0])) != 1:
+        return False
+    sizes = _points(sch, block.block_rv), _points(sch, producers[0])
+    return None not in sizes and sizes[0] == sizes[1]
 
 
 def _points(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
