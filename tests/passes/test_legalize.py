@@ -5,6 +5,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc as compiler
+from relaxc.support.errors import UserError
 from tests import reference
 
 
@@ -26,13 +27,18 @@ def test_cumsum(axis, exclusive, dtype):
 @pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
 @pytest.mark.parametrize("shape, size", [((1, 5, 14, 14), (1, 5, 56, 56)),  # DeepLabV3's upsampling, smaller
                                          ((2, 3, 7, 9), (2, 3, 12, 4)),  # batch, down- and upsampling, non-square
-                                         ((1, 4, 1, 6), (1, 4, 5, 12))])  # a single row: TVM's 2-D form
+                                         ((1, 4, 1, 6), (1, 4, 5, 12)),  # a single row: TVM's 2-D form
+                                         ((1, 4, 10, 8), (1, 4, 1, 8))])  # to a single row: row 0 or the middle
 def test_resize_runs_in_two_passes_where_it_can(mode, transform, shape, size):
     nodes = [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode=mode,
                               coordinate_transformation_mode=transform)]
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(size))],
                              [numpy_helper.from_array(np.array(size, np.int64), "sizes")], opset=18)
+    if transform == "align_corners" and min(size[2:]) == 1:  # ONNX divides by size - 1: refused
+        with pytest.raises(UserError, match="align_corners"):
+            compiler.compile(model, target="cpu", tuning="off")
+        return
     art = compiler.compile(model, target="cpu", tuning="off")
     separable = "resize_width" in art.ir("legalize")
     assert separable == (min(shape[2:]) > 1)
@@ -54,3 +60,22 @@ def test_max_and_min_of_infinities_are_infinite(op, fill):
     x[2, 3] = fill
     expected = x.max(axis=1) if op == "ReduceMax" else x.min(axis=1)
     np.testing.assert_array_equal(art.run(x)[0], expected)
+
+
+@pytest.mark.parametrize("epsilon", [1e-5, 1e-12])
+def test_layer_norm_of_equal_values_is_its_bias(epsilon):
+    """A row of equal values has variance 0: the output is exactly the bias, as onnxruntime gives it
+    (the mean's rounding, times 1 / sqrt(epsilon), moved it by 0.5 % before)."""
+    shape = [2, 25, 31]
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 31).astype(np.float32), "scale"),
+               numpy_helper.from_array(rng.standard_normal(31).astype(np.float32), "bias")]
+    nodes = [helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y"], axis=-1, epsilon=epsilon)]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], weights, opset=17)
+    art = compiler.compile(model, target="cpu", tuning="off")
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0] = rng.standard_normal((25, 1)).astype(np.float32) * 7  # rows of one value each
+    out = art.run({"x": x})[0]
+    assert np.array_equal(out[0], np.broadcast_to(numpy_helper.to_array(weights[1]), (25, 31)))
+    reference.assert_matches([out], reference.ort_run(model, {"x": x}))
