@@ -61,7 +61,7 @@ def cpu_heading(cpu: str, target_name: str, cores: int, family: str | None = Non
     return f"{cpu} ({f'{family}, ' if family else ''}{target_name}), {cores} core{'s' if cores != 1 else ''}"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
@@ -76,7 +76,7 @@ def this_cpu(target: str) -> str:
     resolved = targets.resolve(target)
     mcpu = str(resolved.attrs.get("mcpu", "")) or str(resolved.attrs.get("arch", ""))
     name = f"LLVM {mcpu or 'generic'}" if resolved.kind.name == "llvm" else f"{resolved.kind.name} {mcpu}"
-    return cpu_heading(_cpu_model(), name, physical_cores(), FAMILIES.get(targets.host_cpu()))
+    return cpu_heading(cpu_model(), name, physical_cores(), FAMILIES.get(targets.host_cpu()))
 
 
 def _cells(line: str) -> list[str]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import tvm
 from tvm import relax
 from tvm.target import Target
 
 from relaxc import diagnostics
-from relaxc.backend import device_code
+from relaxc.backend import device_code, launcher
 from relaxc.runtime import Runner, file_sha256, input_high, manifest_path_for, open_device
 from relaxc.support.errors import ExportError, UserError
 from relaxc.support import tvm_log
@@ -75,7 +76,11 @@ class Artifact(Runner):
                     manifest["device_code"] = device_code.write_cuda_fatbins(
                         self.executable.mod, str(self.target.attrs["arch"]), path, staging)
                 library = staging.path(path)
-                self.executable.export_library(library)
+                if self.target.kind.name == "llvm":  # the CPU's thread pool: backend/launcher.py
+                    with tempfile.TemporaryDirectory() as folder:
+                        self.executable.export_library(library, addons=[launcher.compile_object(folder)])
+                else:
+                    self.executable.export_library(library)
                 os.chmod(library, 0o755)
                 manifest["library_sha256"] = file_sha256(library)
                 with open(staging.path(manifest_path), "w") as f:

@@ -21,11 +21,11 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from relaxc import diagnostics
-from relaxc.backend import device_code
+from relaxc.backend import device_code, launcher
 from relaxc.support import index_checks, tvm_log
 from relaxc.support.errors import ExportError, InputError, TargetError, UserError
 from relaxc.support.tensors import TensorSpec
-from relaxc.support.threads import configure_threads
+from relaxc.support.threads import configure_threads, pool_threads
 
 DEVICES = {"cpu": "llvm", "cuda": "cuda", "rocm": "rocm"}  # device -> the target kind it runs
 
@@ -199,7 +199,8 @@ def manifest_path_for(library: str) -> str:
 class Deployed(Runner):
     """An exported artifact loaded back for inference."""
 
-    def __init__(self, library: str, manifest: dict, device: str, concurrency: int | None = None) -> None:
+    def __init__(self, library: str, manifest: dict, device: str, concurrency: int | None = None,
+                 parallel: str = "relaxc") -> None:
         kind = manifest["target"].get("kind")
         if device in DEVICES and DEVICES[device] != kind:
             runs_on = next(d for d, k in DEVICES.items() if k == kind)
@@ -209,6 +210,9 @@ class Deployed(Runner):
         dev = open_device(device)
         spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
         self.executable = tvm.runtime.load_module(library)  # as an Artifact's: benchmarks instrument its VM
+        # which thread pool runs the kernels' parallel loops: relaxc's launcher, or TVM's and why
+        self.launcher = launcher.install(library, pool_threads(), parallel) \
+            if kind == "llvm" else "tvm"
         super().__init__(self.executable, dev, [spec(t) for t in manifest["inputs"]],
                          [spec(t) for t in manifest["outputs"]], concurrency, input_high(manifest["inputs"]))
         self.manifest = manifest
@@ -269,11 +273,14 @@ def _verify_files(path: str, manifest: dict) -> None:
                               f"corrupted or from another export; export the model again")
 
 
-def load(path: str | os.PathLike, device: str | None = None, concurrency: int | None = None) -> Deployed:
+def load(path: str | os.PathLike, device: str | None = None, concurrency: int | None = None,
+         parallel: str = "relaxc") -> Deployed:
     """Load an exported artifact (``.so`` plus its ``.json`` manifest) on ``device`` ("cpu", "cuda"
     or "rocm"; default: the kind of device it was compiled for). At most ``concurrency`` runs go at
-    once (default ``default_concurrency()``); more callers wait. Files that do not match their
-    manifest are refused with an ExportError."""
+    once (default ``default_concurrency()``); more callers wait. ``parallel`` picks the CPU thread
+    pool: "relaxc" (tasks claimed from a counter, ``backend/launcher.py``) or "tvm" (TVM's even
+    split); ``Deployed.launcher`` says which runs. Files that do not match their manifest are
+    refused with an ExportError."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise ExportError(f"no artifact at {path}")
@@ -284,7 +291,7 @@ def load(path: str | os.PathLike, device: str | None = None, concurrency: int | 
     configure_threads()
     with tvm_log.captured() as said:
         try:
-            deployed = Deployed(path, manifest, device, concurrency)
+            deployed = Deployed(path, manifest, device, concurrency, parallel)
         except (RuntimeError, OSError) as err:  # tvm-ffi errors are RuntimeErrors
             raise ExportError(f"cannot load {path}: {str(err).strip().splitlines()[-1]}") from None
     diagnostics.translate(said)

@@ -30,3 +30,11 @@ def configure_threads() -> None:
     if not os.environ.get("TVM_NUM_THREADS") and not os.environ.get("OMP_NUM_THREADS"):
         os.environ["TVM_NUM_THREADS"] = str(physical_cores())
     os.environ.setdefault("TVM_BIND_THREADS", "0")
+
+
+def pool_threads() -> int:
+    """The threads a thread pool runs (the caller's included), as TVM counts them once configured."""
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(name, "").strip().isdigit() and int(os.environ[name]) > 0:
+            return int(os.environ[name])
+    return physical_cores()
