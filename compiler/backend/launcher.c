@@ -105,7 +105,8 @@ static void* worker(void* unused) {
     unsigned spins = 0;
     while ((generation = atomic_load_explicit(&pool.published, memory_order_acquire)) == seen) {
       relax_cpu();
-      if ((++spins & 1023) == 0 && now_ns() - since > SPIN_NS) {
+      if ((++spins & 63) == 0) sched_yield(); /* a caller sharing this core runs */
+      if ((spins & 1023) == 0 && now_ns() - since > SPIN_NS) {
         pthread_mutex_lock(&pool.mutex);
         atomic_fetch_add(&pool.sleepers, 1);
         while (atomic_load(&pool.published) == seen) pthread_cond_wait(&pool.wake, &pool.mutex);
@@ -176,7 +177,7 @@ int relaxc_parallel_launch(FTVMParallelLambda lambda, void* cdata, int num_task)
   /* every task is claimed: wait only for those other threads are running */
   for (unsigned spins = 1; atomic_load_explicit(&pool.done, memory_order_acquire) < tasks; ++spins) {
     relax_cpu();
-    if ((spins & 255) == 0) sched_yield();
+    if ((spins & 15) == 0) sched_yield();
   }
   void* error = atomic_load_explicit(&pool.error, memory_order_relaxed);
   atomic_flag_clear_explicit(&pool.busy, memory_order_release);

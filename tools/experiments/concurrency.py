@@ -22,7 +22,7 @@ import psutil
 import relaxc as compiler
 from relaxc.runtime import Runner, random_inputs
 from relaxc.support import targets
-from relaxc.support.threads import configure_threads
+from relaxc.support.threads import configure_threads, pool_threads
 
 
 def measure(runner: Runner, threads: int, runs: int) -> tuple[float, float]:
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args(argv)
     configure_threads()
-    print(f"# {targets.host_cpu()}, {psutil.cpu_count()} logical CPUs, TVM threads per call: "
-          f"{psutil.cpu_count(logical=False)}, median of {args.runs} calls per thread\n")
+    print(f"# {targets.host_cpu()}, {psutil.cpu_count()} logical CPUs, relaxc's launcher with {pool_threads()} "
+          f"threads, median of {args.runs} calls per thread\n")
     print("| model | arena (MiB) | threads | pool: ms per call | pool: calls/s | pool: RSS growth (MiB) "
           "| serialised: ms per call | serialised: calls/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
