@@ -11,6 +11,8 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -211,8 +213,10 @@ class Deployed(Runner):
         spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
         self.executable = tvm.runtime.load_module(library)  # as an Artifact's: benchmarks instrument its VM
         # which thread pool runs the kernels' parallel loops: relaxc's launcher, or TVM's and why
-        self.launcher = launcher.install(library, pool_threads(), parallel) \
-            if kind == "llvm" else "tvm"
+        self.launcher = "tvm"
+        if kind == "llvm":
+            self.launcher = launcher.install(library, pool_threads(), parallel)
+            weakref.finalize(self, launcher.release, library)
         super().__init__(self.executable, dev, [spec(t) for t in manifest["inputs"]],
                          [spec(t) for t in manifest["outputs"]], concurrency, input_high(manifest["inputs"]))
         self.manifest = manifest
@@ -280,7 +284,8 @@ def load(path: str | os.PathLike, device: str | None = None, concurrency: int | 
     once (default ``default_concurrency()``); more callers wait. ``parallel`` picks the CPU thread
     pool: "relaxc" (tasks claimed from a counter, ``backend/launcher.py``) or "tvm" (TVM's even
     split); ``Deployed.launcher`` says which runs. Files that do not match their manifest are
-    refused with an ExportError."""
+    refused with an ExportError; a CPU build exported again under a path loaded before in this
+    process is loaded from a copy (``_mapped_from``)."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise ExportError(f"no artifact at {path}")
@@ -289,13 +294,34 @@ def load(path: str | os.PathLike, device: str | None = None, concurrency: int | 
     if device is None:
         device = next((d for d, kind in DEVICES.items() if kind == manifest["target"].get("kind")), "cpu")
     configure_threads()
+    library = _mapped_from(path, manifest)
     with tvm_log.captured() as said:
         try:
-            deployed = Deployed(path, manifest, device, concurrency, parallel)
+            deployed = Deployed(library, manifest, device, concurrency, parallel)
         except (RuntimeError, OSError) as err:  # tvm-ffi errors are RuntimeErrors
             raise ExportError(f"cannot load {path}: {str(err).strip().splitlines()[-1]}") from None
+        finally:
+            if library != path:
+                os.unlink(library)  # mapped: the file is no longer needed
     diagnostics.translate(said)
     return deployed
+
+
+_MAPPED: dict[str, str] = {}  # library path -> sha256 of the file this process first loaded from it
+
+
+def _mapped_from(path: str, manifest: dict) -> str:
+    """Where to load the CPU library at ``path`` from: ``path``, or a temporary copy where this
+    process has loaded another file from that path before. TVM never unloads a library, and the
+    dynamic loader gives a path it has loaded the library it loaded, so a model exported again
+    under the same path (a notebook's second export) would run the first one."""
+    digest = manifest.get("library_sha256") or file_sha256(path)
+    if _MAPPED.setdefault(path, digest) == digest or manifest["target"].get("kind") != "llvm":
+        return path
+    descriptor, copy = tempfile.mkstemp(suffix=".so", prefix=os.path.basename(path)[:-3] + "-")
+    os.close(descriptor)
+    shutil.copyfile(path, copy)
+    return copy
 
 
 def random_inputs(inputs: Sequence[TensorSpec], seed: int = 0,

@@ -31,6 +31,7 @@ typedef void (*ErrorSet)(void* error);      /* TVMFFIErrorSetRaised */
 typedef int (*ObjectDecRef)(void* object);  /* TVMFFIObjectDecRef */
 
 #define SPIN_NS 2000000L /* how long an idle worker spins before it sleeps */
+#define MAX_WORKERS 255
 
 static struct {
   _Atomic uint64_t state; /* generation << 32 | next task to claim */
@@ -47,6 +48,9 @@ static struct {
   int threads; /* 0 until started */
   int tasks_per_launch;
   int forked; /* in a forked child, whose copy has no workers yet */
+  _Atomic int stopping;
+  int workers; /* started, in `started` */
+  pthread_t started[MAX_WORKERS];
   ErrorMove error_move;
   ErrorSet error_set;
   ObjectDecRef decref;
@@ -104,12 +108,14 @@ static void* worker(void* unused) {
     long since = now_ns();
     unsigned spins = 0;
     while ((generation = atomic_load_explicit(&pool.published, memory_order_acquire)) == seen) {
+      if (atomic_load_explicit(&pool.stopping, memory_order_relaxed)) return NULL;
       relax_cpu();
       if ((++spins & 63) == 0) sched_yield(); /* a caller sharing this core runs */
       if ((spins & 1023) == 0 && now_ns() - since > SPIN_NS) {
         pthread_mutex_lock(&pool.mutex);
         atomic_fetch_add(&pool.sleepers, 1);
-        while (atomic_load(&pool.published) == seen) pthread_cond_wait(&pool.wake, &pool.mutex);
+        while (atomic_load(&pool.published) == seen && !atomic_load(&pool.stopping))
+          pthread_cond_wait(&pool.wake, &pool.mutex);
         atomic_fetch_sub(&pool.sleepers, 1);
         pthread_mutex_unlock(&pool.mutex);
       }
@@ -130,15 +136,12 @@ static int run_inline(FTVMParallelLambda lambda, void* cdata) {
 }
 
 static int start_workers(void) {
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   int status = 0;
-  for (int i = 1; i < pool.threads && status == 0; ++i) {
-    pthread_t thread;
-    status = pthread_create(&thread, &attr, worker, NULL);
+  pool.workers = 0;
+  while (pool.workers < pool.threads - 1 && pool.workers < MAX_WORKERS && status == 0) {
+    status = pthread_create(&pool.started[pool.workers], NULL, worker, NULL);
+    pool.workers += status == 0;
   }
-  pthread_attr_destroy(&attr);
   return status;
 }
 
@@ -149,6 +152,7 @@ static void after_fork_in_child(void) {
   pthread_cond_init(&pool.wake, NULL);
   atomic_store(&pool.sleepers, 0);
   atomic_flag_clear(&pool.busy);
+  pool.workers = 0;
   pool.forked = 1;
 }
 
@@ -199,6 +203,20 @@ int relaxc_launcher_start(int threads, int tasks_per_thread, ErrorMove error_mov
   pool.decref = decref;
   pool.tasks_per_launch = threads * tasks_per_thread;
   pool.threads = threads;
-  pthread_atfork(NULL, NULL, after_fork_in_child);
+  static int fork_handled;
+  if (!fork_handled) fork_handled = pthread_atfork(NULL, NULL, after_fork_in_child) == 0;
   return start_workers();
+}
+
+/* Stop and join the workers (no launch may be running): afterwards the library can be unloaded,
+   and until the next start launches run in their callers. */
+void relaxc_launcher_stop(void) {
+  atomic_store(&pool.stopping, 1);
+  pthread_mutex_lock(&pool.mutex);
+  pthread_cond_broadcast(&pool.wake);
+  pthread_mutex_unlock(&pool.mutex);
+  for (int i = 0; i < pool.workers; ++i) pthread_join(pool.started[i], NULL);
+  pool.workers = 0;
+  pool.threads = 0; /* a later start starts workers again */
+  atomic_store(&pool.stopping, 0);
 }

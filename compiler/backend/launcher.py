@@ -14,11 +14,13 @@ exported before the launcher existed.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import subprocess
 import threading
 
+import _ctypes
 import tvm_ffi.libinfo
 
 from relaxc.support.errors import ExportError
@@ -28,7 +30,8 @@ TASKS_PER_THREAD = 4  # the share a late thread leaves to others; more tasks cos
 LAUNCHERS = ("relaxc", "tvm")
 
 _LAUNCH, _BARRIER, _ENTRY = "__TVMBackendParallelLaunch", "__TVMBackendParallelBarrier", "relaxc_parallel_launch"
-_OPEN: dict[str, ctypes.CDLL] = {}  # never closed: the launcher's threads run the library's code
+_OPEN: dict[str, ctypes.CDLL] = {}  # relaxc's handle of each library while a load of it lives
+_LOADS: collections.Counter = collections.Counter()
 _LOCK = threading.Lock()
 
 
@@ -53,7 +56,10 @@ def install(library: str, threads: int, launcher: str = "relaxc") -> str:
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
     with _LOCK:
-        lib = _OPEN.setdefault(library, ctypes.CDLL(library))  # the handle TVM opened: same path
+        if library not in _OPEN:
+            _OPEN[library] = ctypes.CDLL(library)  # the handle TVM opened: same path, same library
+        lib = _OPEN[library]
+        _LOADS[library] += 1
         if not hasattr(lib, _LAUNCH):
             return "tvm (no parallel loop)"
         if launcher == "tvm":
@@ -69,3 +75,18 @@ def install(library: str, threads: int, launcher: str = "relaxc") -> str:
                                               "TVMFFIObjectDecRef")))
         ctypes.c_void_p.in_dll(lib, _LAUNCH).value = ctypes.cast(lib.relaxc_parallel_launch, ctypes.c_void_p).value
         return "relaxc" if status == 0 else f"relaxc (not all its threads started: {os.strerror(status)})"
+
+
+def release(library: str) -> None:
+    """One load of ``library`` is gone (``install`` counted it). After the last, the launcher's
+    threads stop and relaxc closes its handle, so the library unloads when TVM's closes too and a
+    file exported again under its path is loaded anew, not the copy still mapped."""
+    with _LOCK:
+        _LOADS[library] -= 1
+        if _LOADS[library] > 0:
+            return
+        del _LOADS[library]
+        lib = _OPEN.pop(library)
+        if hasattr(lib, "relaxc_launcher_stop"):
+            lib.relaxc_launcher_stop()
+        _ctypes.dlclose(lib._handle)

@@ -4,6 +4,7 @@ child, and the loader's choice in exported models."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import shutil
@@ -113,3 +114,23 @@ def test_a_library_without_the_launcher_keeps_tvms_pool(tmp_path):
     tvm.compile(func, target="llvm").export_library(path)
     tvm.runtime.load_module(path)
     assert launcher.install(path, 2) == "tvm (exported without relaxc's launcher)"
+
+
+def test_a_library_exported_again_under_its_path_loads_anew(tmp_path):
+    """Once its last load is gone, the launcher's threads stop. TVM never unloads a library, so a
+    model exported again under the same path is loaded from a copy: the new model runs, not the
+    one still mapped from that path."""
+    first, second = compiler.compile(reference.small_cnn(seed=0)), compiler.compile(reference.small_cnn(seed=1))
+    inputs = random_inputs(first.inputs)
+    expected = first.run(inputs), second.run(inputs)  # TVM's pool (these run in memory) has started
+    first.export(tmp_path / "model.so")
+    threads = len(os.listdir("/proc/self/task"))
+    deployed = compiler.load(tmp_path / "model.so")
+    assert deployed.launcher == "relaxc" and len(os.listdir("/proc/self/task")) > threads  # its worker
+    assert all(np.array_equal(a, b) for a, b in zip(deployed.run(inputs), expected[0]))
+    del deployed
+    gc.collect()
+    assert len(os.listdir("/proc/self/task")) == threads  # joined
+    second.export(tmp_path / "model.so")
+    again = compiler.load(tmp_path / "model.so")
+    assert all(np.array_equal(a, b) for a, b in zip(again.run(inputs), expected[1]))
