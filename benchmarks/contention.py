@@ -61,8 +61,9 @@ def main() -> None:
             reference.assert_matches(build.run(inputs), expected)
         runs = dict(zip(RUNTIMES, (lambda: claimed.run(inputs), lambda: even.run(inputs),
                                    lambda: session.run(None, inputs))))
-        print(f"{args.model} on {cpu_model()} (LLVM {host_cpu()}), build for {claimed.manifest['target'].get('mcpu', '?')}, "
-              f"2 threads each, medians of {args.repeat} runs per round\n")
+        mcpu = claimed.manifest["target"].get("mcpu", "?")
+        print(f"{args.model} on {cpu_model()} (LLVM {host_cpu()}), build for {mcpu}, 2 threads each, "
+              f"medians of {args.repeat} runs per round\n")
         print("| round | second core | " + " | ".join(f"{name} (ms)" for name in RUNTIMES) + " |\n| ---: | --- |"
               + " ---: |" * len(RUNTIMES))
         ms: dict[bool, list[dict[str, float]]] = {False: [], True: []}

@@ -318,7 +318,8 @@ def _mapped_from(path: str, manifest: dict) -> str:
     digest = manifest.get("library_sha256") or file_sha256(path)
     if _MAPPED.setdefault(path, digest) == digest or manifest["target"].get("kind") != "llvm":
         return path
-    descriptor, copy = tempfile.mkstemp(suffix=".so", prefix=os.path.basename(path)[:-3] + "-")
+    stem, suffix = os.path.splitext(os.path.basename(path))
+    descriptor, copy = tempfile.mkstemp(suffix=suffix, prefix=stem + "-")
     os.close(descriptor)
     shutil.copyfile(path, copy)
     return copy

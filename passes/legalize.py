@@ -291,7 +291,8 @@ _DEFAULT_LAYER_NORM = tvm.ir.Op.get("relax.nn.layer_norm").get_attr("FLegalize")
 
 def legalize_ops(target: Target) -> tvm.transform.Pass:
     """TVM's LegalizeOps with the blocked convolution, separable resizes, cumsum, float max/min
-    reductions that start from infinity, LayerNorm exact on rows of equal values, and on CPU softmax rows padded to the vector width."""
+    reductions that start from infinity, LayerNorm exact on rows of equal values, and on CPU softmax
+    rows padded to the vector width."""
     ops = {"relax.nn.conv2d": _conv2d, "relax.image.resize2d": _resize2d, "relax.cumsum": _cumsum,
            "relax.max": _extremum(True), "relax.min": _extremum(False), "relax.nn.layer_norm": _layer_norm}
     if target.kind.name == "llvm":

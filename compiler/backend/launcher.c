@@ -194,7 +194,7 @@ int relaxc_parallel_launch(FTVMParallelLambda lambda, void* cdata, int num_task)
 /* Start `threads - 1` workers (the caller is the last thread) and take the error functions of the
    process's tvm-ffi; `tasks_per_thread` tasks per thread in each launch. Returns 0 or the error of
    pthread_create (the threads started still work; with none, each launch runs in its caller). A
-   second call changes nothing. */
+   second call changes nothing until relaxc_launcher_stop. */
 int relaxc_launcher_start(int threads, int tasks_per_thread, ErrorMove error_move, ErrorSet error_set,
                           ObjectDecRef decref) {
   if (pool.threads != 0) return 0;

@@ -29,7 +29,8 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
 TASKS_PER_THREAD = 4  # the share a late thread leaves to others; more tasks cost more loop set-ups
 LAUNCHERS = ("relaxc", "tvm")
 
-_LAUNCH, _BARRIER, _ENTRY = "__TVMBackendParallelLaunch", "__TVMBackendParallelBarrier", "relaxc_parallel_launch"
+_LAUNCH, _BARRIER = "__TVMBackendParallelLaunch", "__TVMBackendParallelBarrier"
+_ENTRY, _STOP = "relaxc_parallel_launch", "relaxc_launcher_stop"
 _OPEN: dict[str, ctypes.CDLL] = {}  # relaxc's handle of each library while a load of it lives
 _LOADS: collections.Counter = collections.Counter()
 _LOCK = threading.Lock()
@@ -79,14 +80,14 @@ def install(library: str, threads: int, launcher: str = "relaxc") -> str:
 
 def release(library: str) -> None:
     """One load of ``library`` is gone (``install`` counted it). After the last, the launcher's
-    threads stop and relaxc closes its handle, so the library unloads when TVM's closes too and a
-    file exported again under its path is loaded anew, not the copy still mapped."""
+    threads stop and relaxc closes its handle: no thread runs the library's code while no load uses
+    it (TVM itself keeps every library it loaded mapped: ``runtime._mapped_from``)."""
     with _LOCK:
         _LOADS[library] -= 1
         if _LOADS[library] > 0:
             return
         del _LOADS[library]
         lib = _OPEN.pop(library)
-        if hasattr(lib, "relaxc_launcher_stop"):
+        if hasattr(lib, _STOP):  # a library with relaxc's launcher
             lib.relaxc_launcher_stop()
         _ctypes.dlclose(lib._handle)
