@@ -20,7 +20,7 @@ from relaxc.passes.memory import PLANNERS
 from relaxc.schedules.dispatch import LAYOUT_MODES, MODES as DISPATCH_MODES, STRATEGIES
 from relaxc.schedules.sequence import SELECTIONS
 from relaxc.schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
-from relaxc.support import targets
+from relaxc.support import remote, targets
 from relaxc.support.errors import TargetError, UserError
 
 
@@ -48,6 +48,7 @@ class Config:
     layouts: str
     cache_dir: str | None
     tools: dict[str, str]  # versions of the external tools code generation uses (fingerprinted)
+    tracker: remote.Tracker | None = None  # where kernels are timed (None: this machine); not fingerprinted
 
     def fingerprint_options(self) -> dict:
         """The options that change what the pipeline produces for a given module."""
@@ -89,12 +90,20 @@ class Options:
                                         "own, never reused", metavar="GLOB")
     validate_memory: bool = _option(False, "check the memory plan pair by pair and fill the arena with "
                                     "garbage before each run")
+    rpc: str | None = _option(None, "time kernels (tuning, dispatch='measure', layouts='measure') on the devices "
+                              "of this TVM RPC tracker instead of this machine; target 'cpu' then means their "
+                              "CPU (docs/rpc.md)", metavar="HOST:PORT")
+    rpc_key: str | None = _option(None, "the key the devices registered under at the tracker (with rpc)",
+                                  metavar="KEY")
 
     def resolve(self, target: targets.TargetLike) -> Config:
         """These options for ``target`` with its defaults filled in; a UserError for any bad value.
         Checks the external tools the target's code generation needs, too, so they fail first."""
         self._check_choices()
-        tvm_target = targets.resolve(target)
+        if self.rpc_key and not self.rpc:
+            raise UserError("rpc_key names devices at an RPC tracker: give the tracker too (rpc='HOST:PORT')")
+        tracker = remote.Tracker.parse(self.rpc, self.rpc_key) if self.rpc else None
+        tvm_target = targets.resolve(target) if tracker is None else _remote_target(target, tracker)
         kind = tvm_target.kind.name
         if kind not in targets.KINDS:
             raise TargetError(f"target kind {kind!r} is not supported; relaxc compiles for {', '.join(targets.KINDS)}")
@@ -111,7 +120,7 @@ class Options:
             raise UserError("the arena planner (and unshared, validate_memory) is CPU-only so far: its kernels "
                             "take element offsets, never run on a GPU yet; use memory_planner='tvm'")
         return Config(tvm_target, block, why, planner, tuple(self.unshared), self.validate_memory, self.tuning,
-                      self.dispatch, self.strategy, self.layouts, self.cache_dir, tools)
+                      self.dispatch, self.strategy, self.layouts, self.cache_dir, tools, tracker)
 
     def _check_choices(self) -> None:
         """A UserError naming the option and its choices, for the first value not among them."""
@@ -119,6 +128,21 @@ class Options:
             choices, value = field.metadata["choices"], getattr(self, field.name)
             if choices is not None and value is not None and value not in choices:
                 raise UserError(f"{field.name} must be one of {', '.join(choices)}, not {value!r}")
+
+
+def _remote_target(target: targets.TargetLike, tracker: remote.Tracker) -> Target:
+    """``target`` for the devices of ``tracker`` (probed): theirs where it is ``"cpu"``, else one they run."""
+    device = remote.probe(tracker)
+    if target == "cpu":
+        return device.target()
+    resolved = targets.resolve(target)
+    if resolved.kind.name != "llvm":
+        raise TargetError(f"rpc times CPU kernels only so far; {resolved.kind.name} kernels are timed on this machine")
+    mcpu = str(resolved.attrs.get("mcpu", "")) or "x86-64"
+    if device.isa is not None and not targets.isa("llvm", mcpu) <= device.isa:
+        raise TargetError(f"the devices under {tracker} are {device.cpu}, which cannot run code for {mcpu}; "
+                          "use target 'cpu' (theirs)")
+    return resolved
 
 
 @dataclass(frozen=True)
@@ -139,4 +163,16 @@ class TuneOptions:
                              "--reselect), or in the model's sequence after tuning ('sequence': every kernel, "
                              "schedules/sequence.py, and before it each convolution's implementation, "
                              "schedules/dispatch_sequence.py)", choices=SELECTIONS)
+    shard: str | None = _option(None, "tune only share I of N of the kernels (each machine of N its own I, 0 to "
+                                "N-1), selecting nothing: merge the stores (relaxc cache merge), then select "
+                                "with --trials 0", metavar="I/N")
+
+    def shard_index(self) -> tuple[int, int] | None:
+        """``shard`` as (i, n); a UserError where it is not I/N with 0 <= I < N."""
+        if self.shard is None:
+            return None
+        index, sep, count = self.shard.partition("/")
+        if not (sep and index.strip().isdigit() and count.strip().isdigit() and int(index) < int(count)):
+            raise UserError(f"shard must be I/N with 0 <= I < N (e.g. 0/2), not {self.shard!r}")
+        return int(index), int(count)
 

@@ -60,7 +60,7 @@ from relaxc.passes.legalize import legalize_ops
 from relaxc.passes.memory import ArenaPlan
 from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords
-from relaxc.support import tvm_log
+from relaxc.support import remote, tvm_log
 from relaxc.support.reporting import summaries
 from relaxc.support.targets import TargetLike, vector_lanes, vector_registers
 from relaxc.support.threads import configure_threads
@@ -215,7 +215,7 @@ def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes:
         recorder.snapshots["import"] = imported.module
         compilation = Compilation(config, imported)
         mod = imported.module
-        with config.target:
+        with config.target, remote.measuring_on(config.tracker):
             for phase in PHASES:
                 mod = recorder.run(phase.name, phase.run, mod, compilation)
         recorder.snapshots["final"] = mod

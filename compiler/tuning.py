@@ -25,22 +25,31 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
     from relaxc.pipeline import compile_model
     from relaxc.runtime import open_device
     from relaxc.schedules.tuning import tune_module
-    from relaxc.support import tvm_log
+    from relaxc.support import remote, tvm_log
+    from relaxc.support.errors import UserError
 
     tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
     settings = TuneOptions(**{k: v for k, v in options.items() if k in tune_fields})
     given = {k: v for k, v in options.items() if k not in tune_fields}
+    shard = settings.shard_index()  # checked before any work
     if given.get("dispatch", "replay") == "replay":  # tuning a model for this CPU measures its dispatch too
         given["dispatch"] = "measure"
     compile_options = Options(**given, tuning="off")
+    tracker = remote.Tracker.parse(compile_options.rpc, compile_options.rpc_key) if compile_options.rpc else None
+    if tracker and settings.selection == "sequence":
+        raise UserError("selection='sequence' times the whole model on this machine; with rpc, kernels are "
+                        "selected alone on the devices (selection='alone')")
+    if shard and settings.selection == "sequence":
+        raise UserError("a shard selects nothing (its kernels are selected after the merge): use selection='alone'")
     art = compile_model(model, target, shapes, compile_options, constants)
     if art.target.kind.name != "llvm":
         open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
-    with tvm_log.captured() as said:  # MetaSchedule's workers inherit the captured stderr too
+    with tvm_log.captured() as said, remote.measuring_on(tracker):  # MetaSchedule's workers inherit stderr
         tune_kernels = functools.partial(tune_module, target=art.target, trials=settings.trials,
                                          trials_per_task=settings.trials_per_task, minutes=settings.minutes,
                                          cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
-                                         model=art.report()["model"], kernels=tuple(settings.kernels))
+                                         model=art.report()["model"], kernels=tuple(settings.kernels),
+                                         shard=shard)
         summary = tune_kernels(art.module("fuse"), reselect=settings.reselect, select=settings.selection == "alone")
         if settings.selection == "sequence":
             replay = dataclasses.replace(compile_options, tuning="replay")
@@ -48,6 +57,7 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
                                         settings, compile_options.cache_dir))
     report = art.report()
     diagnostics.translate(said)
+    summary["measured_on"] = f"RPC tracker {tracker}" if tracker else "this machine"
     if "dispatch" in report:
         summary["dispatch"] = {k: report["dispatch"][k] for k in ("choices", "sources")}
     return summary

@@ -45,6 +45,7 @@ from tvm import relax
 from relaxc.passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, candidates, emit_winograd, scratch_bytes,
                              tile_size)
 from relaxc.schedules.cache import DISPATCH_FILE, RecordStore, read_measurements, write_measurements
+from relaxc.support import remote
 from relaxc.support.errors import UserError
 
 log = logging.getLogger("relaxc")
@@ -54,7 +55,6 @@ LAYOUT_MODES = ("rule", "replay", "measure")  # compile(layouts=...): passes/lay
 ERROR_LIMIT = 1e-4  # max |candidate - direct| / max |direct|: the project's float32 tolerance
 ROUNDS = 3  # the candidates take turns this many times
 RUNS_PER_ROUND = 5
-FLUSH_BYTES = 64 << 20  # more than any L3 of the machines seen
 _FORCED: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("relaxc_dispatch_forced", default={})
 
 
@@ -161,11 +161,14 @@ class Chooser:
         rng = np.random.default_rng(0)
         x = rng.uniform(-1, 1, workload.data).astype("float32")
         built = {name: self.build(candidate_module(call, name, self.lanes, self.registers)) for name in options}
-        device = tvm.cpu()
-        vms = {name: relax.VirtualMachine(ex, device) for name, ex in built.items()}
-        data = tvm.runtime.tensor(x, device)
-        outputs = {name: vm["main"](data).numpy() for name, vm in vms.items()}
-        ms = time_in_turns({name: (vm, data) for name, vm in vms.items()})
+
+        def timed(bench: remote.Bench) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+            vms = {name: relax.VirtualMachine(bench.load(ex), bench.device) for name, ex in built.items()}
+            data = tvm.runtime.tensor(x, bench.device)
+            outputs = {name: vm["main"](data).numpy() for name, vm in vms.items()}
+            return outputs, time_in_turns({name: (vm, data) for name, vm in vms.items()}, bench)
+
+        outputs, ms = remote.on_bench(timed, f"the implementations of {workload.key}")  # this CPU or a server
         reference = outputs[DIRECT]
         scale = float(np.abs(reference).max()) or 1.0
         candidates = {name: {"ms": ms[name],
@@ -181,17 +184,17 @@ class Chooser:
         return entry
 
 
-def time_in_turns(runs: dict[str, tuple[relax.VirtualMachine, tvm.runtime.Tensor]]) -> dict[str, float]:
-    """Median ms of each VM's ``main`` on its input, the VMs taking turns, each run after flushing
-    the caches (weights are read from memory once per inference in a model)."""
-    device = tvm.cpu()
-    timers = {name: (vm.time_evaluator("main", device, number=1, repeat=1), data) for name, (vm, data) in runs.items()}
+def time_in_turns(runs: dict[str, tuple[relax.VirtualMachine, tvm.runtime.Tensor]],
+                  bench: remote.Bench) -> dict[str, float]:
+    """Median ms of each VM's ``main`` on its input, the VMs taking turns on ``bench``, each run after
+    evicting the caches (weights are read from memory once per inference in a model)."""
+    timers = {name: (vm.time_evaluator("main", bench.device, number=1, repeat=1), data)
+              for name, (vm, data) in runs.items()}
     times: dict[str, list[float]] = {name: [] for name in runs}
-    flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32)
     for _ in range(ROUNDS):
         for name, (timer, data) in timers.items():
             for _ in range(RUNS_PER_ROUND):
-                flush += 1.0  # evicts what the previous run left in the caches
+                bench.evict_caches()
                 times[name].append(timer(data).mean * 1e3)
     return {name: round(statistics.median(t), 4) for name, t in times.items()}
 
@@ -216,10 +219,16 @@ class MeasuredLayoutCosts:
             return None
         start = time.perf_counter()
         module = module()
-        vm = relax.VirtualMachine(self.build(module), tvm.cpu())
         shape = [int(d) for d in module["main"].params[0].ty.shape.values]
-        data = tvm.runtime.tensor(np.random.default_rng(0).uniform(-1, 1, shape).astype("float32"))
-        entry = {"ms": time_in_turns({key: (vm, data)})[key], "measured_on": time.strftime("%Y-%m-%d %H:%M:%S"),
+        built = self.build(module)
+        x = np.random.default_rng(0).uniform(-1, 1, shape).astype("float32")
+
+        def timed(bench: remote.Bench) -> float:
+            vm = relax.VirtualMachine(bench.load(built), bench.device)
+            return time_in_turns({key: (vm, tvm.runtime.tensor(x, bench.device))}, bench)[key]
+
+        ms = remote.on_bench(timed, key)
+        entry = {"ms": ms, "measured_on": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "seconds": round(time.perf_counter() - start, 2)}
         self.known[key] = entry
         self.measured += 1

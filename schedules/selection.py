@@ -39,7 +39,7 @@ from tqdm import tqdm
 from relaxc.passes import tir_pipeline
 from relaxc.schedules.cache import RecordStore, mean_seconds, workload_hash
 from relaxc.schedules.default import default_schedule
-from relaxc.support import tvm_log
+from relaxc.support import remote, tvm_log
 
 log = logging.getLogger("relaxc")
 TOLERANCE = 0.03  # within 3% of the fastest counts as as fast: about the noise of these medians here
@@ -186,30 +186,39 @@ def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds:
     """Build and load every candidate (timed), then time them in turns on the same random inputs,
     each run after flushing every argument but the first from the caches.
 
-    Returns the candidates that built; the others are logged and dropped."""
-    device = tvm.cpu()
+    Returns the candidates that built; the others are logged and dropped. Timed on this machine, or
+    on one server of ``remote.measuring_on``'s tracker, all candidates of a kernel on the same one."""
     rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in info.shape]).astype(str(info.dtype)), device)
-            for info in ms.arg_info.ArgInfo.from_prim_func(func)]
-    built, timers = [], []
-    for candidate in found:
-        start = time.perf_counter()
-        try:
-            lib = tvm.compile(candidate.schedule.mod, target=target, tir_pipeline=tir_pipeline.pipeline(target))
-            lib.mod.get_function("main")  # LLVM generates the machine code when a function is first looked up
-        except Exception as err:  # noqa: BLE001 - one candidate failing to build drops that candidate only
-            log.warning("%s does not build (%s); dropped", candidate.label, str(err).splitlines()[0])
-            continue
-        candidate.build_s = time.perf_counter() - start
-        timer = lib.mod.time_evaluator("main", device, number=1, repeat=runs,
+    values = [rng.uniform(-1, 1, [int(d) for d in info.shape]).astype(str(info.dtype))
+              for info in ms.arg_info.ArgInfo.from_prim_func(func)]
+
+    def timed(bench: remote.Bench) -> list[Candidate]:
+        args = [tvm.runtime.tensor(value, bench.device) for value in values]
+        built, timers = [], []
+        for candidate in found:
+            candidate.runs_ms = []  # measured again from the start where a server failed
+            start = time.perf_counter()
+            try:
+                lib = bench.load(tvm.compile(candidate.schedule.mod, target=target,
+                                             tir_pipeline=tir_pipeline.pipeline(target)))
+                lib.get_function("main")  # LLVM generates the machine code when a function is first looked up
+            except Exception as err:  # noqa: BLE001 - one candidate failing to build drops that candidate only
+                if bench.session is not None and remote.server_failed(err):
+                    raise  # measured again on another server
+                log.warning("%s does not build (%s); dropped", candidate.label, str(err).splitlines()[0])
+                continue
+            candidate.build_s = time.perf_counter() - start
+            timer = lib.time_evaluator("main", bench.device, number=1, repeat=runs,
                                        f_preproc="cache_flush_cpu_non_first_arg")
-        timer(*args)  # warm-up: first touch of the inputs, the thread pool, the code
-        built.append(candidate)
-        timers.append(timer)
-    for _ in range(rounds):
-        for candidate, timer in zip(built, timers):
-            candidate.runs_ms.extend(seconds * 1e3 for seconds in timer(*args).results)
-    return built
+            timer(*args)  # warm-up: first touch of the inputs, the thread pool, the code
+            built.append(candidate)
+            timers.append(timer)
+        for _ in range(rounds):
+            for candidate, timer in zip(built, timers):
+                candidate.runs_ms.extend(seconds * 1e3 for seconds in timer(*args).results)
+        return built
+
+    return remote.on_bench(timed, f"the schedules of {func.attrs.get('global_symbol', 'a kernel')}")
 
 
 @dataclass

@@ -31,7 +31,7 @@ from relaxc.schedules.cache import RecordStore, cache_root, shipped_root, store_
 from relaxc.passes.ir import IS_SCHEDULED
 from relaxc.schedules.default import default_schedule
 from relaxc.schedules.selection import Selection, apply_trace, recorded
-from relaxc.support import targets, tvm_internals, tvm_log
+from relaxc.support import remote, targets, tvm_internals, tvm_log
 from relaxc.support.errors import UserError
 from relaxc.support.threads import configure_threads, physical_cores
 
@@ -42,6 +42,7 @@ TRIALS_PER_ITER = 64
 RUNS_PER_TRIAL = 5  # cold runs timed per candidate
 UNROLL_STEPS = (0, 16, 64)  # explicit unrolling MetaSchedule may choose on CPU (its default adds 512)
 POPULATION_PER_TRIAL = 8  # evolutionary search population per candidate a batch measures (MetaSchedule: 512)
+RPC_TIMEOUT_S = 60  # one candidate's session on an RPC server: upload, load, timed runs
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Progress:
     deadline: float | None
     trials: int = 0
     best_us: dict[int, float] = field(default_factory=dict)
+    lost: dict[int, list[str]] = field(default_factory=dict)  # task -> why each trial lost with its RPC server
 
     def __post_init__(self) -> None:
         self.bar = tqdm(total=self.total_trials, desc="[relaxc] tune", unit="trial", file=tvm_log.console(),
@@ -71,6 +73,13 @@ class Progress:
                                  f"last {self.names[task_id]}", refresh=False)
         self.bar.update(len(seconds))
 
+    def lose(self, task_id: int, errors: list[str]) -> None:
+        """Trials whose RPC server failed them (measured again, on another server where there is one)."""
+        self.lost.setdefault(task_id, []).extend(errors)
+
+    def lost_summary(self) -> list[dict]:
+        return [{"kernel": self.names[i], "trials": len(errors), "error": errors[0]} for i, errors in self.lost.items()]
+
     def close(self) -> None:
         self.bar.close()
 
@@ -79,16 +88,27 @@ class Progress:
 class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
     """A MetaSchedule measure callback feeding ``progress`` (runs after the records are saved)."""
 
-    def __init__(self, progress: Progress, task_index: int) -> None:
+    def __init__(self, progress: Progress, task_index: int, remote: bool) -> None:
         self.progress = progress
         self.task_index = task_index
+        self.remote = remote
 
     def apply(self, _scheduler, _task_id, _candidates, _builder_results, runner_results) -> None:
-        seconds = []
+        seconds, lost = [], []
         for result in runner_results:
+            if result.error_msg and self.remote and remote.server_failed(str(result.error_msg)):
+                lost.append(_last_line(str(result.error_msg)))
+                continue
             times = [float(t) for t in result.run_secs] if result.run_secs else []
             seconds.append(sum(times) / len(times) if times and not result.error_msg else 1e10)
         self.progress.update(self.task_index, seconds)
+        if lost:
+            self.progress.lose(self.task_index, lost)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 def _quiet_metaschedule() -> None:
@@ -118,7 +138,8 @@ def _records(database, task: ms.ExtractedTask) -> int:
 
 def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_task: int | None = None,
                 minutes: float | None = None, cache_dir: str | None = None, fingerprint: str = "",
-                model: str = "", reselect: bool = False, kernels: tuple[str, ...] = (), select: bool = True) -> dict:
+                model: str = "", reselect: bool = False, kernels: tuple[str, ...] = (), select: bool = True,
+                shard: tuple[int, int] | None = None) -> dict:
     """Tune the kernels of ``mod`` (after layout and fusion) into the target's record store.
 
     MetaSchedule commits a task's measurements to the database only when its scheduler next visits
@@ -129,7 +150,13 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     default and its best records side by side (``schedules/selection.py``); ``trials=0`` only does that.
     ``kernels`` (glob patterns of kernel names) limits tuning and selection to the kernels that match:
     ``trials=0, reselect=True`` with ``kernels`` measures only those again. ``select`` False leaves
-    the selection to the caller (``compiler.tune`` with ``selection="sequence"``).
+    the selection to the caller (``compiler.tune`` with ``selection="sequence"``). ``shard`` (i, n)
+    tunes the i-th of n disjoint shares of the kernels (``shard_of``) and selects nothing: the shards'
+    stores are merged first.
+
+    Within ``remote.measuring_on(tracker)`` every candidate is built here and timed on a server of
+    the tracker, as many at once as there are servers; a trial whose server fails is counted lost
+    (``summary["lost"]``) and its kernel gets another batch, so the others finish the run.
     """
     if trials < 0:
         raise UserError(f"trials must be at least 0, not {trials}")
@@ -142,6 +169,9 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     if not wanted:
         raise UserError(f"no kernel matches {', '.join(kernels)}; the kernels are: "
                         f"{', '.join(t.task_name for t in tasks)}")
+    if shard is not None:
+        wanted &= shard_of(tasks, *shard)
+        select = False
     per_task = trials_per_task or max(TRIALS_PER_ITER, trials // max(1, len(tasks)))
     batch = min(TRIALS_PER_ITER, per_task)
     started = time.time()
@@ -156,35 +186,26 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
         budget = min(trials, sum(per_task - have[i] for i in todo))
         summary = {"tasks": len(tasks), "tasks_tuned": len(todo), "trials_budget": budget,
                    "records_before": sum(have), "stopped": "done", "cache_dir": store.dir, "trials": 0}
-        summary["defaults_recorded"] = (_commit_defaults([tasks[i] for i in todo if have[i] == 0], target, database)
-                                        if budget > 0 else 0)
-        if todo and budget > 0:
-            progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline)
-            callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
-            cost_model = ms.cost_model.XGBModel(num_tuning_cores=physical_cores())
-            measure = ms.builder.LocalBuilder(f_build=builder.build), _runner(target)  # each starts processes
-            left = {i: per_task - have[i] for i in todo}
-            try:
-                while left and progress.trials < budget and summary["stopped"] == "done":
-                    for i in list(left):
-                        if deadline is not None and time.time() >= deadline:
-                            summary["stopped"] = "time budget"
-                            break
-                        size = min(batch, left[i], budget - progress.trials)
-                        if size <= 0:
-                            break
-                        done = _tune_batch(tasks[i], i, size, store.dir, database, cost_model, measure, callbacks,
-                                           progress)
-                        left[i] -= max(done, 1)  # a task whose space is exhausted measures nothing
-                        if left[i] <= 0:
-                            del left[i]
-            finally:
-                progress.close()
-            summary["trials"] = progress.trials
+        runner = _runner(target) if budget > 0 else None  # starts processes: one runner for the whole run
+        try:
+            summary["defaults_recorded"], lost = (_commit_defaults([tasks[i] for i in todo if have[i] == 0], target,
+                                                                   database, runner) if runner else (0, []))
+            if todo and runner:
+                summary.update(_tune_rounds(tasks, {i: per_task - have[i] for i in todo}, batch, budget, deadline,
+                                            store.dir, database, runner))
+            lost += summary.pop("lost", [])
+            if lost:  # each measured again on another server, where there was one
+                summary["lost"] = lost
+                log.warning("measurements lost with their RPC server: %s",
+                            "; ".join(f"{e['kernel']}: {e['trials']} ({e['error']})" for e in lost))
+        finally:
+            if getattr(runner, "pool", None) is not None:  # shut here: collected in its own thread, it cannot
+                runner.pool.shutdown()
         after = [_records(database, task) for task in tasks]
         summary["records_after"] = sum(after)
-        summary["selection"] = (Selection(store, target, reselect).run(tasks, wanted) if select
-                                else {"selected": 0, "skipped": "selected in the model's sequence instead"})
+        summary["selection"] = (Selection(store, target, reselect).run(tasks, wanted) if select else
+                                {"selected": 0, "skipped": "a shard: select after merging the shards' stores"
+                                 if shard else "selected in the model's sequence instead"})
         summary["minutes"] = round((time.time() - started) / 60, 2)
         if fingerprint:
             previous = store.manifest().get("fingerprints", {}).get(fingerprint, {})
@@ -198,40 +219,101 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     return summary
 
 
-def _commit_defaults(tasks: list, target: Target, database) -> int:
+def _tune_rounds(tasks: list[ms.ExtractedTask], left: dict[int, int], batch: int, budget: int,
+                 deadline: float | None, work_dir: str, database, runner: ms.runner.Runner | str) -> dict:
+    """Tune the tasks ``left`` (task index -> trials still to measure) in rounds of one batch each,
+    within ``budget`` trials and the ``deadline``; returns the trials measured, why it stopped and
+    the trials lost with an RPC server."""
+    tracker = remote.measuring_tracker()
+    result = {"stopped": "done"}
+    progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline)
+    callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+    cost_model = ms.cost_model.XGBModel(num_tuning_cores=physical_cores())
+    measure = ms.builder.LocalBuilder(f_build=builder.build), runner
+    retries = dict(left)  # trials of a task lost with a server are measured again, up to its budget once more
+    started = time.perf_counter()
+    try:
+        while left and progress.trials < budget and result["stopped"] == "done":
+            for i in list(left):
+                if deadline is not None and time.time() >= deadline:
+                    result["stopped"] = "time budget"
+                    break
+                size = min(batch, left[i], budget - progress.trials)
+                if size <= 0:
+                    break
+                lost = len(progress.lost.get(i, ()))
+                done = _tune_batch(tasks[i], i, size, work_dir, database, cost_model, measure, callbacks, progress,
+                                   tracker is not None)
+                lost = len(progress.lost.get(i, ())) - lost
+                if lost and not done and not tracker.servers():
+                    result["stopped"] = f"no RPC server left under {tracker}"
+                    break
+                retry = lost and len(progress.lost[i]) <= retries[i]
+                left[i] -= done if retry else max(done, 1)  # a task whose space is exhausted measures nothing
+                if left[i] <= 0:
+                    del left[i]
+    finally:
+        progress.close()
+    result["trials"] = progress.trials
+    seconds = time.perf_counter() - started
+    result["trials_per_minute"] = round(progress.trials / seconds * 60, 1) if seconds > 0 else None
+    if progress.lost:
+        result["lost"] = progress.lost_summary()
+    return result
+
+
+def _commit_defaults(tasks: list, target: Target, database, runner: ms.runner.Runner | str) -> tuple[int, list]:
     """Measure relaxc's default schedule of each task and commit it as a record (its trace replays it).
 
     The database then holds the default beside every tuned candidate, so replay picks whichever was
     faster: without it, a short tuning run (SqueezeNet, 16 trials per kernel) made replay 2.7x slower
-    than the default schedules. Returns how many were committed.
+    than the default schedules. Returns how many were committed, and the measurements lost with an
+    RPC server (``summary["lost"]``'s entries).
     """
     if target.kind.name != "llvm" or not tasks:
-        return 0
+        return 0, []
     schedules = [default_schedule(task.dispatched[0]["main"], target)[0] for task in tasks]
     built = ms.builder.LocalBuilder(f_build=builder.build).build(
         [ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     args = [ms.arg_info.ArgInfo.from_prim_func(task.dispatched[0]["main"]) for task in tasks]
-    ok = [i for i, result in enumerate(built) if not result.error_msg]
-    futures = _runner(target).run(
-        [ms.runner.RunnerInput(built[i].artifact_path, "cpu", args[i]) for i in ok])
-    committed = 0
-    for i, future in zip(ok, futures):
-        result = future.result()
-        if result.error_msg:
-            log.warning("default schedule of %s failed to run: %s", tasks[i].task_name, result.error_msg[:200])
-            continue
-        workload = database.commit_workload(tasks[i].dispatched[0])
-        database.commit_tuning_record(ms.database.TuningRecord(
-            schedules[i].trace, workload, result.run_secs, target, args[i]))
-        committed += 1
-    return committed
+    pending = [i for i, result in enumerate(built) if not result.error_msg]
+    committed, lost_with_server = 0, []
+    for _ in range(remote.ATTEMPTS):  # defaults whose RPC server failed are measured again on another
+        futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", args[i]) for i in pending])
+        lost = []
+        for i, future in zip(pending, futures):
+            result = future.result()
+            if result.error_msg and remote.measuring_tracker() and remote.server_failed(str(result.error_msg)):
+                lost.append(i)
+                lost_with_server.append({"kernel": f"{tasks[i].task_name} (default schedule)", "trials": 1,
+                                         "error": _last_line(str(result.error_msg))})
+            elif result.error_msg:
+                log.warning("default schedule of %s failed to run: %s", tasks[i].task_name, result.error_msg[:200])
+            else:
+                workload = database.commit_workload(tasks[i].dispatched[0])
+                database.commit_tuning_record(ms.database.TuningRecord(
+                    schedules[i].trace, workload, result.run_secs, target, args[i]))
+                committed += 1
+        pending = lost
+        if not pending or not remote.measuring_tracker().servers():
+            break
+    return committed, lost_with_server
+
+
+def shard_of(tasks: list[ms.ExtractedTask], index: int, count: int) -> set[str]:
+    """The kernels of shard ``index`` of ``count``: every count-th task in the order of their workload
+    hashes, so each machine of a sharded run picks the same share of the same model."""
+    if not 0 <= index < count:
+        raise UserError(f"shard must be i/n with 0 <= i < n, not {index}/{count}")
+    ordered = sorted(tasks, key=lambda t: workload_hash(t.dispatched[0]))
+    return {t.task_name for t in ordered[index::count]}
 
 
 def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, database, cost_model,
                 measure: tuple[ms.builder.Builder, ms.runner.Runner | str], callbacks: list,
-                progress: Progress) -> int:
+                progress: Progress, remote_runs: bool) -> int:
     """Measure one batch of ``task`` with ``measure`` (builder, runner) and commit it; returns the
-    trials measured."""
+    trials measured (lost ones not counted)."""
     _quiet_metaschedule()  # each batch's logging set-up sets its logger back to DEBUG
     (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [task], work_dir, space=_space(task.target), strategy=_strategy(size))
@@ -239,20 +321,26 @@ def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, da
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
                   builder=measure[0], runner=measure[1], cost_model=cost_model,
-                  measure_callbacks=callbacks + [_ProgressCallback(progress, index)],
+                  measure_callbacks=callbacks + [_ProgressCallback(progress, index, remote_runs)],
                   task_scheduler="round-robin")
     return progress.trials - before
 
 
 def _runner(target: Target) -> ms.runner.Runner | str:
-    """How trials are timed. On CPU each run starts with every argument but the first flushed from
-    the caches, as in the model, where each weight is read once per inference: timed hot, the
-    records of ResNet-50 promised kernels 2.3x faster than the defaults, and the model ran 5% faster."""
+    """How trials are timed: on this machine, or on the servers of ``remote.measuring_on``'s tracker,
+    one candidate per session, as many at once as there are servers. On CPU each run starts with every
+    argument but the first flushed from the caches, as in the model, where each weight is read once per
+    inference: timed hot, the records of ResNet-50 promised kernels 2.3x faster than the defaults, and
+    the model ran 5% faster."""
     if target.kind.name != "llvm":
         return "local"
-    return ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(
-        number=1, repeat=RUNS_PER_TRIAL, min_repeat_ms=0, enable_cpu_cache_flush=True),
-        f_alloc_argument=alloc_arguments)
+    evaluator = ms.runner.EvaluatorConfig(number=1, repeat=RUNS_PER_TRIAL, min_repeat_ms=0, enable_cpu_cache_flush=True)
+    tracker = remote.measuring_tracker()
+    if tracker is None:
+        return ms.runner.LocalRunner(evaluator_config=evaluator, f_alloc_argument=alloc_arguments)
+    config = ms.runner.RPCConfig(tracker.host, tracker.port, tracker.key, session_timeout_sec=RPC_TIMEOUT_S)
+    return ms.runner.RPCRunner(config, evaluator, f_alloc_argument=alloc_remote_arguments,
+                               max_workers=max(1, tracker.servers()))
 
 
 def alloc_arguments(device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:
@@ -260,8 +348,17 @@ def alloc_arguments(device: tvm.runtime.Device, args_info: list, alloc_repeat: i
     gather's positions), and random ones read outside the data, so BERT's embedding lookups (``take``)
     crashed in every trial and never got a record (``tuning="strict"`` then failed on a new CPU).
     Runs in the measuring worker."""
-    random_fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure")
+    return _arguments(tvm.get_global_func("tvm.contrib.random.random_fill_for_measure"), device, args_info,
+                      alloc_repeat)
 
+
+def alloc_remote_arguments(session, device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:
+    """``alloc_arguments`` on an RPC server."""
+    return _arguments(session.get_function("tvm.contrib.random.random_fill_for_measure"), device, args_info,
+                      alloc_repeat)
+
+
+def _arguments(random_fill, device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:
     def fill(tensor: tvm.runtime.Tensor) -> None:
         if tensor.dtype.startswith(("int", "uint")):
             tensor.copyfrom(np.zeros(tensor.shape, tensor.dtype))

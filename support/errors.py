@@ -37,6 +37,11 @@ class TargetError(UserError):
 
 
 @tvm_ffi.register_error
+class RemoteError(UserError):
+    """An RPC tracker cannot be reached, has no server under the key, or its servers differ."""
+
+
+@tvm_ffi.register_error
 class InputError(UserError):
     """Run-time inputs do not match the compiled model (name, shape or dtype)."""
 

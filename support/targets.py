@@ -41,18 +41,22 @@ X86_CPUS = ("graniterapids", "emeraldrapids", "sapphirerapids", "icelake-server"
 
 
 def host_cpu() -> str:
-    """The LLVM name of the host CPU (e.g. ``icelake-server``, ``znver3``), by its features too.
+    """The LLVM name of the host CPU (e.g. ``icelake-server``, ``znver3``), by its features too
+    (``named_cpu``)."""
+    return named_cpu(str(codegen.llvm_get_system_cpu()), host_isa())
+
+
+def named_cpu(llvm_name: str | None, features: frozenset[str] | None) -> str:
+    """The name of a CPU that LLVM calls ``llvm_name`` (None: unknown) and that has ``features``.
 
     LLVM names a CPU from its model number; a VM may mask it (a Sapphire Rapids class VM with AMX
-    and AVX-512 FP16 that LLVM calls ``rocketlake``). Where the host's instruction-set features
-    (``/proc/cpuinfo``) differ from those of LLVM's name, the host is named after the known CPU
-    with the most of its features and none it lacks."""
-    name = str(codegen.llvm_get_system_cpu())
-    host = host_isa()
-    if host is None or isa("llvm", name) == host:
-        return name
-    fitting = [cpu for cpu in (name,) + X86_CPUS if isa("llvm", cpu) <= host]
-    return max(fitting, key=lambda cpu: len(isa("llvm", cpu)), default=name)
+    and AVX-512 FP16 that LLVM calls ``rocketlake``). Where the features (``/proc/cpuinfo``) differ
+    from those of LLVM's name, the CPU is named after the known CPU with the most of its features
+    and none it lacks."""
+    if features is None or (llvm_name is not None and isa("llvm", llvm_name) == features):
+        return llvm_name or "x86-64"
+    fitting = [cpu for cpu in ((llvm_name,) if llvm_name else ()) + X86_CPUS if isa("llvm", cpu) <= features]
+    return max(fitting, key=lambda cpu: len(isa("llvm", cpu)), default=llvm_name or "x86-64")
 
 
 def host_isa() -> frozenset[str] | None:
@@ -60,10 +64,29 @@ def host_isa() -> frozenset[str] | None:
     ``/proc/cpuinfo``; None where there is no such file or it lists no flags (not Linux, not x86)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+            return cpuinfo_isa(f.read())
     except OSError:
         return None
+
+
+def cpuinfo_isa(cpuinfo: str) -> frozenset[str] | None:
+    """The ``ISA_FLAGS`` features a ``/proc/cpuinfo`` text lists; None where it lists no flags."""
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), None)
     return None if flags is None else frozenset(f for f, flag in ISA_FLAGS.items() if flag in flags)
+
+
+def cpuinfo_cores(cpuinfo: str) -> int:
+    """Physical cores by a ``/proc/cpuinfo`` text: distinct (physical id, core id) pairs, else processors."""
+    pairs, processors, package = set(), 0, "0"
+    for line in cpuinfo.splitlines():
+        name, _, value = (part.strip() for part in line.partition(":"))
+        if name == "processor":
+            processors += 1
+        elif name == "physical id":
+            package = value
+        elif name == "core id":
+            pairs.add((package, value))
+    return len(pairs) or processors or 1
 
 
 @functools.lru_cache(maxsize=None)

@@ -94,3 +94,23 @@ class UncheckedSchedule(s_tir.Schedule):
     rules' calls are the same code on every compile and the C++ side still refuses a wrong
     argument, so relaxc's own schedules call the methods underneath. Private: the wrapper's
     ``__wrapped__`` (``s_tir/schedule/_type_checker.py``). Public replacement: none."""
+
+
+def serve_rpc(sock, key: str, tracker: tuple[str, int], on_session=None) -> None:
+    """TVM's Python RPC server on the listening socket ``sock``, registered with ``tracker`` under
+    ``key``, serving until killed; ``on_session`` (if given) runs in each session's process after
+    TVM set it up (``tests/rpc_device.py``: a server that dies at a chosen point of its work).
+    Private: ``rpc.server._listen_loop`` and ``_server_env``. Public replacement: ``rpc.Server``,
+    which runs the loop in a fresh process that no hook reaches."""
+    from tvm.rpc import server
+
+    if on_session is not None:
+        set_up = server._server_env
+
+        def hooked(load_library, work_path=None):
+            temp = set_up(load_library, work_path)
+            on_session()
+            return temp
+
+        server._server_env = hooked
+    server._listen_loop(sock, sock.getsockname()[1], key, tracker, None, "127.0.0.1")
