@@ -59,7 +59,8 @@ def split(result: dict) -> dict[str, float]:
     trials = max(1, result["summary"]["trials"])
     parts = {part: sum(seconds for scope, seconds in result["profile"].items() if scope.startswith(prefixes))
                    / trials for part, prefixes in PARTS.items()}
-    parts["all"] = 60.0 / result["summary"]["trials_per_minute"]
+    rate = result["summary"].get("trials_per_minute")
+    parts["all"] = 60.0 / rate if rate else float("nan")  # nothing tuned: no rate
     return parts
 
 
@@ -80,7 +81,7 @@ def main() -> None:
     for n, result in results.items():
         parts, summary = split(result), result["summary"]
         where = "this machine" if n == 0 else f"{n} RPC server{'s' if n > 1 else ''}"
-        print(f"| {where} | {summary['trials']} | {summary['trials_per_minute']:.1f} | {parts['all']:.2f} | "
+        print(f"| {where} | {summary['trials']} | {summary.get('trials_per_minute') or 0:.1f} | {parts['all']:.2f} | "
               f"{parts['search']:.2f} | {parts['build']:.2f} | {parts['measure']:.2f} |")
     if 1 in results:
         one = split(results[1])

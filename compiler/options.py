@@ -10,6 +10,7 @@ checks every value, once, before any work starts.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,17 +132,17 @@ class Options:
 
 
 def _remote_target(target: targets.TargetLike, tracker: remote.Tracker) -> Target:
-    """``target`` for the devices of ``tracker`` (probed): theirs where it is ``"cpu"``, else one they run."""
+    """``target`` for the devices of ``tracker`` (probed): theirs where it is ``"cpu"``; any other must
+    name their CPU and cores."""
     device = remote.probe(tracker)
     if target == "cpu":
         return device.target()
     resolved = targets.resolve(target)
-    if resolved.kind.name != "llvm":
-        raise TargetError(f"rpc times CPU kernels only so far; {resolved.kind.name} kernels are timed on this machine")
-    mcpu = str(resolved.attrs.get("mcpu", "")) or "x86-64"
-    if device.isa is not None and not targets.isa("llvm", mcpu) <= device.isa:
-        raise TargetError(f"the devices under {tracker} are {device.cpu}, which cannot run code for {mcpu}; "
-                          "use target 'cpu' (theirs)")
+    spec = targets.describe(resolved)
+    if resolved.kind.name != "llvm" or spec.get("mcpu") != device.cpu or spec.get("num-cores") != device.cores:
+        raise TargetError(f"the devices under {tracker} are {device.cpu} with {device.cores} cores, and what they "
+                          f"measure belongs in that target's store, not {json.dumps(spec)}'s: use target 'cpu' "
+                          "(theirs)")
     return resolved
 
 

@@ -182,7 +182,7 @@ def from_record(mod: tvm.IRModule, entry: list, label: str, workload: Recorded |
 
 
 def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds: int = ROUNDS,
-            runs: int = RUNS_PER_ROUND) -> list[Candidate]:
+            runs: int = RUNS_PER_ROUND, name: str = "a kernel") -> list[Candidate]:
     """Build and load every candidate (timed), then time them in turns on the same random inputs,
     each run after flushing every argument but the first from the caches.
 
@@ -218,7 +218,7 @@ def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds:
                 candidate.runs_ms.extend(seconds * 1e3 for seconds in timer(*args).results)
         return built
 
-    return remote.on_bench(timed, f"the schedules of {func.attrs.get('global_symbol', 'a kernel')}")
+    return remote.on_bench(timed, f"the schedules of {name}")
 
 
 @dataclass
@@ -257,7 +257,8 @@ class Selection:
 
     def _select(self, task: ms.ExtractedTask, lines: list[str], workload: Recorded) -> dict:
         mod = task.dispatched[0]
-        measured = measure(candidates(mod, lines, self.target, workload=workload), mod["main"], self.target)
+        measured = measure(candidates(mod, lines, self.target, workload=workload), mod["main"], self.target,
+                           name=task.task_name)
         winner = choose(measured)
         default = next((c for c in measured if c.record is None), None)  # None: it did not build
         record = winner.record and [winner.record[0], [winner.ms / 1e3], *winner.record[2:]]

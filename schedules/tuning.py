@@ -85,30 +85,37 @@ class Progress:
 
 
 @derived_object
-class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
-    """A MetaSchedule measure callback feeding ``progress`` (runs after the records are saved)."""
+class _Measured(ms.measure_callback.PyMeasureCallback):
+    """MetaSchedule's measure callbacks (``inner``: records saved, cost model updated) on the trials
+    measured, then ``progress`` fed. Trials whose RPC server failed them (``remote_runs``) are kept
+    from both, counted lost: they say nothing of their candidate."""
 
-    def __init__(self, progress: Progress, task_index: int, remote: bool) -> None:
+    def __init__(self, inner: list, progress: Progress, task_index: int, remote_runs: bool) -> None:
+        self.inner = inner
         self.progress = progress
         self.task_index = task_index
-        self.remote = remote
+        self.remote_runs = remote_runs
 
-    def apply(self, _scheduler, _task_id, _candidates, _builder_results, runner_results) -> None:
-        seconds, lost = [], []
-        for result in runner_results:
-            if result.error_msg and self.remote and remote.server_failed(str(result.error_msg)):
-                lost.append(_last_line(str(result.error_msg)))
-                continue
+    def apply(self, scheduler, task_id, candidates, builder_results, runner_results) -> None:
+        kept, lost = [], []
+        for i, result in enumerate(runner_results):
+            if result.error_msg and self.remote_runs and remote.server_failed(str(result.error_msg)):
+                lost.append(remote.last_line(str(result.error_msg)))
+            else:
+                kept.append(i)
+        for callback in self.inner:
+            if isinstance(callback, ms.measure_callback.RemoveBuildArtifact):  # every trial's built files go
+                callback.apply(scheduler, task_id, candidates, builder_results, runner_results)
+            else:
+                callback.apply(scheduler, task_id, [candidates[i] for i in kept],
+                               [builder_results[i] for i in kept], [runner_results[i] for i in kept])
+        seconds = []
+        for result in (runner_results[i] for i in kept):
             times = [float(t) for t in result.run_secs] if result.run_secs else []
             seconds.append(sum(times) / len(times) if times and not result.error_msg else 1e10)
         self.progress.update(self.task_index, seconds)
         if lost:
             self.progress.lose(self.task_index, lost)
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
 
 
 def _quiet_metaschedule() -> None:
@@ -172,6 +179,9 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     if shard is not None:
         wanted &= shard_of(tasks, *shard)
         select = False
+        if not wanted:
+            raise UserError(f"shard {shard[0]}/{shard[1]} of this model's {len(tasks)} kernels is empty: use fewer "
+                            "shards than kernels")
     per_task = trials_per_task or max(TRIALS_PER_ITER, trials // max(1, len(tasks)))
     batch = min(TRIALS_PER_ITER, per_task)
     started = time.time()
@@ -199,13 +209,16 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
                 log.warning("measurements lost with their RPC server: %s",
                             "; ".join(f"{e['kernel']}: {e['trials']} ({e['error']})" for e in lost))
         finally:
-            if getattr(runner, "pool", None) is not None:  # shut here: collected in its own thread, it cannot
+            if getattr(runner, "pool", None) is not None:  # garbage-collected in one of its threads, it cannot
                 runner.pool.shutdown()
         after = [_records(database, task) for task in tasks]
         summary["records_after"] = sum(after)
-        summary["selection"] = (Selection(store, target, reselect).run(tasks, wanted) if select else
-                                {"selected": 0, "skipped": "a shard: select after merging the shards' stores"
-                                 if shard else "selected in the model's sequence instead"})
+        if summary["stopped"].startswith(remote.NO_SERVER):
+            summary["selection"] = {"selected": 0, "skipped": "no RPC server left to measure on"}
+        else:
+            summary["selection"] = (Selection(store, target, reselect).run(tasks, wanted) if select else
+                                    {"selected": 0, "skipped": "a shard: select after merging the shards' stores"
+                                     if shard else "selected in the model's sequence instead"})
         summary["minutes"] = round((time.time() - started) / 60, 2)
         if fingerprint:
             previous = store.manifest().get("fingerprints", {}).get(fingerprint, {})
@@ -246,7 +259,7 @@ def _tune_rounds(tasks: list[ms.ExtractedTask], left: dict[int, int], batch: int
                                    tracker is not None)
                 lost = len(progress.lost.get(i, ())) - lost
                 if lost and not done and not tracker.servers():
-                    result["stopped"] = f"no RPC server left under {tracker}"
+                    result["stopped"] = f"{remote.NO_SERVER}: none is left under {tracker}"
                     break
                 retry = lost and len(progress.lost[i]) <= retries[i]
                 left[i] -= done if retry else max(done, 1)  # a task whose space is exhausted measures nothing
@@ -286,7 +299,7 @@ def _commit_defaults(tasks: list, target: Target, database, runner: ms.runner.Ru
             if result.error_msg and remote.measuring_tracker() and remote.server_failed(str(result.error_msg)):
                 lost.append(i)
                 lost_with_server.append({"kernel": f"{tasks[i].task_name} (default schedule)", "trials": 1,
-                                         "error": _last_line(str(result.error_msg))})
+                                         "error": remote.last_line(str(result.error_msg))})
             elif result.error_msg:
                 log.warning("default schedule of %s failed to run: %s", tasks[i].task_name, result.error_msg[:200])
             else:
@@ -321,7 +334,7 @@ def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, da
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
                   builder=measure[0], runner=measure[1], cost_model=cost_model,
-                  measure_callbacks=callbacks + [_ProgressCallback(progress, index, remote_runs)],
+                  measure_callbacks=[_Measured(callbacks, progress, index, remote_runs)],
                   task_scheduler="round-robin")
     return progress.trials - before
 
@@ -339,8 +352,8 @@ def _runner(target: Target) -> ms.runner.Runner | str:
     if tracker is None:
         return ms.runner.LocalRunner(evaluator_config=evaluator, f_alloc_argument=alloc_arguments)
     config = ms.runner.RPCConfig(tracker.host, tracker.port, tracker.key, session_timeout_sec=RPC_TIMEOUT_S)
-    return ms.runner.RPCRunner(config, evaluator, f_alloc_argument=alloc_remote_arguments,
-                               max_workers=max(1, tracker.servers()))
+    return ms.runner.RPCRunner(config, evaluator, f_create_session=remote.runner_session,
+                               f_alloc_argument=alloc_remote_arguments, max_workers=max(1, tracker.servers()))
 
 
 def alloc_arguments(device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import logging
 import os
 import re
 import socket
+import struct
 import subprocess
 import tempfile
 from typing import Callable, Iterator, TypeVar
@@ -31,6 +33,7 @@ import numpy as np
 import tvm
 import tvm_ffi.libinfo
 from tvm import rpc
+from tvm.rpc import base
 
 from relaxc.support import targets
 from relaxc.support.errors import RemoteError
@@ -40,13 +43,17 @@ T = TypeVar("T")
 PROBE_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rpc_probe.c")
 PROBE_FILES = ("relaxc_cpuinfo.txt", "relaxc_maps.txt", "relaxc_environ.txt")  # the probe's, in the session's folder
 CONNECT_TIMEOUT_S = 10  # a tracker that does not answer by then is not there
+WAIT_S = 120  # a request for a server that none answers by then fails (TVM's own request waits forever)
 SESSION_TIMEOUT_S = 600  # a session (one kernel's selection, one dispatch measurement) ends by then
 ATTEMPTS = 3  # servers a measurement is tried on before a failing fleet is an error
 EVICT_BYTES = 64 << 20  # more than any L3 of the machines seen
 CHECKED = ("tvm", "tvm_ffi")  # versions a device must share with this machine (the records' fingerprint)
-# what the error of a measurement whose RPC server failed it says (RPCCode: the session ended mid-call)
-SERVER_FAILURES = ("RPCCode::", "RPCError", "RPCSessionTimeoutError", "ConnectionResetError", "ConnectionRefusedError",
-                   "BrokenPipeError", "ConnectionError", "Cannot connect", "TimeoutError", "timed out")
+NO_SERVER = "no RPC server answered"
+# what the error of a measurement says where its server failed it, not the kernel: the session ended
+# mid-call (RPCCode), the connection broke or was refused, or no server answered. Errors raised on
+# the server (RPCError) and session timeouts are the kernel's: a slow kernel is recorded as failed.
+SERVER_FAILURES = ("RPCCode::", "ConnectionResetError", "ConnectionRefusedError", "ConnectionAbortedError",
+                   "BrokenPipeError", "Connect to ", "Failed to connect", NO_SERVER)
 # the libraries whose folders hold the versions: library file -> the _version.py two folders up
 VERSION_FILES = {"libtvm_runtime.so": "tvm", "libtvm_ffi.so": "tvm_ffi"}
 
@@ -63,7 +70,8 @@ class Tracker:
     def parse(cls, address: str, key: str | None) -> "Tracker":
         """``"host:port"`` and a key, checked; a RemoteError saying what is missing."""
         host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
+        host = host.removeprefix("[").removesuffix("]")  # [::1]:9190
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise RemoteError(f"rpc must be HOST:PORT of a TVM RPC tracker, not {address!r}")
         if not key:
             raise RemoteError("rpc needs rpc_key (--rpc-key): the key the devices registered under "
@@ -74,6 +82,7 @@ class Tracker:
         return f"{self.host}:{self.port} key {self.key!r}"
 
     def connect(self) -> rpc.TrackerSession:
+        """A connection to the tracker; a RemoteError within ``CONNECT_TIMEOUT_S`` where none answers."""
         try:  # TVM's own connect retries for a minute before it says the tracker is not there
             socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S).close()
             return rpc.connect_tracker(self.host, self.port)
@@ -86,9 +95,37 @@ class Tracker:
         info = self.connect().summary()
         return sum(1 for server in info.get("server_info", []) if server.get("key") == f"server:{self.key}")
 
-    def session(self, timeout_s: float = SESSION_TIMEOUT_S) -> rpc.RPCSession:
-        """A session on the next free server under the key (waits for one)."""
-        return self.connect().request(self.key, priority=1, session_timeout=timeout_s)
+    def session(self, timeout_s: float = SESSION_TIMEOUT_S, wait_s: float = WAIT_S) -> rpc.RPCSession:
+        """A session on the next free server under the key, ended by the server after ``timeout_s``;
+        a RemoteError (``NO_SERVER``) where the tracker gives none within ``wait_s``. TVM's tracker
+        protocol (``tvm.rpc.base``), as its own request speaks it, but with a deadline: a request
+        whose connection closes is dropped by the tracker, and the server goes to the next. At once
+        where no server is registered under the key any more."""
+        if not self.servers():
+            raise RemoteError(f"{NO_SERVER}: none is registered under {self}")
+        try:
+            with socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S) as sock:
+                sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+                if struct.unpack("<i", base.recvall(sock, 4))[0] != base.RPC_TRACKER_MAGIC:
+                    raise RemoteError(f"{self.host}:{self.port} is not a TVM RPC tracker")
+                sock.settimeout(wait_s)
+                base.sendjson(sock, [base.TrackerCode.REQUEST, self.key, "", 1])
+                answer = base.recvjson(sock)
+        except TimeoutError:
+            raise RemoteError(f"{NO_SERVER} under {self} within {wait_s:.0f} s") from None
+        except OSError as err:
+            raise RemoteError(f"cannot reach the RPC tracker at {self.host}:{self.port} ({err})") from None
+        if answer[0] != base.TrackerCode.SUCCESS:
+            raise RemoteError(f"the RPC tracker at {self.host}:{self.port} answered {answer!r} to a request")
+        host, port, matchkey = answer[1]
+        return rpc.connect(host, port, matchkey, session_timeout=timeout_s)
+
+
+def runner_session(config) -> rpc.RPCSession:
+    """MetaSchedule's ``RPCRunner`` session (its ``f_create_session``, run in its workers): as
+    ``Tracker.session``, so that a worker never waits forever for a server."""
+    tracker = Tracker(config.tracker_host, int(config.tracker_port), config.tracker_key)
+    return tracker.session(config.session_timeout_sec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +154,7 @@ def probe(tracker: Tracker) -> Device:
                           f"{tracker.host}:{tracker.port} --key {tracker.key}")
     with tempfile.TemporaryDirectory(prefix="relaxc-probe-") as folder:
         library = _compile_probe(folder)
-        sessions = [tracker.session(60) for _ in range(count)]  # all held at once: one per server
+        sessions = [tracker.session(120) for _ in range(count)]  # all held at once: one per server
         devices = [_probe_one(session, library) for session in sessions]
         del sessions  # closes them
     return one_kind(devices, tracker)
@@ -131,6 +168,9 @@ def one_kind(devices: list[Device], tracker: Tracker) -> Device:
 
     local = code_versions()
     for device in devices:
+        if device.isa is None:
+            raise RemoteError(f"an RPC server under key {tracker.key!r} is not an x86-64 CPU (its /proc/cpuinfo "
+                              "lists no flags): relaxc measures x86-64 devices only so far")
         wrong = [k for k in CHECKED if device.versions.get(k) != local[k]]
         if wrong:
             theirs = ", ".join(f"{k} {device.versions.get(k) or 'of a version it does not say'}" for k in wrong)
@@ -189,7 +229,7 @@ def _version_beside(session: rpc.RPCSession, package: str) -> str | None:
     """The version in ``<package>/_version.py`` on the server (as pip installs TVM and tvm-ffi)."""
     try:
         text = bytes(session.download(os.path.join(package, "_version.py"))).decode(errors="replace")
-    except Exception:  # noqa: BLE001 - a runtime built from source has no such file
+    except tvm.error.RPCError:  # raised there: a runtime built from source has no such file
         return None
     found = re.search(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text, re.M)
     return found.group(1) if found else None
@@ -198,9 +238,15 @@ def _version_beside(session: rpc.RPCSession, package: str) -> str | None:
 def server_failed(error: BaseException | str) -> bool:
     """Whether an error (or a trial's error message) is its RPC server's (gone, unreachable, out of
     time), not the kernel's."""
-    if isinstance(error, (OSError, tvm.error.RPCError, tvm.error.RPCSessionTimeoutError)):
+    if isinstance(error, ConnectionError):
         return True
     return any(marker in str(error) for marker in SERVER_FAILURES)
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of an error's text (where Python and TVM put what went wrong)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 _MEASURING_ON: contextvars.ContextVar[Tracker | None] = contextvars.ContextVar("relaxc_measuring_on", default=None)
@@ -217,6 +263,7 @@ def measuring_on(tracker: Tracker | None) -> Iterator[None]:
 
 
 def measuring_tracker() -> Tracker | None:
+    """The tracker of the innermost ``measuring_on``; None: this machine measures."""
     return _MEASURING_ON.get()
 
 
@@ -240,10 +287,9 @@ class Bench:
             self._sweep += 1.0
             return
         if self._sweep is None:
-            kernel = self.load(tvm.compile(_sweep(), target=tvm.target.Target({"kind": "llvm"})))
-            self._sweep = (kernel["main"], tvm.runtime.empty((EVICT_BYTES // 4,), "float32", self.device))
+            self._sweep = (self.load(_sweep())["main"], tvm.runtime.empty((EVICT_BYTES // 4,), "float32", self.device))
         sweep, tensor = self._sweep
-        sweep(tensor, tensor)  # in place: read and written, each element once
+        sweep(tensor)
 
     def load(self, built: tvm.runtime.Executable) -> tvm.runtime.Executable | tvm.runtime.Module:
         """``built`` (``tvm.compile``'s result) where the bench's device runs it: a kernel library's
@@ -259,17 +305,23 @@ class Bench:
         return self.session.load_module(name)
 
 
-def _sweep() -> tvm.IRModule:
-    """A kernel adding 1 to each of ``EVICT_BYTES`` of floats, in parallel (generic x86-64: any device runs it)."""
-    rows, width = EVICT_BYTES // 4 // 4096, 4096
-    data = tvm.te.placeholder((rows * width,), "float32", name="data")
-    out = tvm.te.compute(data.shape, lambda i: data[i] + 1.0, name="out")
-    func = tvm.te.create_prim_func([data, out])
-    sch = tvm.s_tir.Schedule(func)
-    outer, inner = sch.split(sch.get_loops(sch.get_sblock("out"))[0], [rows, width])
-    sch.parallel(outer)
-    sch.vectorize(sch.split(inner, [None, 8])[1])
-    return sch.mod
+@functools.lru_cache(maxsize=1)
+def _sweep() -> tvm.runtime.Executable:
+    """A kernel adding 1 to each of ``EVICT_BYTES`` of floats in place, in parallel, built for
+    generic x86-64 (any device runs it)."""
+    from tvm.script import tirx as T
+
+    rows, lanes = EVICT_BYTES // 4 // 4096, 8
+
+    @T.prim_func
+    def sweep(data: T.Buffer((rows * 4096,), "float32")):
+        for row in T.parallel(rows):
+            for column in range(4096 // lanes):
+                for lane in T.vectorized(lanes):
+                    data[row * 4096 + column * lanes + lane] = data[row * 4096 + column * lanes + lane] + T.float32(1)
+
+    return tvm.compile(tvm.IRModule({"main": sweep.with_attr("global_symbol", "main")}),
+                       target=tvm.target.Target({"kind": "llvm"}))
 
 
 def on_bench(measurement: Callable[[Bench], T], what: str) -> T:
@@ -282,16 +334,14 @@ def on_bench(measurement: Callable[[Bench], T], what: str) -> T:
         return measurement(Bench(tvm.cpu()))
     for _ in range(ATTEMPTS):
         with tempfile.TemporaryDirectory(prefix="relaxc-rpc-") as folder:
-            session = tracker.session()
             try:
+                session = tracker.session()
                 return measurement(Bench(session.cpu(), session, folder))
             except Exception as err:  # noqa: BLE001 - the kernel's own errors go on up
                 if not server_failed(err):
                     raise
-                log.warning("the RPC server measuring %s failed (%s); measuring it again on another",
-                            what, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+                log.warning("the RPC server measuring %s failed (%s); measuring it again on another", what,
+                            last_line(str(err)) or type(err).__name__)
                 if not tracker.servers():
-                    raise RemoteError(f"no RPC server left under {tracker} to measure {what}") from None
-            finally:
-                del session
+                    raise RemoteError(f"{NO_SERVER}: none is left under {tracker} to measure {what}") from None
     raise RemoteError(f"the RPC servers under {tracker} failed {ATTEMPTS} times measuring {what}")

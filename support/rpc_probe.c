@@ -19,10 +19,11 @@ static int copy_file(const char* from, const char* to) {
   }
   char buffer[8192];
   size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, in)) > 0) fwrite(buffer, 1, n, out);
+  int ok = 1;
+  while (ok && (n = fread(buffer, 1, sizeof buffer, in)) > 0) ok = fwrite(buffer, 1, n, out) == n;
+  ok = !ferror(in) && ok;
   fclose(in);
-  fclose(out);
-  return 1;
+  return fclose(out) == 0 && ok;
 }
 
 /* relaxc_probe(): 1 where every file was copied; what it writes lies in the session's working folder

@@ -99,7 +99,8 @@ class UncheckedSchedule(s_tir.Schedule):
 def serve_rpc(sock, key: str, tracker: tuple[str, int], on_session=None) -> None:
     """TVM's Python RPC server on the listening socket ``sock``, registered with ``tracker`` under
     ``key``, serving until killed; ``on_session`` (if given) runs in each session's process after
-    TVM set it up (``tests/rpc_device.py``: a server that dies at a chosen point of its work).
+    TVM set it up (``tests/rpc_device.py``: a server that dies at a chosen point of its work); each
+    session is a forked process (Linux's start method), which inherits the hook.
     Private: ``rpc.server._listen_loop`` and ``_server_env``. Public replacement: ``rpc.Server``,
     which runs the loop in a fresh process that no hook reaches."""
     from tvm.rpc import server

@@ -5,7 +5,7 @@
 ``relaxc_*``: the probe and relaxc's own measurements do not count), it kills itself, its listening
 process and the session, as ``kill -9`` would, so the client sees the connection drop mid-measurement.
 
-    python -m tests.rpc_device --tracker 127.0.0.1:PORT --key KEY [--die-at-candidate N]
+    python -m tests.rpc_device --tracker 127.0.0.1:PORT --key KEY [--die-at-candidate N --count-file F]
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import argparse
 import os
 import signal
 import socket
-import tempfile
 
 import tvm_ffi
 
@@ -22,8 +21,8 @@ from relaxc.support import tvm_internals
 
 
 def _die_at_candidate(count_file: str, die_at: int):
-    """A session hook whose module loader counts the candidates (in ``count_file``: each session is a
-    process of its own) and kills the server at the ``die_at``-th."""
+    """A session hook whose module loader counts the candidates (in ``count_file``, new: each session
+    is a process of its own) and kills the server at the ``die_at``-th."""
 
     def hook() -> None:
         load = tvm_ffi.get_global_func("tvm.rpc.server.load_module")
@@ -49,6 +48,7 @@ def main() -> None:
     parser.add_argument("--tracker", required=True, help="HOST:PORT of the tracker")
     parser.add_argument("--key", required=True)
     parser.add_argument("--die-at-candidate", type=int, default=0, help="die when sent this candidate (0: never)")
+    parser.add_argument("--count-file", help="where the candidates are counted (with --die-at-candidate)")
     args = parser.parse_args()
     host, port = args.tracker.rsplit(":", 1)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -56,8 +56,7 @@ def main() -> None:
     sock.listen(1)
     hook = None
     if args.die_at_candidate:
-        count_file = os.path.join(tempfile.gettempdir(), f"relaxc-rpc-device-{os.getpid()}.count")
-        hook = _die_at_candidate(count_file, args.die_at_candidate)
+        hook = _die_at_candidate(args.count_file, args.die_at_candidate)
     tvm_internals.serve_rpc(sock, args.key, (host, int(port)), hook)
 
 

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import relaxc as compiler
 from relaxc.schedules import cache, tuning
 from relaxc.support import remote, targets, versions
-from relaxc.support.errors import RemoteError, UserError
+from relaxc.support.errors import RemoteError, TargetError, UserError
 from relaxc.support.threads import physical_cores
 from tests import reference
 from tests.helpers import ROOT, env, relaxc
@@ -45,7 +45,7 @@ def _mlp(seed: int = 0) -> onnx.ModelProto:
 def _server(tracker: Tracker, *extra) -> subprocess.Popen:
     threads = {"TVM_NUM_THREADS": str(physical_cores()), "TVM_BIND_THREADS": "0"}  # as docs/rpc.md starts them
     return subprocess.Popen([sys.executable, "-m", "tests.rpc_device", "--tracker", f"127.0.0.1:{tracker.port}",
-                             "--key", KEY, *extra], cwd=ROOT, env={**env(), **threads}, stdout=subprocess.DEVNULL,
+                             "--key", KEY, *map(str, extra)], cwd=ROOT, env={**env(), **threads}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
 
@@ -57,12 +57,13 @@ def _wait_for(tracker: remote.Tracker, count: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet():
+def fleet(tmp_path_factory):
     """A tracker on a free loopback port with two servers under KEY, the second dying at DIE_AT."""
     tracker = Tracker("127.0.0.1", port=9190, port_end=9990, silent=True)
     address, servers = remote.Tracker("127.0.0.1", tracker.port, KEY), []
+    count_file = tmp_path_factory.mktemp("device") / "candidates"
     try:
-        servers += [_server(tracker), _server(tracker, "--die-at-candidate", str(DIE_AT))]
+        servers += [_server(tracker), _server(tracker, "--die-at-candidate", DIE_AT, "--count-file", count_file)]
         _wait_for(address, 2)
         yield address, servers
     finally:
@@ -142,8 +143,13 @@ def test_rpc_mistakes_are_clear_errors(fleet):
         compiler.compile(_mlp(), rpc=f"127.0.0.1:{address.port}", rpc_key="nobody")
     with pytest.raises(UserError, match="give the tracker too"):
         compiler.compile(_mlp(), rpc_key=KEY)
-    with pytest.raises(RemoteError, match="HOST:PORT"):
-        compiler.compile(_mlp(), rpc="localhost", rpc_key=KEY)
+    for address_text in ("localhost", "localhost:0", "localhost:70000"):
+        with pytest.raises(RemoteError, match="HOST:PORT"):
+            compiler.compile(_mlp(), rpc=address_text, rpc_key=KEY)
+    other = "znver4" if targets.host_cpu() != "znver4" else "znver3"
+    with pytest.raises(TargetError, match="belongs in that target's store"):
+        compiler.compile(_mlp(), target={"kind": "llvm", "mcpu": other}, rpc=f"127.0.0.1:{address.port}",
+                         rpc_key=KEY)
     with pytest.raises(UserError, match="selection='sequence'"):
         compiler.tune(_mlp(), trials=0, selection="sequence", rpc=f"127.0.0.1:{address.port}", rpc_key=KEY)
     with socket.socket() as closed:  # a port nothing listens on
@@ -164,6 +170,8 @@ def test_shards_split_the_kernels_and_select_after_the_merge(tmp_path):
     assert shares == [tuning.shard_of(list(reversed(tasks)), i, 3) for i in range(3)]  # by workload, not order
     with pytest.raises(UserError, match="I/N"):
         compiler.tune(_mlp(), trials=0, shard="2/2")
+    with pytest.raises(UserError, match="is empty"):
+        compiler.tune(_mlp(), trials=0, shard="7/8")
 
     halves = [str(tmp_path / f"shard{i}") for i in range(2)]
     for i, log_dir in enumerate(halves):
