@@ -17,6 +17,12 @@ of blocked NCHW{b}c data (ConvNeXt's) reduces over the channel blocks and their 
 pixel. Its partial results are the lanes themselves (one vector added per channel block), and the
 output loops over the pixels outside and over the row's axes inside (the ``Tiled`` rule vectorised
 such a kernel along the row of pixels, 16 floats apart: ConvNeXt-T's took 22 ms).
+
+A reduction over a middle axis (a softmax over the channels of NCHW, or over the keys of an
+attention map laid out (heads, keys, queries); a max or a mean over one such axis) runs in columns
+(``_columns``): slabs in parallel, and within a slab the reduced axis outside the innermost axis,
+which runs in vectors. As rows along the strided axis, a softmax over the keys of an (8, 196, 196)
+map took 50 ms; in columns 0.23 ms, as onnxruntime.
 """
 
 from __future__ import annotations
@@ -33,15 +39,13 @@ from relaxc.support.tvm_internals import UncheckedSchedule
 
 
 def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
-    """Spatial loops then one reduction loop, or several whose innermost alone indexes the innermost
-    (contiguous) axis of what it reads (a blocked LayerNorm's lanes; not a pool's window, which
-    moves with the output position)."""
+    """Spatial loops then reduction loops whose innermost alone indexes the innermost (contiguous)
+    axis of what it reads: a row (several loops: a blocked LayerNorm's lanes; not a pool's window,
+    which moves with the output position, nor a softmax over a middle axis: ``_column_reduction``)."""
     kinds = info.dom_kind()
     spatial = kinds.rstrip("R")
     if not (1 <= len(spatial) < len(kinds) and set(spatial) == {"S"}):
         return False
-    if len(kinds) - len(spatial) == 1:
-        return True
     block = sch.get(info.block_rv)
     reduced = {v.var.name for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce}
     innermost = block.iter_vars[-1].var.name
@@ -55,6 +59,25 @@ def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
                                for read in reads)
 
 
+def _column_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> str | None:
+    """For spatial loops then one reduction loop over a middle axis (a softmax or a max over the
+    channels of NCHW, or over a row of an attention map laid out (heads, keys, queries)), whose reads
+    run along memory with the last spatial iterator: that iterator's name (the column); else None."""
+    kinds = info.dom_kind()
+    if len(kinds) < 3 or kinds[:-1] != "S" * (len(kinds) - 1) or kinds[-1] != "R":
+        return None
+    block = sch.get(info.block_rv)
+    reduced, column = block.iter_vars[-1].var.name, block.iter_vars[-2].var.name
+
+    def indices(region) -> set[str]:
+        return {v.name for v in tirx.analysis.undefined_vars(region.min)}
+
+    reads = [read for read in block.reads if any(reduced in indices(r) for r in read.region)]
+    good = reads and all(indices(read.region[-1]) == {column} and reduced not in indices(read.region[-1])
+                         for read in reads)
+    return column if good else None
+
+
 def is_product_sum(block: s_tir.SBlock) -> bool:
     """Whether the block sums products of two different tensor elements (a matmul or a conv,
     which the other rules tile); a sum of squares (RMSNorm) is not one."""
@@ -66,7 +89,8 @@ def is_product_sum(block: s_tir.SBlock) -> bool:
 
 
 class Rows(CpuRule):
-    """Row-parallel reductions over the last axis with their elementwise neighbours."""
+    """Row-parallel reductions over the last axis with their elementwise neighbours; reductions over
+    a middle axis in columns (``_columns``)."""
 
     def may_fit(self, func: tirx.PrimFunc) -> bool:
         return any(v.iter_type == tirx.IterVar.CommReduce for block in kernel_blocks(func) for v in block.iter_vars)
@@ -81,8 +105,11 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     if blocks is None:
         return None
     reductions = [b for b in blocks if b.is_reduction()]
-    if not reductions or not all(_row_reduction(sch, b) and not is_product_sum(sch.get(b.block_rv))
-                                 for b in reductions):
+    if not reductions or any(is_product_sum(sch.get(b.block_rv)) for b in reductions):
+        return None
+    if all(_column_reduction(sch, b) for b in reductions):
+        return _columns(sch, blocks, lanes)
+    if not all(_row_reduction(sch, b) for b in reductions):
         return None
     _inline_single_use(sch, blocks)
     partials = [_partial_sums(sch, b.block_rv, lanes) for b in reductions]  # before compute_at: rfactor needs root blocks
@@ -100,6 +127,56 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     for partial in filter(None, partials):
         _vectorize_partial(sch, partial)
     return sch
+
+
+def _columns(sch: s_tir.Schedule, blocks: list[SBlockInfo], lanes: int) -> s_tir.Schedule | None:
+    """Reductions over a middle axis, by slabs: every block inside one parallel loop over the axes
+    outside the reduced one, and within it the reduced axis outside the innermost (contiguous) one,
+    which runs in vectors: each step of a max or a sum takes a whole vector of columns (a softmax
+    over the keys of an (8, 196, 196) attention map: 50 ms as rows along the strided axis, 0.94 ms
+    as ``Tiled`` scheduled it)."""
+    results = [sch.get(b.block_rv).writes[0].source for b in blocks if b.is_reduction()]
+    _inline_single_use(sch, blocks)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    split = _slab_loops(sch, blocks[-1], results)
+    if split is None:
+        return None
+    outer, inner = split
+    sch.reorder(*outer, *inner)
+    slab = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    sch.parallel(slab)
+    for block in reversed(blocks[:-1]):
+        sch.compute_at(block, slab, preserve_unit_loops=True)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = sch.get_loops(block)[1:]
+        if any(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
+            column, reduced = loops[-2], loops[-1]
+            sch.reorder(reduced, column)  # the reduced axis outside the column
+            vectorize_innermost(sch, block, lanes)  # not partitioned: that would split the reduction's writes
+            vectorize_innermost(sch, sch.decompose_reduction(block, reduced), lanes)  # its initialisation
+        else:
+            _vectorize_row(sch, block, lanes)
+    return sch
+
+
+def _slab_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
+                results: list[tirx.Buffer]) -> tuple[list, list] | None:
+    """The anchor's loops over slabs, and the others (the reduced axis, if the anchor has it, then the
+    column) in their order; None where they are not so. A reduction: its spatial loops but the column
+    are the slabs'. An elementwise block: the loops indexing the reductions' results, but its
+    innermost (the column)."""
+    block = sch.get(anchor)
+    loops = sch.get_loops(anchor)
+    names = [v.var.name for v in block.iter_vars]
+    if len(names) != len(loops) or len(loops) < 3:
+        return None
+    if block.iter_vars[-1].iter_type == tirx.IterVar.CommReduce:
+        return loops[:-2], loops[-2:]
+    used = {v.name for read in block.reads if any(read.source.same_as(r) for r in results)
+            for region in read.region for v in tirx.analysis.undefined_vars(region.min)}
+    outer = [loop for loop, name in zip(loops[:-1], names[:-1]) if name in used]
+    inner = [loop for loop, name in zip(loops, names) if name not in used or name == names[-1]]
+    return (outer, inner) if outer and len(inner) <= 2 and names[-1] in used else None
 
 
 def _vectorize_row(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
