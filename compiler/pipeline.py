@@ -46,8 +46,8 @@ from relaxc.passes.dispatch import Dispatch
 from relaxc.schedules.cache import LAYOUT_FILE, store_for
 from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
-from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
-                                 SumOfStackToAdd)
+from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, Conv1dAsConv2d, DivideByConstantToMultiply,
+                                 DropoutToIdentity, SumOfStackToAdd)
 from relaxc.passes.check_indices import CheckIndices
 from relaxc.passes.conv_taps import DropPaddingTaps
 from relaxc.passes.cse import EliminateCommonSubexpr
@@ -100,6 +100,7 @@ def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
         relax.transform.DecomposeOpsForInference(),
         FoldConstantsNumpy(),
         FoldRemainingConstants(),  # TVM's FoldConstant for what the numpy folder does not cover
+        Conv1dAsConv2d(),
         DropPaddingTaps(),  # weights are constants now
         SumOfStackToAdd(),
         ChannelShuffleToTake(),

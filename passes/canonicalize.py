@@ -21,6 +21,10 @@ epilogue; GELU's ``/ sqrt(2)``). Exact for powers of two, otherwise within an ul
 (ONNX's own HardSigmoid and HardSwish are defined with the multiplication by 1/6); constants whose
 reciprocal is not a normal float, and half types (where an ulp is 2^-11 or 2^-8), keep the division.
 
+A 1-D convolution (``conv1d``, NCW: audio front ends, temporal and positional convolutions) becomes
+a 2-D one over a height of 1 between an ``expand_dims`` and a ``squeeze``, so it takes the blocked
+convolution path, its schedules and records (TOPI's conv1d has no rule of its own in relaxc).
+
 The importer also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
 scalar bound), which no Relax pass can see through; those calls become ``R.maximum`` and
 ``R.minimum`` again, so ReLU6 and friends stay in the blocked layout.
@@ -127,6 +131,68 @@ class _DropoutOutput(relax.PyExprMutator):
         if item.index == 0 and is_op(source, "relax.nn.dropout"):
             return source.args[0]
         return item
+
+
+UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
+         "relax.clip")  # elementwise ops a squeezed convolution's epilogue passes through
+BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
+@relax.expr_functor.mutator
+class _Conv1dAs2d(relax.PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        lifted = self._through_squeeze(call)
+        if lifted is not None:
+            return lifted
+        if not is_op(call, "relax.nn.conv1d") or call.attrs.data_layout != "NCW" \
+                or call.attrs.kernel_layout != "OIW" or call.attrs.out_layout not in ("NCW", ""):
+            return call
+        attrs, (data, weight) = call.attrs, call.args
+        constant = constant_array(weight)
+        kernel = (relax.const(constant[:, :, None, :]) if constant is not None
+                  else self.builder_.normalize(relax.op.expand_dims(weight, axis=2)))
+        conv = relax.op.nn.conv2d(self.builder_.normalize(relax.op.expand_dims(data, axis=2)), kernel,
+                                  strides=(1, int(attrs.strides[0])),
+                                  padding=(0, int(attrs.padding[0]), 0, int(attrs.padding[1])),
+                                  dilation=(1, int(attrs.dilation[0])), groups=int(attrs.groups),
+                                  out_dtype=_dtype(call))
+        return relax.op.squeeze(self.builder_.normalize(conv), axis=[2])
+
+    def _through_squeeze(self, call: relax.Call) -> relax.Expr | None:
+        """``op(squeeze(x, [2]))`` and ``squeeze(x, [2]) op constant`` as ``squeeze(op(x))``, so the
+        epilogue of a 1-D convolution (bias, activation) stays with it in 4-D, fusable and blocked."""
+        if not call.args or not isinstance(call.args[0], relax.Var):
+            return None
+        squeezed = self.lookup_binding(call.args[0])
+        if not is_op(squeezed, "relax.squeeze") or squeezed.attrs.axis is None \
+                or [int(a) for a in squeezed.attrs.axis] != [2] or len(static_shape(squeezed.args[0]) or ()) != 4:
+            return None
+        if any(is_op(call, op) for op in UNARY):
+            inner = relax.Call(call.op, [squeezed.args[0], *call.args[1:]], call.attrs, call.ty_args)
+        elif any(is_op(call, op) for op in BINARY) and len(call.args) == 2:
+            constant = constant_array(call.args[1])
+            if constant is None or constant.ndim > 3:
+                return None
+            padded = constant.reshape((1,) * (3 - constant.ndim) + constant.shape) if constant.ndim else constant
+            operand = relax.const(padded[:, :, None, :] if constant.ndim else constant)
+            inner = relax.Call(call.op, [squeezed.args[0], operand], call.attrs, call.ty_args)
+        else:
+            return None
+        return relax.op.squeeze(self.builder_.normalize(inner), axis=[2])
+
+
+def _dtype(call: relax.Call) -> str:
+    """The element type of what ``call`` (normalised) gives."""
+    return str(call.ty.dtype)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.Conv1dAsConv2d")
+class Conv1dAsConv2d:
+    """``conv1d`` (NCW) as ``conv2d`` over a height of 1."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return map_relax_functions(mod, _Conv1dAs2d(mod).visit_expr)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.SumOfStackToAdd")

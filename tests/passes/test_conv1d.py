@@ -1,0 +1,41 @@
+"""1-D convolutions run as 2-D ones over a height of 1 (``passes/canonicalize.Conv1dAsConv2d``): the
+blocked convolution path, their bias and activation fused with them; against onnxruntime for
+strides, padding, groups, dilation and large kernels."""
+
+import re
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import relaxc as compiler
+from tests import reference
+
+
+def _conv1d(c_in: int, c_out: int, length: int, kernel: int, stride: int, pad: int, group: int = 1,
+            dilation: int = 1, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((c_out, c_in // group, kernel)) / np.sqrt(c_in * kernel / group)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel], strides=[stride], pads=[pad, pad],
+                              group=group, dilations=[dilation]),
+             helper.make_node("Relu", ["c"], ["out"])]
+    out = (length + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    return reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c_in, length])],
+                            [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, c_out, out])],
+                            [numpy_helper.from_array(weight.astype(np.float32), "w"),
+                             numpy_helper.from_array(rng.standard_normal(c_out).astype(np.float32), "b")], 17)
+
+
+@pytest.mark.parametrize("c_in, c_out, length, kernel, stride, pad, group, dilation", [
+    (1, 32, 400, 10, 5, 0, 1, 1),  # an audio front end's first convolution
+    (16, 24, 99, 3, 2, 1, 1, 1),
+    (48, 48, 49, 32, 1, 16, 16, 1),  # a grouped positional convolution with a long kernel
+    (8, 8, 60, 3, 1, 2, 8, 2),  # depthwise, dilated
+])
+def test_conv1d_takes_the_blocked_convolution_path(c_in, c_out, length, kernel, stride, pad, group, dilation):
+    model = _conv1d(c_in, c_out, length, kernel, stride, pad, group, dilation)
+    art = compiler.compile(model, target="cpu", tuning="off")
+    fused = art.ir("fuse")
+    assert "conv1d" not in fused and re.search(r"fused_conv2d_NCHWc\w*_add\w*_relu", fused)  # blocked, with its epilogue
+    x = reference.random_inputs(art.inputs, seed=1)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
