@@ -38,6 +38,11 @@ from relaxc.support.targets import VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
 
 
+def _indices(region: tvm.ir.Range) -> set[str]:
+    """The names of the iterators an index region of a block's read or write depends on."""
+    return {v.name for v in tirx.analysis.undefined_vars(region.min)}
+
+
 def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
     """Spatial loops then reduction loops whose innermost alone indexes the innermost (contiguous)
     axis of what it reads: a row (several loops: a blocked LayerNorm's lanes; not a pool's window,
@@ -50,12 +55,9 @@ def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
     reduced = {v.var.name for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce}
     innermost = block.iter_vars[-1].var.name
 
-    def indices(region) -> set[str]:
-        return {v.name for v in tirx.analysis.undefined_vars(region.min)}
-
     spatial = {v.var.name for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar}
-    reads = [read for read in block.reads if any(indices(r) & reduced for r in read.region)]
-    return bool(reads) and all(innermost in indices(read.region[-1]) and not indices(read.region[-1]) & spatial
+    reads = [read for read in block.reads if any(_indices(r) & reduced for r in read.region)]
+    return bool(reads) and all(innermost in _indices(read.region[-1]) and not _indices(read.region[-1]) & spatial
                                for read in reads)
 
 
@@ -69,11 +71,8 @@ def _column_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> str | None:
     block = sch.get(info.block_rv)
     reduced, column = block.iter_vars[-1].var.name, block.iter_vars[-2].var.name
 
-    def indices(region) -> set[str]:
-        return {v.name for v in tirx.analysis.undefined_vars(region.min)}
-
-    reads = [read for read in block.reads if any(reduced in indices(r) for r in read.region)]
-    good = reads and all(indices(read.region[-1]) == {column} and reduced not in indices(read.region[-1])
+    reads = [read for read in block.reads if any(reduced in _indices(r) for r in read.region)]
+    good = reads and all(_indices(read.region[-1]) == {column} and reduced not in _indices(read.region[-1])
                          for read in reads)
     return column if good else None
 
@@ -172,8 +171,8 @@ def _slab_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
         return None
     if block.iter_vars[-1].iter_type == tirx.IterVar.CommReduce:
         return loops[:-2], loops[-2:]
-    used = {v.name for read in block.reads if any(read.source.same_as(r) for r in results)
-            for region in read.region for v in tirx.analysis.undefined_vars(region.min)}
+    used = {name for read in block.reads if any(read.source.same_as(r) for r in results)
+            for region in read.region for name in _indices(region)}
     outer = [loop for loop, name in zip(loops[:-1], names[:-1]) if name in used]
     inner = [loop for loop, name in zip(loops, names) if name not in used or name == names[-1]]
     return (outer, inner) if outer and len(inner) <= 2 and names[-1] in used else None
