@@ -216,16 +216,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from relaxc import profile
+    from relaxc import profile, roofline
 
     given = _given_inputs(args, _model_inputs(args)) if args.input else {}
     art = _compile(args)
-    result = profile.profile(art, _inputs_for(art, given, args.seed))
+    machine = roofline.machine(art.target, args.cache_dir, remeasure=args.measure_machine)
+    result = profile.profile(art, _inputs_for(art, given, args.seed), machine)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
-        print(f"{art.report()['model']} on {json.dumps(art.report()['target'])}, one inference, kernels timed alone:")
-        print(result.table(args.top))
+        order = "by time lost against the roofline" if args.worst else "by time"
+        print(f"{art.report()['model']} on {json.dumps(art.report()['target'])}, one inference, kernels timed alone, {order}:")
+        print(result.table(args.top, worst=args.worst))
     return 0
 
 
@@ -330,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_input_args(p)
     p.add_argument("--top", type=int, default=25, help="kernels to list (default 25; 0: all)")
+    p.add_argument("--worst", action="store_true",
+                   help="sort by time lost against each kernel's roofline bound instead of by time")
+    p.add_argument("--measure-machine", action="store_true",
+                   help="measure this CPU's FMA peak and bandwidth again instead of reading them from the store")
     p.add_argument("--json", action="store_true", help="print every kernel as JSON")
     p.set_defaults(func=cmd_profile)
 

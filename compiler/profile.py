@@ -8,6 +8,11 @@ of the numbers (a hook that timed the calls in place added its Python overhead t
 kernels run with the caches warm from their previous block, as most of them are in the model.
 ``end_to_end_ms`` is measured without the hook, so the gap between it and the kernels' sum is what
 the VM itself costs (allocation, builtins, calls).
+
+Given the machine's limits (``roofline.py``), each kernel also gets its FLOPs and compulsory bytes
+(from its TIR before scheduling), the rates it reached, and its roofline fraction: the least time
+those FLOPs and bytes can take here over the time it took. ``table(worst=True)`` sorts by the time
+lost against that bound, the list that finds a kernel fallen to a schedule far from the hardware.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from relaxc.artifact import Artifact
+from relaxc.roofline import Cost, Machine, kernel_cost
 from relaxc.schedules.cpu.rows import is_product_sum
 from relaxc.schedules.default import schedule_kind
 
+SLOW_SHARE, SLOW_FRACTION = 0.05, 0.10  # a kernel over this share of the time, under this fraction of its bound, is a cliff
 MIN_BLOCK_SECONDS = 2e-4  # a timed block lasts at least this long: timer and call overhead stay small
 BLOCKS = 5
 Call = tuple[str, Any, list[Any]]  # a VM call: the callee's symbol, the callee, its arguments
@@ -39,6 +46,21 @@ class KernelTime:
     calls: int
     ms: float  # total of its calls in one inference
     share: float  # of the kernels' total
+    flops: float = 0.0  # of all its calls, as TVM estimates them from the TIR before scheduling
+    nbytes: int = 0  # its arguments, read or written once, in all its calls
+    bound_ms: float = 0.0  # the least time those FLOPs and bytes take on this machine (0: no machine given)
+
+    @property
+    def roofline(self) -> float:
+        """The fraction of the machine's limit this kernel reaches: bound over measured time."""
+        return self.bound_ms / self.ms if self.ms else 0.0
+
+    @property
+    def lost_ms(self) -> float:
+        return self.ms - self.bound_ms
+
+    def is_cliff(self) -> bool:
+        return self.share > SLOW_SHARE and self.roofline < SLOW_FRACTION
 
 
 @dataclass
@@ -46,22 +68,40 @@ class Profile:
     kernels: list[KernelTime]
     kernels_ms: float
     end_to_end_ms: float
+    machine: Machine | None = None
 
     def as_dict(self) -> dict:
+        kernels = [{**asdict(k), "roofline": k.roofline, "lost_ms": k.lost_ms} if self.machine else asdict(k)
+                   for k in self.kernels]
         return {"kernels_ms": self.kernels_ms, "end_to_end_ms": self.end_to_end_ms,
-                "kernels": [asdict(k) for k in self.kernels]}
+                "machine": asdict(self.machine) if self.machine else None, "kernels": kernels}
 
-    def table(self, top: int | None = None) -> str:
-        lines = [f"{'#':>3}  {'ms':>8}  {'share':>6}  {'cum.':>6}  {'calls':>5}  {'schedule':<9} {'kind':<13} kernel"]
+    def cliffs(self) -> list[KernelTime]:
+        """Kernels over ``SLOW_SHARE`` of the time below ``SLOW_FRACTION`` of their bound."""
+        return [k for k in self.kernels if k.is_cliff()] if self.machine else []
+
+    def table(self, top: int | None = None, worst: bool = False) -> str:
+        """The kernels by time (``worst``: by time lost against their bound), ``top`` of them."""
+        kernels = sorted(self.kernels, key=lambda k: -k.lost_ms) if worst else self.kernels
+        roof = f"  {'GFLOP/s':>7}  {'GB/s':>6}  {'roof':>5}  {'lost':>7}" if self.machine else ""
+        lines = [f"{'#':>3}  {'ms':>8}  {'share':>6}  {'cum.':>6}  {'calls':>5}{roof}  {'schedule':<9} {'kind':<13} kernel"]
         cumulative = 0.0
-        for rank, k in enumerate(self.kernels[:top] if top else self.kernels, 1):
+        for rank, k in enumerate(kernels[:top] if top else kernels, 1):
             cumulative += k.share
-            lines.append(f"{rank:>3}  {k.ms:8.3f}  {k.share:6.1%}  {cumulative:6.1%}  {k.calls:>5}  "
-                         f"{k.schedule:<9} {k.kind:<13} {k.name}")
-        if top and len(self.kernels) > top:
-            lines.append(f"     ... {len(self.kernels) - top} more kernels")
+            rates = (f"  {k.flops / k.ms / 1e6:7.1f}  {k.nbytes / k.ms / 1e6:6.1f}  {k.roofline:5.1%}  {k.lost_ms:7.3f}"
+                     if self.machine else "")
+            lines.append(f"{rank:>3}  {k.ms:8.3f}  {k.share:6.1%}  {cumulative:6.1%}  {k.calls:>5}{rates}  "
+                         f"{k.schedule:<9} {k.kind:<13} {k.name}{'  <- cliff' if k.is_cliff() and self.machine else ''}")
+        if top and len(kernels) > top:
+            lines.append(f"     ... {len(kernels) - top} more kernels")
         lines.append(f"kernels {self.kernels_ms:.3f} ms, end to end {self.end_to_end_ms:.3f} ms "
                      f"(the rest: VM calls, allocation, builtins)")
+        if self.machine:
+            bound = sum(k.bound_ms for k in self.kernels)
+            lines.append(f"roofline: the kernels' bound is {bound:.3f} ms ({bound / self.kernels_ms:.1%} of their time); "
+                         f"{len(self.cliffs())} cliffs (over {SLOW_SHARE:.0%} of the time, under "
+                         f"{SLOW_FRACTION:.0%} of their bound)")
+            lines.append(f"machine: {self.machine.summary()}")
         return "\n".join(lines)
 
 
@@ -122,10 +162,15 @@ def model_calls(program: Any, inputs: dict[str, np.ndarray]) -> tuple[relax.Virt
     return vm, calls
 
 
-def profile(art: Artifact, inputs: dict[str, np.ndarray]) -> Profile:
-    """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how)."""
-    final = art.module("final")
-    kernels = {gv.name_hint: f for gv, f in final.functions.items() if isinstance(f, tirx.PrimFunc)}
+def _prim_funcs(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+
+
+def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | None = None) -> Profile:
+    """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how); with
+    ``machine``, each kernel's distance from its roofline bound too."""
+    kernels = _prim_funcs(art.module("final"))
+    unscheduled = {**kernels, **_prim_funcs(art.module("fuse"))}
     device = tvm.cpu()
     calls: list[Call] = []
 
@@ -144,9 +189,13 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray]) -> Profile:
         seconds[symbol] += _time_call(lambda: func(*copies))
         counts[symbol] += 1
     total = sum(seconds.values())
-    rows = [KernelTime(name, schedule_kind(kernels[name]), kernel_kind(kernels[name]), counts[name],
-                       s * 1e3, s / total if total else 0.0)
-            for name, s in sorted(seconds.items(), key=lambda item: -item[1])]
+    rows = []
+    for name, s in sorted(seconds.items(), key=lambda item: -item[1]):
+        cost = kernel_cost(unscheduled[name]) if machine else Cost(0.0, 0)
+        bound_ms = machine.bound_s(cost.flops, cost.nbytes) * 1e3 * counts[name] if machine else 0.0
+        rows.append(KernelTime(name, schedule_kind(kernels[name]), kernel_kind(kernels[name]), counts[name],
+                               s * 1e3, s / total if total else 0.0, cost.flops * counts[name],
+                               cost.nbytes * counts[name], bound_ms))
     plain = relax.VirtualMachine(art.executable, device)
     end_to_end = _time_call(lambda: plain["main"](*args))
-    return Profile(rows, total * 1e3, end_to_end * 1e3)
+    return Profile(rows, total * 1e3, end_to_end * 1e3, machine)
