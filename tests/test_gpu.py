@@ -58,9 +58,12 @@ def test_presets_and_fingerprints():
         compiler.compile(reference.small_cnn(), target="cuda", memory_planner="arena")
 
 
+ROCM_MODELS = ("squeezenet", "resnet50", "inception_v1")  # convolutions, pools, concats, dense: ROCm shares CUDA's rules
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["cuda", "rocm"])
-@pytest.mark.parametrize("name", models.BUNDLED)
+@pytest.mark.parametrize("name, kind", [(name, "cuda") for name in models.BUNDLED] +
+                         [(name, "rocm") for name in ROCM_MODELS])
 def test_bundled_model_exports_with_device_code(name, kind, tmp_path):
     art = compiler.compile(f"onnx:{name}", target=kind)
     schedules = art.report()["schedules"]
