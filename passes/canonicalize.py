@@ -8,6 +8,10 @@ layout-sensitive, and they cost a copy of every operand. Here they become a chai
 ``Dropout`` is the identity at inference, and TVM legalises it so, as a copy plus a mask of ones;
 its output is replaced by its input (the mask, if anything reads it, is left to TVM).
 
+A ``split`` along C (MixNet's groups of depthwise kernels of different sizes) becomes one
+``strided_slice`` a part, which the layout pass takes on blocked data: the split ran on NCHW, so
+every part went back to the blocked layout through a converter (a fifth of MixNet's kernel time).
+
 A channel shuffle (ShuffleNet: ``reshape`` to N x g x C/g x H x W, swap the two channel axes,
 ``reshape`` back) is a permutation of the channels: it becomes ``take`` along C with the permutation
 as a constant, which the layout pass runs on blocked data instead of converting to NCHW and back.
@@ -133,6 +137,22 @@ class _DropoutOutput(relax.PyExprMutator):
         return item
 
 
+@relax.expr_functor.mutator
+class _SplitAsSlices(relax.PyExprMutator):
+    def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
+        item = self.visit_expr_post_order(item)
+        split = self.lookup_binding(item.tuple_value) if isinstance(item.tuple_value, relax.Var) else None
+        shape = static_shape(split.args[0]) if is_op(split, "relax.split") else None
+        if shape is None or len(shape) != 4 or int(split.attrs.axis) % 4 != 1:
+            return item
+        sections = split.attrs.indices_or_sections
+        if isinstance(sections, tirx.IntImm):  # equal parts
+            bounds = list(range(0, shape[1] + 1, shape[1] // int(sections)))
+        else:
+            bounds = [0, *(int(i) for i in sections), shape[1]]
+        return relax.op.strided_slice(split.args[0], axes=[1], begin=[bounds[item.index]], end=[bounds[item.index + 1]])
+
+
 UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
          "relax.clip")  # elementwise ops a squeezed convolution's epilogue passes through
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
@@ -193,6 +213,14 @@ class Conv1dAsConv2d:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return map_relax_functions(mod, _Conv1dAs2d(mod).visit_expr)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.SplitAlongChannelsToSlices")
+class SplitAlongChannelsToSlices:
+    """Each part of a ``split`` of NCHW data along C as a ``strided_slice``."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return map_relax_functions(mod, _SplitAsSlices(mod).visit_expr)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.SumOfStackToAdd")

@@ -33,7 +33,7 @@ from tvm import relax
 from relaxc.passes.ir import constant_array, rewrite_emitting, static_shape
 from relaxc.passes.layout_algebra import (REGISTRY, STANDARD, Layout, block_constant, blocked, input_block, pack_conv_weight,
                                          pack_windowed_conv_weight)
-from relaxc.passes.legalize import concat_channels_nchwc, conv2d_nchwc, take_channels_nchwc
+from relaxc.passes.legalize import channel_tables, conv2d_nchwc, gather_channels_nchwc
 
 
 
@@ -271,12 +271,16 @@ class _Rewriter(relax.PyExprMutator):
             return None
         if data in self.concats and self.concats[data][0] == layout:
             _, parts, channels = self.concats[data]
-            new = self.builder_.call_te(concat_channels_nchwc, parts, channels, indices,
-                                        primfunc_name_hint="take_concat_channels")
-            return new, layout, len(array)
-        new = self.builder_.call_te(take_channels_nchwc, self._get(data, layout), indices,
-                                    primfunc_name_hint="take_channels")
-        return new, layout, len(array)
+            return self._gather(parts, channels, array, layout, "take_concat_channels"), layout, len(array)
+        parts, channels = [self._get(data, layout)], [self._value(data).channels]
+        return self._gather(parts, channels, array, layout, "take_channels"), layout, len(array)
+
+    def _gather(self, parts: list[relax.Expr], channels: list[int], source: np.ndarray, layout: Layout,
+                name: str) -> relax.Expr:
+        """Channels ``source`` of the concatenation of blocked ``parts`` (``gather_channels_nchwc``)."""
+        part, local = channel_tables(channels, source, layout.block)
+        return self.builder_.call_te(gather_channels_nchwc, parts, relax.const(part), relax.const(local),
+                                     primfunc_name_hint=name)
 
     def _unary(self, call: relax.Call, var: relax.Var):
         value, layout = self._value(call.args[0]), self._target(var, call.args[:1])
@@ -359,7 +363,7 @@ class _Rewriter(relax.PyExprMutator):
     def _concat(self, call: relax.Call, var: relax.Var):
         """Concat along C stays blocked. Parts whose channels fill whole blocks (all but the last)
         are concatenated as they are; otherwise every output lane reads its part's channel
-        (``concat_channels_nchwc``), so no padding lands between real channels."""
+        (``gather_channels_nchwc``), so no padding lands between real channels."""
         parts = call.args[0]
         axis = None if call.attrs.axis is None else int(call.attrs.axis) % 4
         if not isinstance(parts, relax.Tuple) or axis not in (1, 2, 3):
@@ -373,7 +377,7 @@ class _Rewriter(relax.PyExprMutator):
         channels = [v.channels for v in values]
         self.concats[var] = layout, blocked_parts, channels  # a take from it gathers from the parts (_take)
         if any(c % layout.block for c in channels[:-1]):
-            new = self.builder_.call_te(concat_channels_nchwc, blocked_parts, channels, primfunc_name_hint="concat_channels")
+            new = self._gather(blocked_parts, channels, np.arange(sum(channels)), layout, "concat_channels")
             return new, layout, sum(channels)
         return relax.op.concat(blocked_parts, axis=1), layout, sum(channels)
 
@@ -421,8 +425,13 @@ class _Rewriter(relax.PyExprMutator):
         if [a % 4 for a in axes] != [1] or strides and strides[0] != [1]:
             return None
         channels = np.arange(value.channels)[begin[0]:end[0]]
-        new = self.builder_.call_te(take_channels_nchwc, self._get(data, layout),
-                                    relax.const(channels.astype("int64")), primfunc_name_hint="take_channels")
+        block = layout.block
+        if len(channels) and channels[0] % block == 0 and len(channels) % block == 0:
+            # whole blocks: the same slice of the blocked axis, a contiguous copy instead of a gather
+            blocks = relax.op.strided_slice(self._get(data, layout), axes=[1], begin=[int(channels[0]) // block],
+                                            end=[(int(channels[-1]) + 1) // block])
+            return blocks, layout, len(channels)
+        new = self._gather([self._get(data, layout)], [value.channels], channels, layout, "take_channels")
         return new, layout, len(channels)
 
     def _alias(self, var: relax.Var, value: _Value, layout: Layout):

@@ -1,6 +1,7 @@
 """The layout pass on its own: padding arithmetic, converter insertion, reuse and cancellation,
 fallback on operators it does not know, idempotence; and ResNet-50's blocked layout."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -394,3 +395,43 @@ def test_resnet50_layout():
     assert report["block"] in (8, 16)  # AVX2 or AVX-512 machine
     assert report["converters"] == 2  # into the stem, out before the classifier's reshape
     assert report["padded_tensors"] == []  # the stem's 3 channels are a block of their own
+
+
+def _mixed_depthwise_unit(splits: list[int]) -> onnx.ModelProto:
+    """MixNet's mixed depthwise convolution: a split along C into groups convolved with kernels of
+    3, 5, 7... taps, concatenated, then batch norm (as the exporter leaves it) and swish."""
+    rng, channels = np.random.default_rng(3), sum(splits)
+    nodes = [onnx.helper.make_node("Conv", ["x", "w"], ["c"]),
+             onnx.helper.make_node("Split", ["c", "splits"], [f"s{k}" for k in range(len(splits))], axis=1)]
+    inits = [reference._const("w", rng.standard_normal((channels, 8, 1, 1))),
+             onnx.numpy_helper.from_array(np.array(splits, np.int64), "splits")]
+    for k, count in enumerate(splits):
+        taps = 3 + 2 * k
+        nodes.append(onnx.helper.make_node("Conv", [f"s{k}", f"d{k}"], [f"m{k}"], group=count,
+                                           pads=[taps // 2] * 4))
+        inits.append(reference._const(f"d{k}", rng.standard_normal((count, 1, taps, taps))))
+    nodes += [onnx.helper.make_node("Concat", [f"m{k}" for k in range(len(splits))], ["cat"], axis=1),
+              onnx.helper.make_node("BatchNormalization", ["cat", "gamma", "beta", "mean", "var"], ["bn"]),
+              onnx.helper.make_node("Sigmoid", ["bn"], ["gate"]), onnx.helper.make_node("Mul", ["bn", "gate"], ["y"])]
+    inits += [reference._const(name, rng.uniform(0.5, 1.5, channels)) for name in ("gamma", "beta", "mean", "var")]
+    return reference._model(nodes, [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 14, 14])],
+                            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, channels, 14, 14])],
+                            inits)
+
+
+@pytest.mark.parametrize("splits", [[16, 16, 32], [10, 10, 12]])  # whole blocks; parts across blocks
+def test_a_split_along_channels_stays_blocked_and_its_concat_vectorises(splits):
+    """Parts of whole blocks are slices of the blocked axis, others gathers; the concat (with its
+    norm and swish) and the gathers get vector loops, not a loop scalarised by a per-lane guard."""
+    model = _mixed_depthwise_unit(splits)
+    art = compiler.compile(model, tuning="off")
+    assert art.report()["layout"]["converters"] == 2  # the graph's input and output only
+    gathers = {gv.name_hint: func for gv, func in art.module("final").functions.items()
+               if isinstance(func, tvm.tirx.PrimFunc) and ("concat" in gv.name_hint or "take" in gv.name_hint)}
+    assert gathers
+    for name, func in gathers.items():
+        llvm_ir = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target=art.target).mod \
+            .inspect_source("ll")
+        assert re.search(r"<\d+ x float>", llvm_ir), name  # a loop scalarised by a per-lane guard has no vector at all
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))

@@ -55,6 +55,15 @@ def schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes:
         vectorize_innermost(sch, block, lanes)
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
         return
+    innermost = loop_extent(sch, loops[-1]) or 0
+    if len(loops) > 1 and innermost % lanes == 0 and innermost:
+        # whole vectors along the innermost loop: split them off before fusing the rest, so no lane
+        # index takes part in the outer indices (a condition on an outer index, a concat's part,
+        # stays one per vector instead of scalarising the loop: 6.9 ms to 0.6 ms in MixNet)
+        rest, vector = sch.split(loops[-1], factors=[None, lanes])
+        sch.vectorize(vector)
+        sch.parallel(sch.fuse(*loops[:-1], rest))
+        return
     if len(loops) > 1:
         sch.fuse(*loops)
     outer = vectorize_innermost(sch, block, lanes)
