@@ -122,3 +122,22 @@ def test_reductions_over_a_middle_axis_run_in_columns(op, shape, axis, target):
     x = reference.random_inputs(art.inputs, seed=2)
     x["x"] = x["x"] * 4
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+@pytest.mark.parametrize("shape", [[1, 64, 56, 56], [1, 3, 5, 7]])
+def test_a_reduction_to_one_value_runs_in_vector_partial_results(shape):
+    """GroupNorm of one group (PoolFormer's): the mean and the variance of the whole tensor reduce in
+    vector partial results, not one chain of scalar adds (2 % of the roofline); a tensor that does
+    not divide into vectors still reduces, as one chain."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1, 2, 3], keepdims=1),
+             helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Mul", ["d", "d"], ["d2"]),
+             helper.make_node("ReduceMean", ["d2"], ["v"], axes=[1, 2, 3], keepdims=1),
+             helper.make_node("Div", ["d", "v"], ["out"])]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], [], 17)
+    art = compiler.compile(model, tuning="off")
+    assert art.report()["schedules"].get("rows", 0) == 2, art.report()["schedules"]
+    if np.prod(shape) % 8 == 0:
+        assert "T.vectorized" in art.module("final")["fused_mean_subtract"].script()
+    x = reference.random_inputs(art.inputs, seed=4)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
