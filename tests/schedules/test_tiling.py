@@ -1,17 +1,21 @@
 """schedules/cpu/tiled.py: the tiling heuristics, and when the Tiled rule declines a kernel."""
 
 import math
+import re
 
 import numpy as np
 import pytest
 import tvm
+from onnx import TensorProto, helper
 from tvm import s_tir, te, tirx, topi
 from tvm.target import Target
 
+import relaxc as compiler
 from relaxc.schedules.cpu import Basic, Tiled, tiled
 from relaxc.schedules.cpu.steps import vector_width as _vector_width
 from relaxc.schedules.cpu.tiled import MAX_TILE, _tile
 from relaxc.support import targets
+from tests import reference
 
 AVX512 = Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 
@@ -353,3 +357,24 @@ def test_a_matrix_vector_product_over_a_transposed_weight_is_not_split_in_parts(
     product = te.compute((1, 1000), lambda i, j: te.sum(x[i, k] * weight[j, k], axis=k), name="matmul")
     sch = Tiled().apply(te.create_prim_func([x, weight, product]), AVX512, False)
     assert "matmul_rf" not in sch.mod["main"].script()
+
+
+@pytest.mark.parametrize("width", [56, 28, 7])
+def test_a_pool_over_nchw_pads_rows_apart_and_vectorises(width):
+    """PoolFormer's token mixer (a 3x3 average pool, stride 1, padding not counted, less its input)
+    on NCHW: the padding of W stays a stage of its own, a row's middle copied as one vector, so the
+    pool's loads test no bound per lane (inlined, the test scalarised the pool: 2 % of its roofline)."""
+    nodes = [helper.make_node("AveragePool", ["x"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              count_include_pad=0),
+             helper.make_node("Sub", ["p", "x"], ["out"])]
+    shape = [1, 16, width, width]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], [], 17)
+    art = compiler.compile(model, tuning="off", layout_block=0)
+    (name, func), = [(gv.name_hint, f) for gv, f in art.module("final").functions.items() if "pool" in gv.name_hint]
+    script = func.script()
+    assert 'T.sblock("pad_temp' in script and "if_then_else" not in script.split('T.sblock("pool_sum_update")')[1]
+    llvm_ir = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target=art.target).mod.inspect_source("ll")
+    assert re.search(r"fadd <\d+ x float>", llvm_ir), name
+    x = reference.random_inputs(art.inputs, seed=5)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
