@@ -209,6 +209,10 @@ def _spatial_then_reduction(info: SBlockInfo) -> bool:
     return n_spatial > 0 and "S" not in kinds[n_spatial:]
 
 
+def _is_blocked_conv(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    return sch.get(block).name_hint.startswith("conv2d_NCHWc")
+
+
 def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, unit: VectorUnit,
                         pads: list[SBlockInfo]) -> tuple[s_tir.schedule.LoopRV, s_tir.schedule.SBlockRV]:
     """Register-tile one (spatial-then-reduction) block, and compute the padding stages it reads
@@ -235,7 +239,7 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, unit: VectorUnit,
         tile = _tile(row)
         if tile < MIN_ACCUMULATORS and row is not None and row <= MAX_WHOLE_ROW:
             tile = row
-        if n_spatial == 4 and reuse[0]:  # a blocked conv
+        if reuse[0] and (n_spatial == 4 or n_spatial == 3 and _is_blocked_conv(sch, block)):  # a blocked conv (1-D: H = 1 gone)
             square = _square_tile(row, loop_extent(sch, spatial[0]), budget)
             if square is not None and square[1] == 1 and budget // tile < 2:
                 square = None  # AVX2 on a 14- or 7-wide map: the row tile in the plain order

@@ -39,3 +39,18 @@ def test_conv1d_takes_the_blocked_convolution_path(c_in, c_out, length, kernel, 
     assert "conv1d" not in fused and re.search(r"fused_conv2d_NCHWc\w*_add\w*_relu", fused)  # blocked, with its epilogue
     x = reference.random_inputs(art.inputs, seed=1)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+@pytest.mark.parametrize("length, stride, width", [(1599, 2, 799), (103, 1, 101)])
+def test_an_output_width_no_row_tile_divides_is_computed_padded_then_sliced(length, stride, width):
+    """799 and 101 have no factor from 4 to 8 (an audio front end's widths are odd, often prime): the
+    convolution computes 800 or 104 columns from zero padding, so its schedule tiles rows of 8 or 4
+    columns and output channel blocks (a tile of one column: 20 % of the roofline), then slices."""
+    model = _conv1d(16, 32, length, 3, stride, 0)
+    art = compiler.compile(model, target="cpu", tuning="off")
+    fused = art.ir("fuse")
+    padded = -(-width // 8) * 8
+    assert re.search(rf"conv2d_NCHWc\w* = T.sblock_alloc_buffer\(\(T.int64\(2\), T.int64\(\d+\), T.int64\(1\), T.int64\({padded}\)", fused)
+    assert "strided_slice" in fused
+    x = reference.random_inputs(art.inputs, seed=3)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
