@@ -87,10 +87,11 @@ def _line(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def merge_results(text: str, heading: str, rows: Sequence[Sequence[str]], path: str = "docs/results.md") -> str:
+def merge_results(text: str, heading: str, rows: Sequence[Sequence[str]], path: str = "docs/results.md",
+                  columns: Sequence[str] = COLUMNS, align: Sequence[str] = ALIGN, header: str = RESULTS_HEADER) -> str:
     """``text`` (a results file, or "") with the section ``heading`` holding ``rows`` (cells in
-    ``COLUMNS`` order): each replaces the row of its model there, the others stay, and so does every
-    other section and the header paragraph (written if there is none)."""
+    ``columns`` order): each replaces the row of its model there, the others stay, and so does every
+    other section and the header paragraph (``header``, written if there is none)."""
     preamble: list[str] = []
     sections: dict[str, list[str]] = {}
     for line in text.splitlines():
@@ -103,8 +104,8 @@ def merge_results(text: str, heading: str, rows: Sequence[Sequence[str]], path: 
     new = {cells[0]: _line(cells) for cells in rows}
     old = [line for line in sections.get(heading, []) if line.startswith("|")][2:]  # below the column names
     kept = [new.pop(_cells(line)[0], line) for line in old]
-    sections[heading] = [_line(COLUMNS), _line(ALIGN), *kept, *new.values()]
-    chunks = ["\n".join(preamble).strip() or RESULTS_HEADER.format(path=path)]
+    sections[heading] = [_line(columns), _line(align), *kept, *new.values()]
+    chunks = ["\n".join(preamble).strip() or header.format(path=path)]
     chunks += [f"## {name}\n\n" + "\n".join(body).strip("\n") for name, body in sections.items()]
     return "\n\n".join(chunks) + "\n"
 

@@ -113,6 +113,78 @@ def _torchvision(name: str, size: int = 224):
     return build
 
 
+def _timm(name: str):
+    """A timm architecture at its default input size."""
+    def build():
+        import timm
+        import torch
+
+        model = timm.create_model(name, pretrained=False)
+        size = model.pretrained_cfg.get("input_size", (3, 224, 224))
+        return model, (torch.randn(1, *size),), ["image"], ["logits"], {}
+    return build
+
+
+def _decoder(config_class: str, model_class: str, **config):
+    """A Hugging Face decoder-only transformer over 128 tokens: a few layers, hidden 256."""
+    def build():
+        import torch
+        import transformers
+
+        settings = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
+                        num_key_value_heads=2, vocab_size=32000, max_position_embeddings=512, use_cache=False)
+        cfg = getattr(transformers, config_class)(**{**settings, **config})
+        args, names = _tokens(torch, 128, cfg.vocab_size, mask=False)
+        return getattr(transformers, model_class)(cfg), args, names, ["last_hidden_state"], \
+            {"input_ids": cfg.vocab_size}
+    return build
+
+
+def _wav2vec2():
+    import torch
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    config = Wav2Vec2Config(num_hidden_layers=4)  # base: conv feature encoder over raw audio, hidden 768
+    return Wav2Vec2Model(config), (torch.randn(1, 16000),), ["audio"], ["last_hidden_state"], {}
+
+
+def _whisper_encoder():
+    import torch
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    config = WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536)  # tiny
+    return WhisperEncoder(config), (torch.randn(1, 80, 3000),), ["features"], ["last_hidden_state"], {}
+
+
+def _t5_encoder():
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(d_model=256, d_kv=32, d_ff=1024, num_layers=4, num_heads=8)
+    args, names = _tokens(torch, 128, config.vocab_size, mask=False)
+    return T5EncoderModel(config), args, names, ["last_hidden_state"], {"input_ids": config.vocab_size}
+
+
+# Families beyond the zoo's, for benchmarks/families.py: the forms they use (TF's "same" padding,
+# pooling and MLPs as token mixers, norms over spatial axes, attention over other axes, RMSNorm,
+# rotary embeddings, grouped-query attention, 1-D convolutions over audio) are what a compiler
+# tuned on the zoo meets next.
+FAMILIES: dict[str, Export] = {
+    **{name: Export(_timm(name), dynamo=True) for name in (
+        "tf_efficientnetv2_b0", "mixnet_s", "ghostnet_100", "repvgg_a0", "poolformer_s12", "mobilevit_xs",
+        "levit_128s", "deit_tiny_patch16_224", "rexnet_100", "hrnet_w18_small", "dla34", "dpn68",
+        "efficientformer_l1", "edgenext_xx_small", "mobilenetv4_conv_small", "fastvit_t8", "ese_vovnet19b_dw",
+        "xcit_nano_12_p16_224", "convnextv2_atto", "pit_ti_224", "mixer_s16_224", "gcvit_xxtiny", "cspresnet50",
+        "res2net50_14w_8s")},
+    "llama": Export(_decoder("LlamaConfig", "LlamaModel"), dynamo=True),
+    "qwen2": Export(_decoder("Qwen2Config", "Qwen2Model"), dynamo=True),
+    "gemma": Export(_decoder("GemmaConfig", "GemmaModel", head_dim=32), dynamo=True),
+    "wav2vec2": Export(_wav2vec2, dynamo=True),
+    "whisper_encoder": Export(_whisper_encoder, dynamo=True),
+    "t5_encoder": Export(_t5_encoder, dynamo=True),
+}
+
 EXPORTS: dict[str, Export] = {
     "bert": Export(_bert, dynamo=False),
     "bert_op23": Export(_bert_attention_op23, dynamo=True, opset=23),
@@ -128,6 +200,7 @@ EXPORTS: dict[str, Export] = {
         "resnext50_32x4d", "googlenet", "mobilenet_v2", "regnet_x_400mf", "shufflenet_v2_x0_5",
         # shifted-window attention: TVM's importer alone cannot import its export
         "swin_t")},
+    **FAMILIES,
 }
 
 
@@ -151,6 +224,14 @@ def _one_output(model):
     return OneOutput()
 
 
+def drop_provenance(model: onnx.ModelProto) -> None:
+    """Drop what the dynamo exporter says of each node's origin (stack traces with this machine's
+    paths, module names): nine tenths of a light file's bytes, and nothing a compiler reads."""
+    for graph in [model.graph, *(f for f in model.functions)]:
+        for node in graph.node:
+            del node.metadata_props[:]
+
+
 def export(name: str, out_dir: str, seed: int = 0) -> str:
     """Export ``name`` and write its light form to ``out_dir``; returns the path."""
     import torch
@@ -170,6 +251,7 @@ def export(name: str, out_dir: str, seed: int = 0) -> str:
                 torch.onnx.export(model, args, path, dynamo=False, opset_version=17,
                                   input_names=input_names, output_names=output_names)
         full = onnx.load(path)  # reads the external data file too
+    drop_provenance(full)
     light = models.make_light(full, source=f"{type(model.model).__name__} exported by "
                               f"{f'dynamo (opset {spec.opset})' if spec.dynamo else 'TorchScript (opset 17)'}, "
                               f"torch {torch.__version__}", input_high=input_high)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -35,6 +35,7 @@ class Row:
     compile_s: float
     relaxc_ms: float
     ort_ms: float
+    artifact: Any = field(default=None, repr=False)  # what was timed, to profile it after
 
     @property
     def ratio(self) -> float:
@@ -59,7 +60,7 @@ def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_op
     reference.assert_matches(art.run(inputs), session.run(None, inputs))
     ms = alternate({"relaxc": lambda: art.run(inputs), "onnxruntime": lambda: session.run(None, inputs)},
                    repeat)
-    return Row(spec, compile_s, ms["relaxc"], ms["onnxruntime"])
+    return Row(spec, compile_s, ms["relaxc"], ms["onnxruntime"], art)
 
 
 def header(threads: int, repeat: int, target: str) -> str:
@@ -82,7 +83,8 @@ def run(specs: Sequence[str] | None, *, repeat: int = 20, threads: int = 2, targ
     print_fn(header(threads, repeat, target))
     rows = []
     for spec in specs:
-        rows.append(bench_one(spec, repeat=repeat, threads=threads, target=target, **compile_options))
+        row = bench_one(spec, repeat=repeat, threads=threads, target=target, **compile_options)
+        rows.append(replace(row, artifact=None))  # one compiled model at a time held in memory
         print_fn(format_row(rows[-1]))
     geomean = float(np.exp(np.mean([np.log(r.ratio) for r in rows])))
     print_fn(f"\ngeometric mean ratio {geomean:.2f}x over {len(rows)} models")

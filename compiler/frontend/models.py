@@ -75,15 +75,17 @@ def bundled_path(spec: str) -> str:
 
 def make_light(model: onnx.ModelProto, source: str, input_high: dict[str, int] | None = None) -> onnx.ModelProto:
     """The light form of ``model``: float initializers that look like weights become placeholders
-    (name, dtype and dims, no data) that record their mean and std. Structural constants keep their
-    values: masks (huge or infinite entries, two values or fewer: causal masks, LayerNorm's ones)."""
+    (name, dtype and dims, no data) that record their mean and std, and so do those of one value
+    throughout (LayerNorm's ones, a zero-initialised last convolution: std 0 fills them back exactly).
+    Structural constants keep their values: masks (huge or infinite entries, or two values)."""
     light = onnx.ModelProto()
     light.CopyFrom(model)
     for init in light.graph.initializer:
         if init.data_type != onnx.TensorProto.FLOAT or int(np.prod(init.dims)) < LIGHT_MIN_ELEMENTS:
             continue
         values = numpy_helper.to_array(init).astype(np.float64)
-        if not np.all(np.abs(values) < 1e3) or len(np.unique(values[:4096])) <= 2:
+        constant = bool(np.all(values == values.flat[0]))
+        if not np.all(np.abs(values) < 1e3) or (len(np.unique(values[:4096])) <= 2 and not constant):
             continue
         placeholder = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims,
                                        doc_string=f"{LIGHT_MARK} mean={values.mean():.9g} std={values.std():.9g}")

@@ -93,7 +93,9 @@ def test_make_light_keeps_masks_and_small_constants():
         [numpy_helper.from_array(a, n) for a, n in ((weight, "w"), (mask, "mask"), (ones, "ones"), (scale, "scale"))])
     light = models.make_light(onnx.helper.make_model(graph), "test", {"x": 3})
     kept = {i.name for i in light.graph.initializer if not i.doc_string}
-    assert kept == {"mask", "ones", "scale"}
+    assert kept == {"mask", "scale"}
+    filled = {i.name: numpy_helper.to_array(i) for i in models.fill_light(light).graph.initializer}
+    assert np.array_equal(filled["ones"], ones)  # one value throughout: a placeholder of std 0, filled back exactly
     assert models.input_high(light) == {"x": 3}
 
 
@@ -113,3 +115,13 @@ def test_integer_inputs_take_the_model_s_ranges():
     x = reference.random_inputs(art_inputs, high={"input_ids": 30522, "attention_mask": 2})
     assert x["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 0, 0]]
     assert x["input_ids"].max() < 30522 and x["input_ids"].max() > 10
+
+
+def test_every_family_of_the_families_benchmark_is_in_the_zoo_light():
+    from relaxc.benchmarks.export_models import FAMILIES
+
+    assert len(FAMILIES) >= 25
+    for name in FAMILIES:
+        light = onnx.load(models.bundled_path(f"zoo:{name}"))
+        assert models.is_light(light), name
+        assert os.path.getsize(models.bundled_path(f"zoo:{name}")) < 3e6, name  # weights out, provenance dropped (index tables stay)
