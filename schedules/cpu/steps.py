@@ -90,7 +90,7 @@ def _transposed_tiles(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes
     if write_inner != {names[-1]} or names[-1] in read_inner or not across:
         return False
     column = loops[across[-1]]
-    width, rows = vector_width(loop_extent(sch, loops[-1]), lanes), _tile_of(loop_extent(sch, column), lanes)
+    width, rows = vector_width(loop_extent(sch, loops[-1]), lanes), largest_factor(loop_extent(sch, column), lanes)
     if width == 1 or rows == 1:
         return False
     column_outer, column_inner = sch.split(column, factors=[None, rows])
@@ -104,8 +104,8 @@ def _transposed_tiles(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes
     return True
 
 
-def _tile_of(extent: int | None, limit: int) -> int:
-    """Largest factor of ``extent`` up to ``limit`` (1 if none)."""
+def largest_factor(extent: int | None, limit: int) -> int:
+    """Largest factor of ``extent`` up to ``limit`` (1 if none): a tile with no tail loop."""
     return next((t for t in range(limit, 1, -1) if extent and extent % t == 0), 1)
 
 

@@ -28,7 +28,8 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from relaxc.schedules.cpu.rule import CpuRule
 from relaxc.schedules.cpu.steps import (L1_BYTES, MIN_PARALLEL_ROWS, broadcasts, index_names, inline_elementwise,
-                                        loop_extent, schedule_spatial, try_attach, vector_width, vectorize_innermost)
+                                        largest_factor, loop_extent, schedule_spatial, try_attach, vector_width,
+                                        vectorize_innermost)
 from relaxc.support.targets import VectorUnit, accumulators
 from relaxc.support.tvm_internals import UncheckedSchedule
 
@@ -45,9 +46,7 @@ ROW_UNROLL = 4  # matrix rows per accumulator update in a part
 
 def _tile(extent: int | None, limit: int = MAX_TILE) -> int:
     """Largest factor of ``extent`` up to ``limit`` (1 if none): a tile with no tail loop."""
-    if extent is None:
-        return 1
-    return next((t for t in range(limit, 1, -1) if extent % t == 0), 1)
+    return largest_factor(extent, limit)
 
 
 def _second_tile(sch: s_tir.Schedule, axes: list[s_tir.schedule.LoopRV], reuse: list[bool], tile: int,
