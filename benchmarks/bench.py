@@ -79,11 +79,11 @@ def this_cpu(target: str) -> str:
     return cpu_heading(cpu_model(), name, physical_cores(), FAMILIES.get(targets.host_cpu()))
 
 
-def _cells(line: str) -> list[str]:
+def table_cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split(" | ")]
 
 
-def _line(cells: Sequence[str]) -> str:
+def table_line(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
@@ -101,10 +101,10 @@ def merge_results(text: str, heading: str, rows: Sequence[Sequence[str]], path: 
             body.append(line)
         else:
             preamble.append(line)
-    new = {cells[0]: _line(cells) for cells in rows}
+    new = {cells[0]: table_line(cells) for cells in rows}
     old = [line for line in sections.get(heading, []) if line.startswith("|")][2:]  # below the column names
-    kept = [new.pop(_cells(line)[0], line) for line in old]
-    sections[heading] = [_line(columns), _line(align), *kept, *new.values()]
+    kept = [new.pop(table_cells(line)[0], line) for line in old]
+    sections[heading] = [table_line(columns), table_line(align), *kept, *new.values()]
     chunks = ["\n".join(preamble).strip() or header.format(path=path)]
     chunks += [f"## {name}\n\n" + "\n".join(body).strip("\n") for name, body in sections.items()]
     return "\n\n".join(chunks) + "\n"

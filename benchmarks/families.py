@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from relaxc.benchmarks import harness
-from relaxc.benchmarks.bench import merge_results, this_cpu
+from relaxc.benchmarks.bench import merge_results, table_cells, table_line, this_cpu
 from relaxc.benchmarks.export_models import FAMILIES
 from relaxc.cli import run_command
 from relaxc.runtime import random_inputs
@@ -43,7 +43,7 @@ MAX_RATIO, MAX_GEOMEAN = 1.3, 0.95
 SUMMARY = "geometric mean"  # the section's last row
 
 
-def _cells(row: harness.Row, profile) -> list[str]:
+def _row_cells(row: harness.Row, profile) -> list[str]:
     worst = max(profile.kernels, key=lambda k: k.lost_ms)
     return [row.model, f"{row.relaxc_ms:.2f}", f"{row.ort_ms:.2f}", f"{row.ratio:.2f}x", f"`{worst.name}`",
             f"{worst.share:.0%}", f"{worst.roofline:.0%}", str(len(profile.cliffs())),
@@ -68,37 +68,36 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown families {', '.join(unknown)}; choose among {', '.join(FAMILIES)}")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when TVM's thread pool starts
     print(f"{this_cpu('cpu')}, tuning off, {args.threads} threads each, median of {args.repeat}", flush=True)
-    print("| " + " | ".join(COLUMNS) + " |\n| " + " | ".join(ALIGN) + " |", flush=True)
-    rows, table = [], []
+    print(table_line(COLUMNS) + "\n" + table_line(ALIGN), flush=True)
+    table = []
     for name in args.names:
         row = harness.bench_one(f"zoo:{name}", repeat=args.repeat, threads=args.threads, target="cpu", tuning="off")
         art = row.artifact
         found = profile.profile(art, random_inputs(art.inputs, high=art.input_high), roofline.machine(art.target))
-        table.append(_cells(row, found))
-        rows.append((row.ratio, len(found.cliffs())))
-        print("| " + " | ".join(table[-1]) + " |", flush=True)
-        del row, art, found
-    ratios = [ratio for ratio, _ in rows]
-    geomean = float(np.exp(np.mean(np.log(ratios))))
-    print(f"\nworst ratio {max(ratios):.2f}x (limit {MAX_RATIO}x), geometric mean {geomean:.2f}x "
-          f"(limit {MAX_GEOMEAN}x), {sum(c for _, c in rows)} cliffs, over {len(rows)} models")
+        table.append(_row_cells(row, found))
+        print(table_line(table[-1]), flush=True)
+        del row, art, found  # one compiled model at a time held in memory
+    print(table_line(_summary(table)), flush=True)
     if args.markdown:
         heading = this_cpu("cpu")
         text = open(args.markdown).read() if os.path.exists(args.markdown) else ""
         text = merge_results(text, heading, table, args.markdown, COLUMNS, ALIGN, HEADER)
-        text = merge_results(text, heading, [_summary(text, heading)], args.markdown, COLUMNS, ALIGN, HEADER)
+        text = merge_results(text, heading, [_summary(_section_rows(text, heading))], args.markdown, COLUMNS, ALIGN,
+                             HEADER)
         with open(args.markdown, "w") as f:
             f.write(text)
         print(f"{args.markdown} updated")
     return 0
 
 
-def _summary(text: str, heading: str) -> list[str]:
-    """The summary row of a section: the geometric mean and the worst of its models' ratios, and
-    their cliffs, over every model row the section holds (this run's and earlier ones')."""
+def _section_rows(text: str, heading: str) -> list[list[str]]:
+    """The model rows (cells) of a results file's section: this run's and earlier ones'."""
     section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in section.splitlines()
-            if line.startswith("| zoo:")]
+    return [table_cells(line) for line in section.splitlines() if line.startswith("| zoo:")]
+
+
+def _summary(rows: list[list[str]]) -> list[str]:
+    """The summary row of model ``rows``: the geometric mean and the worst of their ratios, and their cliffs."""
     ratios = {row[0]: float(row[3].rstrip("x")) for row in rows}
     worst = max(ratios, key=ratios.get)
     geomean = float(np.exp(np.mean(np.log(list(ratios.values())))))

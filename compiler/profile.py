@@ -60,7 +60,7 @@ class KernelTime:
         return self.ms - self.bound_ms
 
     def is_cliff(self) -> bool:
-        return self.share > SLOW_SHARE and self.roofline < SLOW_FRACTION
+        return self.bound_ms > 0 and self.share > SLOW_SHARE and self.roofline < SLOW_FRACTION
 
 
 @dataclass
@@ -78,7 +78,7 @@ class Profile:
 
     def cliffs(self) -> list[KernelTime]:
         """Kernels over ``SLOW_SHARE`` of the time below ``SLOW_FRACTION`` of their bound."""
-        return [k for k in self.kernels if k.is_cliff()] if self.machine else []
+        return [k for k in self.kernels if k.is_cliff()]
 
     def table(self, top: int | None = None, worst: bool = False) -> str:
         """The kernels by time (``worst``: by time lost against their bound), ``top`` of them."""
@@ -91,7 +91,7 @@ class Profile:
             rates = (f"  {k.flops / k.ms / 1e6:7.1f}  {k.nbytes / k.ms / 1e6:6.1f}  {k.roofline:5.1%}  {k.lost_ms:7.3f}"
                      if self.machine else "")
             lines.append(f"{rank:>3}  {k.ms:8.3f}  {k.share:6.1%}  {cumulative:6.1%}  {k.calls:>5}{rates}  "
-                         f"{k.schedule:<9} {k.kind:<13} {k.name}{'  <- cliff' if k.is_cliff() and self.machine else ''}")
+                         f"{k.schedule:<9} {k.kind:<13} {k.name}{'  <- cliff' if k.is_cliff() else ''}")
         if top and len(kernels) > top:
             lines.append(f"     ... {len(kernels) - top} more kernels")
         lines.append(f"kernels {self.kernels_ms:.3f} ms, end to end {self.end_to_end_ms:.3f} ms "

@@ -11,7 +11,7 @@ registers, the best of a few vector widths and accumulator counts, on every thre
 the bandwidth is a vectorised parallel sum over buffers from 16 KiB a thread to 512 MiB, so a
 kernel whose bytes fit a cache is held to that cache's bandwidth (``relaxc profile`` replays each
 kernel with the caches warm, as most kernels run in the model). Measured once per CPU, core count
-and thread count, in about two seconds, and kept in the record store (``machine.json``).
+and thread count, in about three seconds, and kept in the record store (``machine.json``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from relaxc.schedules.cache import store_for
+from relaxc.schedules.cpu.steps import buffer_bytes
 from relaxc.schedules.dispatch import DispatchStore
 from relaxc.support.threads import pool_threads
 
@@ -73,10 +74,7 @@ class Cost:
 
 def kernel_cost(func: tirx.PrimFunc) -> Cost:
     """FLOPs as TVM estimates them from the loops and their bodies; bytes of every buffer argument."""
-    nbytes = 0
-    for param in func.params:
-        if tirx.is_buffer_var(param):
-            nbytes += int(np.prod([int(d) for d in param.shape])) * tvm.runtime.DataType(str(param.dtype)).bits // 8
+    nbytes = sum(buffer_bytes(param) for param in func.params if tirx.is_buffer_var(param))
     return Cost(float(s_tir.analysis.estimate_tir_flops(func.body)), nbytes)
 
 

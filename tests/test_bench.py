@@ -53,5 +53,5 @@ def test_the_families_summary_covers_every_model_row_of_the_section():
     rows = [["zoo:a", "1", "2", "0.50x", "`k`", "10%", "20%", "1", "2026-01-01"],
             ["zoo:b", "4", "2", "2.00x", "`k`", "10%", "5%", "2", "2026-01-01"]]
     text = bench.merge_results("", ZEN3, rows, "docs/families.md", families.COLUMNS, families.ALIGN, families.HEADER)
-    summary = families._summary(text, ZEN3)
+    summary = families._summary(families._section_rows(text, ZEN3))
     assert summary[0] == families.SUMMARY and summary[3] == "1.00x" and "zoo:b 2.00x" in summary[4] and summary[7] == "3"

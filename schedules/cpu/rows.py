@@ -33,14 +33,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
-from relaxc.schedules.cpu.steps import loop_extent, schedule_spatial, vectorize_innermost
+from relaxc.schedules.cpu.steps import loop_extent, range_names, schedule_spatial, vectorize_innermost
 from relaxc.support.targets import VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
-
-
-def _indices(region: tvm.ir.Range) -> set[str]:
-    """The names of the iterators an index region of a block's read or write depends on."""
-    return {v.name for v in tirx.analysis.undefined_vars(region.min)}
 
 
 def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
@@ -56,8 +51,8 @@ def _row_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
     innermost = block.iter_vars[-1].var.name
 
     spatial = {v.var.name for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar}
-    reads = [read for read in block.reads if any(_indices(r) & reduced for r in read.region)]
-    return bool(reads) and all(innermost in _indices(read.region[-1]) and not _indices(read.region[-1]) & spatial
+    reads = [read for read in block.reads if any(range_names(r) & reduced for r in read.region)]
+    return bool(reads) and all(innermost in range_names(read.region[-1]) and not range_names(read.region[-1]) & spatial
                                for read in reads)
 
 
@@ -71,8 +66,8 @@ def _column_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> str | None:
     block = sch.get(info.block_rv)
     reduced, column = block.iter_vars[-1].var.name, block.iter_vars[-2].var.name
 
-    reads = [read for read in block.reads if any(reduced in _indices(r) for r in read.region)]
-    good = reads and all(_indices(read.region[-1]) == {column} and reduced not in _indices(read.region[-1])
+    reads = [read for read in block.reads if any(reduced in range_names(r) for r in read.region)]
+    good = reads and all(range_names(read.region[-1]) == {column} and reduced not in range_names(read.region[-1])
                          for read in reads)
     return column if good else None
 
@@ -148,7 +143,8 @@ def _whole(sch: s_tir.Schedule, blocks: list[SBlockInfo], lanes: int) -> s_tir.S
             schedule_spatial(sch, block, lanes)
             continue
         reduction = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        if (loop_extent(sch, reduction) or 0) % lanes or loop_extent(sch, reduction) == lanes:
+        extent = loop_extent(sch, reduction) or 0
+        if extent % lanes or extent == lanes:
             continue
         _, vector = sch.split(reduction, factors=[None, lanes])
         partial = sch.rfactor(vector, 0)
@@ -202,7 +198,7 @@ def _slab_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
     if block.iter_vars[-1].iter_type == tirx.IterVar.CommReduce:
         return loops[:-2], loops[-2:]
     used = {name for read in block.reads if any(read.source.same_as(r) for r in results)
-            for region in read.region for name in _indices(region)}
+            for region in read.region for name in range_names(region)}
     outer = [loop for loop, name in zip(loops[:-1], names[:-1]) if name in used]
     inner = [loop for loop, name in zip(loops, names) if name not in used or name == names[-1]]
     return (outer, inner) if outer and len(inner) <= 2 and names[-1] in used else None

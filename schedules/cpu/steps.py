@@ -35,9 +35,18 @@ def vector_width(extent: int | None, lanes: int) -> int:
     return 1
 
 
+def range_names(index: tvm.ir.Range) -> set[str]:
+    """The names of the iterators one index range of a buffer region depends on."""
+    return {v.name for v in tirx.analysis.undefined_vars(index.min)}
+
+
 def index_names(region: tirx.BufferRegion) -> set[str]:
     """The names of the variables a buffer region is indexed by."""
-    return {v.name for r in region.region for v in tirx.analysis.undefined_vars(r.min)}
+    return set().union(*(range_names(r) for r in region.region))
+
+
+def buffer_bytes(buffer: tirx.Buffer) -> int:
+    return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
 
 
 def schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
@@ -76,16 +85,15 @@ def schedule_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes:
 def _transposed_tiles(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> bool:
     """A copy of one input (or a function of it) whose output runs along memory with an iterator that
     reads across rows of the input, while another iterator reads along them (a transpose): tiles of
-    a vector of output columns by ``lanes`` input columns, so each input row a vector gathers from is read whole within the tile
-    (XCiT's token-channel transposes, fused across the output's rows, ran at 7 % of their
-    bandwidth). Returns False, scheduling nothing, for any other block."""
+    a vector of output columns by ``lanes`` input columns, so each input row a vector gathers from
+    is read whole within the tile (XCiT's token-channel transposes, fused across the output's rows,
+    ran at 7 % of their bandwidth). Returns False, scheduling nothing, for any other block."""
     stmt, loops = sch.get(block), sch.get_loops(block)
     if len(stmt.reads) != 1 or len(stmt.writes) != 1 or len(loops) < 2 or len(stmt.iter_vars) != len(loops) \
             or None in [loop_extent(sch, loop) for loop in loops]:
         return False
     names = [v.var.name for v in stmt.iter_vars]
-    innermost = lambda region: {v.name for v in tirx.analysis.undefined_vars(region.region[-1].min)}  # noqa: E731
-    read_inner, write_inner = innermost(stmt.reads[0]), innermost(stmt.writes[0])
+    read_inner, write_inner = range_names(stmt.reads[0].region[-1]), range_names(stmt.writes[0].region[-1])
     across = [i for i, name in enumerate(names[:-1]) if name in read_inner]  # the innermost: along the input's rows
     if write_inner != {names[-1]} or names[-1] in read_inner or not across:
         return False
@@ -93,8 +101,8 @@ def _transposed_tiles(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes
     width, rows = vector_width(loop_extent(sch, loops[-1]), lanes), largest_factor(loop_extent(sch, column), lanes)
     if width == 1 or rows == 1:
         return False
-    column_outer, column_inner = sch.split(column, factors=[None, rows])
-    vector_outer, vector = sch.split(loops[-1], factors=[None, width])
+    _, column_inner = sch.split(column, factors=[None, rows])
+    _, vector = sch.split(loops[-1], factors=[None, width])
     inner = {sch.get(column_inner), sch.get(vector)}
     outer = [loop for loop in sch.get_loops(block) if sch.get(loop) not in inner]
     sch.reorder(*outer, column_inner, vector)

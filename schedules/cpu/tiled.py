@@ -27,8 +27,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from relaxc.schedules.cpu.rule import CpuRule
-from relaxc.schedules.cpu.steps import (L1_BYTES, MIN_PARALLEL_ROWS, broadcasts, index_names, inline_elementwise,
-                                        largest_factor, loop_extent, schedule_spatial, try_attach, vector_width,
+from relaxc.schedules.cpu.steps import (L1_BYTES, MIN_PARALLEL_ROWS, broadcasts, buffer_bytes, index_names,
+                                        inline_elementwise, largest_factor, loop_extent, schedule_spatial, try_attach, vector_width,
                                         vectorize_innermost)
 from relaxc.support.targets import VectorUnit, accumulators
 from relaxc.support.tvm_internals import UncheckedSchedule
@@ -126,10 +126,10 @@ def _operand_bytes(info: SBlockInfo, sch: s_tir.Schedule) -> tuple[int, int, int
         if any(read.source.same_as(w.source) for w in block.writes):
             continue  # the accumulator
         if vector is not None and vector not in index_names(read):
-            broadcast += _bytes(read.source)
+            broadcast += buffer_bytes(read.source)
         else:
-            other += _bytes(read.source)
-    return broadcast, other, sum(_bytes(w.source) for w in block.writes)
+            other += buffer_bytes(read.source)
+    return broadcast, other, sum(buffer_bytes(w.source) for w in block.writes)
 
 
 def _input_dominates(input_bytes: int, weight_bytes: int, output_bytes: int) -> bool:
@@ -140,10 +140,6 @@ def _input_dominates(input_bytes: int, weight_bytes: int, output_bytes: int) -> 
     reads the whole input. Rows first, ResNet-50's kernels sum 0.74-1.19 ms per inference less in
     the model (its three 512 -> 128 convs at 28 x 28: 0.34-0.44 ms of it)."""
     return input_bytes > weight_bytes + output_bytes
-
-
-def _bytes(buffer: tirx.Buffer) -> int:
-    return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
 
 
 def _inline_lane_padding(sch: s_tir.Schedule, blocks: list[SBlockInfo], lanes: int) -> list[SBlockInfo]:
@@ -165,9 +161,10 @@ def _inline_lane_padding(sch: s_tir.Schedule, blocks: list[SBlockInfo], lanes: i
 MAX_ROW_VECTOR = 8  # vectors in a padded row's middle, made one long vector (a partitioned loop cannot be split)
 
 
-def _row_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> int | None:
+def _row_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> tuple[int, int] | None:
     """For a padding stage that pads the innermost axis (a pool over NCHW pads W, the axis vectors run
-    along) of rows short enough to copy as one vector each: the padding before a row; else None."""
+    along) of rows short enough to copy as one vector each: the padding before a row and the row's
+    width; else None."""
     block = sch.get(pad.block_rv)
     source, padded, inner = block.reads[0].source, block.writes[0].source, block.iter_vars[-1].var
     start = block.reads[0].region[-1].min  # the innermost index read: the written one less the padding before
@@ -177,7 +174,7 @@ def _row_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> int | None
     if int(padded.shape[-1]) == width or before < 0 or width > MAX_ROW_VECTOR * lanes or len(loops) < 2 \
             or None in [loop_extent(sch, loop) for loop in loops]:
         return None
-    return before
+    return before, width
 
 
 def _schedule_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> None:
@@ -186,12 +183,12 @@ def _schedule_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> None:
     middle tests no bound that differs between its lanes (a vector across a padded row scalarised
     the whole copy; inlined into a pool, the pool too: PoolFormer's 3x3 average pools ran at 2 % of
     their roofline, 2.2 ms where 0.24 ms is its time now)."""
-    before = _row_padding(sch, pad, lanes)
-    if before is None:
+    row = _row_padding(sch, pad, lanes)
+    if row is None:
         schedule_spatial(sch, pad.block_rv, lanes)
         return
+    before, width = row
     loops = sch.get_loops(pad.block_rv)
-    width = int(sch.get(pad.block_rv).reads[0].source.shape[-1])
     sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
     sch.vectorize(sch.loop_partition(loops[-1], [before, width, None])[1])  # LLVM splits it into vectors
 
