@@ -29,6 +29,12 @@ A 1-D convolution (``conv1d``, NCW: audio front ends, temporal and positional co
 a 2-D one over a height of 1 between an ``expand_dims`` and a ``squeeze``, so it takes the blocked
 convolution path, its schedules and records (TOPI's conv1d has no rule of its own in relaxc).
 
+A depthwise 1x1 convolution (stride 1, no padding: FastViT's RepMixer, a train-time branch that an
+export keeps) multiplies each channel by one weight: it becomes that ``multiply`` (plus its bias),
+which fuses with the elementwise ops around it. As a convolution it ended a fused kernel whose
+prologue also fed its epilogue, which no convolution rule takes (4 % of its roofline, FastViT-T8's
+worst kernel).
+
 The importer also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
 scalar bound), which no Relax pass can see through; those calls become ``R.maximum`` and
 ``R.minimum`` again, so ReLU6 and friends stay in the blocked layout.
@@ -281,6 +287,25 @@ class _DivideByConstant(relax.PyExprMutator):
         return relax.op.multiply(call.args[0], relax.const(reciprocal, str(divisor.dtype)))
 
 
+@relax.expr_functor.mutator
+class _DepthwisePointwise(relax.PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not is_op(call, "relax.nn.conv2d"):
+            return call
+        attrs, (data, weight) = call.attrs, call.args
+        shape, kernel = static_shape(data), static_shape(weight)
+        if shape is None or kernel is None or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" \
+                or attrs.out_layout not in ("NCHW", "") or _dtype(call) != str(data.ty.dtype) \
+                or int(attrs.groups) != shape[1] or kernel != (shape[1], 1, 1, 1) \
+                or any(int(s) != 1 for s in attrs.strides) or any(int(p) != 0 for p in attrs.padding):
+            return call
+        constant = constant_array(weight)
+        scale = (relax.const(constant.reshape(1, -1, 1, 1)) if constant is not None
+                 else self.builder_.normalize(relax.op.reshape(weight, (1, shape[1], 1, 1))))
+        return relax.op.multiply(data, scale)
+
+
 def _max_or_min_with_scalar(func: tirx.PrimFunc) -> str | None:
     """``"relax.maximum"``/``"relax.minimum"`` if ``func`` is out[i] = max/min(a[i], b[]), else None."""
     if len(func.params) != 3:
@@ -325,6 +350,14 @@ class DivideByConstantToMultiply:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return map_relax_functions(mod, _DivideByConstant(mod).visit_expr)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.DepthwisePointwiseToMultiply")
+class DepthwisePointwiseToMultiply:
+    """A depthwise 1x1 ``conv2d`` with stride 1 and no padding to a multiplication by its weights."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return map_relax_functions(mod, _DepthwisePointwise(mod).visit_expr)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.ClipFromTIR")

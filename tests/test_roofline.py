@@ -9,6 +9,7 @@ from tvm.script import tirx as T
 
 import relaxc as compiler
 from relaxc import profile, roofline
+from relaxc.passes import fast_math
 from relaxc.support.targets import resolve
 
 M, N, K = 384, 384, 384
@@ -35,6 +36,19 @@ def test_kernel_cost_counts_multiply_adds_and_each_argument_once():
     cost = roofline.kernel_cost(matmul)
     assert cost.flops == 2 * M * N * K
     assert cost.nbytes == 4 * (M * K + K * N + M * N)
+
+
+def test_an_expanded_function_counts_as_the_arithmetic_it_expands_to():
+    @T.prim_func(s_tir=True)
+    def swish(a: T.Buffer((64, 32), "float32"), b: T.Buffer((64, 32), "float32")):
+        for i, j in T.grid(64, 32):
+            with T.sblock("b"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vi, vj] * T.exp(a[vi, vj] + T.float32(1))
+
+    exp = fast_math.operations("tirx.exp")
+    assert 20 < exp < 60  # a degree-6 polynomial, range reduction and exponent-field scaling
+    assert roofline.kernel_cost(swish).flops == 64 * 32 * (2 + exp)
 
 
 def test_the_bound_is_the_slower_of_compute_and_the_memory_level_the_bytes_fit():

@@ -6,8 +6,8 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from relaxc import frontend
-from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
-                                 SumOfStackToAdd)
+from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DepthwisePointwiseToMultiply,
+                                 DivideByConstantToMultiply, DropoutToIdentity, SumOfStackToAdd)
 from tests.passes import relax_ops
 
 
@@ -79,6 +79,31 @@ def test_division_by_a_constant_becomes_multiplication_by_its_reciprocal():
 def test_division_by_zero_or_a_tiny_constant_stays_a_division():
     for divisor in ([1.0, 0.0, 2.0], [1.0, 1e38, 2.0], [1.0, np.inf, 2.0]):  # 1/1e38 is subnormal
         assert relax_ops(DivideByConstantToMultiply()(_divided_by(np.array(divisor)))) == ["relax.divide"]
+
+
+def _depthwise(channels: int, groups: int, **attrs) -> tuple[tvm.IRModule, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((channels, channels // groups, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(channels).astype(np.float32)
+    out = [1, channels, 5 if attrs.get("strides") is None else 3, 5 if attrs.get("strides") is None else 3]
+    mod = _imported([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=groups, **attrs)], [("x", [1, channels, 5, 5])],
+                    out, [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    return mod, weight, bias
+
+
+def test_depthwise_1x1_convolution_becomes_a_per_channel_multiply():
+    mod, weight, bias = _depthwise(6, 6)
+    mod = _rewritten(DepthwisePointwiseToMultiply(), mod)
+    assert "relax.nn.conv2d" not in relax_ops(mod) and "relax.multiply" in relax_ops(mod)
+    x = np.random.default_rng(0).standard_normal((1, 6, 5, 5)).astype("float32")
+    got = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, x * weight.reshape(1, 6, 1, 1) + bias.reshape(1, 6, 1, 1), rtol=1e-6)
+
+
+def test_other_1x1_convolutions_stay_convolutions():
+    for groups, attrs in ((1, {}), (3, {}), (6, {"strides": [2, 2]})):
+        mod, _, _ = _depthwise(6, groups, **attrs)
+        assert "relax.nn.conv2d" in relax_ops(_rewritten(DepthwisePointwiseToMultiply(), mod)), (groups, attrs)
 
 
 def _shuffle(split: list[int], perm: list[int]) -> tvm.IRModule:
