@@ -1,7 +1,6 @@
 """passes/canonicalize.py: importer idioms become the plain operators the layout pass understands."""
 
 import numpy as np
-import onnx
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
