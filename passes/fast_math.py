@@ -1,5 +1,5 @@
 """Vectorisable float32 transcendental functions for LLVM CPU code: exp, tanh, erf (hence sigmoid,
-softmax, both GELU forms, swish) and ``pow`` with a small integer exponent.
+softmax, both GELU forms, swish) and ``pow`` with a small exponent in whole quarters.
 
 TVM 0.27 lowers ``exp`` and ``pow`` to LLVM intrinsics and ``erf`` to a libm call; without a vector
 math library LLVM turns each into one scalar call per element, so a vectorised GELU or softmax ran
@@ -21,8 +21,10 @@ Accuracy, measured against numpy in float64 over every float32 bit pattern class
 - tanh: Eigen's rational approximation (odd degree 13 / even degree 6), clamped to +-7.905;
   |x| < 4e-4 returns x and |x| > 9 returns +-1;
 - erf: Eigen's rational approximation (degree 13 / degree 8), clamped to +-4;
-- NaN in, NaN out; +-inf give the limits; ``pow(x, n)`` for an integer constant |n| <= 4 is
-  repeated multiplication (1/x^n for negative n), other exponents keep TVM's lowering.
+- NaN in, NaN out; +-inf give the limits; ``pow(x, n)`` for a constant n, |n| <= 4, that is a
+  whole number of quarters is repeated multiplication by x, sqrt(x) and sqrt(sqrt(x)) (1/x^|n| for
+  negative n; LRN's x^0.75, scalar ``powf`` calls at 2-7 % of the kernels' roofline before), other
+  exponents keep TVM's lowering.
 """
 
 from __future__ import annotations
@@ -160,13 +162,21 @@ def erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return _keep_nan(x, clamped * (_horner(x2, ERF_NUM) / _horner(x2, ERF_DEN)))
 
 
-def _small_integer(value: tirx.PrimExpr) -> int | None:
+def _quarters(value: tirx.PrimExpr) -> int | None:
+    """4 x the exponent, for a constant exponent that is a whole number of quarters, not 0, at most
+    ``MAX_POW_MULTIPLICATIONS`` in size; else None."""
     if isinstance(value, tirx.Broadcast):
         value = value.value
-    if isinstance(value, tirx.FloatImm) and float(value.value).is_integer() \
+    if isinstance(value, tirx.FloatImm) and float(4 * value.value).is_integer() \
             and 0 < abs(value.value) <= MAX_POW_MULTIPLICATIONS:
-        return int(value.value)
+        return int(4 * value.value)
     return None
+
+
+def _root(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    """sqrt(x) as ``pow(x, 0.5)`` defines it at the signed limits: pow(-0, 0.5) = +0, pow(-inf, 0.5) = +inf."""
+    zero, inf = _like(x, 0.0), _like(x, float("inf"))
+    return tirx.Select(x == zero, zero, tirx.Select(x == -inf, inf, tirx.sqrt(x)))
 
 
 def _rule(function: Callable[[tirx.PrimExpr], tirx.PrimExpr], fallback) -> Callable:
@@ -179,13 +189,18 @@ def _rule(function: Callable[[tirx.PrimExpr], tirx.PrimExpr], fallback) -> Calla
 def _pow_rule(fallback) -> Callable:
     def lower(call: tirx.Call) -> tirx.PrimExpr:
         base, exponent = call.args
-        n = _small_integer(exponent)
-        if n is None or not _is_float32(base):
+        quarters = _quarters(exponent)
+        if quarters is None or not _is_float32(base):
             return fallback(call)
-        product = base
-        for _ in range(abs(n) - 1):
-            product = product * base
-        return product if n > 0 else 1.0 / product
+        factors = [base] * (abs(quarters) // 4)
+        if abs(quarters) % 4:  # x^(q/4) = x^(q >> 2) sqrt(x)^(q >> 1 & 1) sqrt(sqrt(x))^(q & 1), the first
+            root = _root(base)  # on |x|: a root of x < 0 is NaN, but (-0)^1.5 is +0 and (-inf)^1.5 +inf
+            factors = [tirx.abs(base)] * len(factors) + [root] * (abs(quarters) >> 1 & 1) \
+                + [_root(root)] * (abs(quarters) & 1)
+        product = factors[0]
+        for factor in factors[1:]:
+            product = product * factor
+        return product if quarters > 0 else 1.0 / product
     return lower
 
 

@@ -72,3 +72,20 @@ def test_sigmoid_divides_without_a_division_instruction():
     fast_math.register()
     asm = measure.kernel(te.sigmoid, 4096, TARGET, LANES).mod.inspect_source("asm")
     assert "vfmadd" in asm and "vdivps" not in asm
+
+
+@pytest.mark.parametrize("exponent", [0.75, 0.5, 0.25, 1.5, -0.75, -0.5])
+def test_pow_with_a_quarter_exponent_is_multiplication_of_roots(exponent):
+    """LRN's x^0.75 (AlexNet, GoogLeNet): square roots, no scalar powf; the signed limits as pow's."""
+    def power(v):
+        return te.power(v, tvm.tirx.const(exponent, "float32"))
+
+    x = np.abs(np.random.default_rng(3).standard_normal(4096).astype(np.float32)) * 10 + 1e-3
+    np.testing.assert_allclose(_run(power, x), x.astype(np.float64) ** exponent, rtol=1e-6)
+    special = _pad([0.0, -0.0, np.inf, -np.inf, -1.0, np.nan])
+    zero, inf = (np.inf, 0.0) if exponent < 0 else (0.0, np.inf)  # C's pow (onnxruntime's), not numpy's sqrt
+    want = np.array([zero, zero, inf, inf, np.nan, np.nan], np.float32)
+    got = _run(power, special)[:6]
+    np.testing.assert_array_equal(got, want)
+    assert (np.signbit(got[:4]) == np.signbit(want[:4])).all()
+    assert "powf" not in measure.kernel(power, len(x), TARGET, LANES).mod.inspect_source("asm")
