@@ -435,3 +435,26 @@ def test_a_row_padding_of_odd_width_copies_whole_vectors_along_each_row():
                             for s in row_pads), pads
     x = reference.random_inputs(art.inputs, seed=7)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+def test_a_channel_shuffle_of_blocked_data_copies_each_lane_along_the_map():
+    """ShuffleNet's shuffle on NCHW{b}c data: each output channel (block, lane) in parallel, its
+    source looked up once and copied along the map; a vector over the lanes gathered lane by lane
+    with the lookups redone (7 % of its bandwidth)."""
+    shape = [1, 32, 14, 14]
+    ints = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
+    model = reference._model([helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+                              helper.make_node("Reshape", ["c", "split"], ["r"]),
+                              helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3, 4]),
+                              helper.make_node("Reshape", ["t", "back"], ["s"]),
+                              helper.make_node("Conv", ["s", "w"], ["out"], kernel_shape=[1, 1])],
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
+                             [helper.make_tensor("w", TensorProto.FLOAT, [32, 32, 1, 1],
+                                                 np.random.default_rng(8).standard_normal(32 * 32).tolist()),
+                              ints("split", [1, 2, 16, 14, 14]), ints("back", shape)], 17)
+    art = compiler.compile(model, tuning="off")
+    takes = [f.script() for gv, f in art.module("final").functions.items() if "take" in gv.name_hint]
+    assert len(takes) == 1 and "T.vectorized" not in takes[0] and "T.parallel(T.int64(32))" in takes[0], takes
+    x = reference.random_inputs(art.inputs, seed=8)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
