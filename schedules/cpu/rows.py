@@ -33,7 +33,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
-from relaxc.schedules.cpu.steps import loop_extent, range_names, schedule_spatial, vectorize_innermost
+from relaxc.schedules.cpu.steps import loop_extent, points, range_names, schedule_spatial, vectorize_innermost
 from relaxc.support.targets import VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
 
@@ -118,7 +118,8 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     for block in reversed(blocks[:-1]):
         sch.compute_at(block, row, preserve_unit_loops=True)
     for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if not any(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
+        if not any(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars) \
+                and not sch.get(sch.get_loops(block)[-1]).same_as(sch.get(row)):
             _vectorize_row(sch, block, lanes)
     for partial in filter(None, partials):
         _vectorize_partial(sch, partial)
@@ -220,10 +221,15 @@ def _vectorize_row(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: i
 def _row_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
                reductions: list[SBlockInfo]) -> list[s_tir.schedule.LoopRV] | None:
     """The anchor's loops over rows, moved outside its loops along a row (None if it has none of
-    either). Rows of one axis: every loop but the last. Rows over several axes (a blocked LayerNorm
-    reduces over channel blocks and lanes): a reduction's spatial loops, or for an elementwise
+    either). Rows of one axis: every loop but the last, or every loop of an anchor with one value a
+    row (a variance over the pixels of (N, groups, pixels), InstanceNorm's and the GroupNorm exported
+    through it: ``Tiled`` vectorised it across rows 25,088 floats apart, on one thread). Rows over
+    several axes (a blocked LayerNorm reduces over channel blocks and lanes): a reduction's spatial
+    loops, or for an elementwise
     anchor the loops whose variables index its reads of the reductions' results (the pixels)."""
     loops = sch.get_loops(anchor)
+    if loops and points(sch, anchor) == points(sch, reductions[0].block_rv):
+        return loops  # one value a row (a variance, its square root): every loop is over rows
     if all(r.dom_kind().count("R") == 1 for r in reductions):
         return loops[:-1] if len(loops) >= 2 else None
     block = sch.get(anchor)

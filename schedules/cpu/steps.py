@@ -235,11 +235,11 @@ def _reverse_inlinable(sch: s_tir.Schedule, block: SBlockInfo) -> bool:
     producers = sch.get_producers(block.block_rv)
     if len(producers) != 1 or len(sch.get_consumers(producers[0])) != 1:
         return False
-    sizes = _points(sch, block.block_rv), _points(sch, producers[0])
+    sizes = points(sch, block.block_rv), points(sch, producers[0])
     return None not in sizes and sizes[0] == sizes[1]
 
 
-def _points(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
+def points(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> int | None:
     """How many points the block's spatial iterators cover (None if not static)."""
     extents = [v.dom.extent for v in sch.get(block).iter_vars if v.iter_type == tirx.IterVar.DataPar]
     return math.prod(int(e) for e in extents) if all(isinstance(e, tirx.IntImm) for e in extents) else None
@@ -251,7 +251,7 @@ def broadcasts(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, producer: s_
     the producer's work (a sigmoid) is redone at every point; computed in a reduction's tile loop,
     the block runs on as many threads as the reduction has tiles, often one: EfficientNet's
     excitation conv with its 56 x 56 x 144 multiply took 0.15 ms that way."""
-    sizes = _points(sch, block), _points(sch, producer)
+    sizes = points(sch, block), points(sch, producer)
     return None not in sizes and sizes[0] > sizes[1]
 
 
