@@ -17,6 +17,7 @@ from tvm import relax, te, topi
 from tvm.target import Target
 
 from relaxc.passes.ir import static_shape
+from relaxc.support.errors import UnsupportedOperatorError
 from relaxc.support import targets
 
 STAGE_ATTR = "relaxc.stage"  # on a TE block that schedules keep as a stage of its own (not inlined)
@@ -292,12 +293,72 @@ def _layer_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 _DEFAULT_LAYER_NORM = tvm.ir.Op.get("relax.nn.layer_norm").get_attr("FLegalize")
 
 
+def bit_shift(x: te.Tensor, amount: te.Tensor, left: bool) -> te.Tensor:
+    """ONNX's BitShift of integers, an amount out of range (negative, or the bit width or more)
+    included: it shifts every bit out, giving 0, or the sign (-1 or 0) for a signed right shift.
+    TOPI's shift leaves that to LLVM, where it is poison (int8 came out shifted modulo 8)."""
+    bits = tvm.DataType(x.dtype).bits
+    signed = tvm.DataType(x.dtype).type_code == tvm.DataTypeCode.INT
+    zero, top = tvm.tirx.const(0, amount.dtype), tvm.tirx.const(bits - 1, amount.dtype)
+    unsigned = f"uint{tvm.DataType(amount.dtype).bits}"  # a negative amount as a large one
+    clamped = topi.cast(topi.minimum(topi.cast(amount, unsigned), tvm.tirx.const(bits - 1, unsigned)), amount.dtype)
+    if not left and signed:
+        return topi.right_shift(x, clamped)  # out of range: bits - 1, which gives the sign
+    shifted = topi.left_shift(x, clamped) if left else topi.right_shift(x, clamped)
+    in_range = topi.logical_and(topi.greater_equal(amount, zero), topi.less_equal(amount, top))
+    return te.compute(shifted.shape, lambda *i: tvm.tirx.Select(in_range[i], shifted[i], tvm.tirx.const(0, x.dtype)),
+                      name="bit_shift")
+
+
+def _shift(left: bool):
+    default = tvm.ir.Op.get("relax.left_shift" if left else "relax.right_shift").get_attr("FLegalize")
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        if tvm.DataType(str(call.args[0].ty.dtype)).type_code not in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT):
+            return default(bb, call)
+        return bb.call_te(bit_shift, *call.args, left, primfunc_name_hint="left_shift" if left else "right_shift")
+    return legalize
+
+
+SORTABLE = ("float16", "float32", "float64", "int32", "int64")  # what TVM's runtime sort takes
+
+
+def _sortable(call: relax.Call) -> None:
+    dtype = str(call.args[0].ty.dtype)
+    if dtype not in SORTABLE:
+        raise UnsupportedOperatorError(f"{call.op.name[6:]} of {dtype} data: TVM's runtime sort takes "
+                                       f"{', '.join(SORTABLE)}")
+
+
+def _topk(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """TOPI's top-k for CPUs: a call of TVM's runtime sort (``tvm.contrib.sort.topk``), as TVM 0.27
+    registers no legalisation for ``relax.topk`` (it reached code generation and crashed there)."""
+    _sortable(call)
+    attrs = call.attrs
+    return bb.call_te(topi.topk, call.args[0], int(attrs.k), int(attrs.axis), str(attrs.ret_type),
+                      not bool(attrs.largest), str(attrs.dtype), primfunc_name_hint="topk")
+
+
+def _sort(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    _sortable(call)
+    return bb.call_te(topi.sort, call.args[0], int(call.attrs.axis), not bool(call.attrs.descending),
+                      primfunc_name_hint="sort")
+
+
+def _argsort(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    _sortable(call)
+    return bb.call_te(topi.argsort, call.args[0], int(call.attrs.axis), not bool(call.attrs.descending),
+                      str(call.attrs.dtype), primfunc_name_hint="argsort")
+
+
 def legalize_ops(target: Target) -> tvm.transform.Pass:
     """TVM's LegalizeOps with the blocked convolution, separable resizes, cumsum, float max/min
-    reductions that start from infinity, LayerNorm exact on rows of equal values, and on CPU softmax
-    rows padded to the vector width."""
+    reductions that start from infinity, LayerNorm exact on rows of equal values, bit shifts by
+    any amount, and on CPU softmax rows padded to the vector width and the runtime's sort."""
     ops = {"relax.nn.conv2d": _conv2d, "relax.image.resize2d": _resize2d, "relax.cumsum": _cumsum,
-           "relax.max": _extremum(True), "relax.min": _extremum(False), "relax.nn.layer_norm": _layer_norm}
+           "relax.max": _extremum(True), "relax.min": _extremum(False), "relax.nn.layer_norm": _layer_norm,
+           "relax.left_shift": _shift(True), "relax.right_shift": _shift(False)}
     if target.kind.name == "llvm":
         ops["relax.nn.softmax"] = _softmax(targets.vector_lanes(target))
+        ops.update({"relax.topk": _topk, "relax.sort": _sort, "relax.argsort": _argsort})  # the runtime's sort: CPU only
     return relax.transform.LegalizeOps(ops)

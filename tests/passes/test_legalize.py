@@ -79,3 +79,55 @@ def test_layer_norm_of_equal_values_is_its_bias(epsilon):
     out = art.run({"x": x})[0]
     assert np.array_equal(out[0], np.broadcast_to(numpy_helper.to_array(weights[1]), (25, 31)))
     reference.assert_matches([out], reference.ort_run(model, {"x": x}))
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_topk_both_outputs(largest, axis):
+    """A classifier's top-5 (values and indices): TVM 0.27 legalises no ``topk`` (code generation
+    crashed on it); the runtime's sort does it on CPUs."""
+    shape = [2, 50, 7] if axis == 1 else [3, 1000]
+    out = list(shape)
+    out[axis] = 5
+    nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=axis, largest=largest)]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                             [helper.make_tensor_value_info("values", TensorProto.FLOAT, out),
+                              helper.make_tensor_value_info("indices", TensorProto.INT64, out)],
+                             [numpy_helper.from_array(np.array([5], np.int64), "k")])
+    art = compiler.compile(model, target="cpu", tuning="off")
+    x = reference.random_inputs(art.inputs, seed=3)
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+def test_topk_of_a_type_the_runtime_cannot_sort_is_refused_by_name():
+    nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"])]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.UINT64, [3, 8])],
+                             [helper.make_tensor_value_info("values", TensorProto.UINT64, [3, 2]),
+                              helper.make_tensor_value_info("indices", TensorProto.INT64, [3, 2])],
+                             [numpy_helper.from_array(np.array([2], np.int64), "k")])
+    with pytest.raises(UserError, match="topk of uint64"):
+        compiler.compile(model, target="cpu", tuning="off")
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint8])
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bit_shift_by_any_amount(dtype, direction):
+    """Out-of-range amounts (negative, the bit width or more) shift every bit out: 0, or the sign for
+    a signed right shift. TOPI left them to LLVM (poison: int8 shifted modulo 8)."""
+    bits = np.iinfo(dtype).bits
+    amounts = [0, 1, 3, bits - 1, bits, bits + 1, np.iinfo(dtype).max] + ([-1, -bits] if np.iinfo(dtype).min else [])
+    x = np.array([-8, 5, -1, 100, -128, 3, 7, -77, 64][:len(amounts)]).astype(dtype)
+    y = np.array(amounts, dtype)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = reference._model([helper.make_node("BitShift", ["x", "y"], ["out"], direction=direction)],
+                             [helper.make_tensor_value_info(n, elem, [len(amounts)]) for n in ("x", "y")],
+                             [helper.make_tensor_value_info("out", elem, [len(amounts)])], [])
+    wide, shift = x.astype(np.int64), y.astype(np.int64)
+    in_range = (shift >= 0) & (shift < bits)
+    if direction == "LEFT":
+        want = np.where(in_range, (wide << np.clip(shift, 0, bits - 1)), 0).astype(dtype)  # wraps to the type
+    else:
+        fill = np.where(wide < 0, -1, 0)
+        want = np.where(in_range, wide >> np.clip(shift, 0, bits - 1), fill).astype(dtype)
+    art = compiler.compile(model, target="cpu", tuning="off")
+    np.testing.assert_array_equal(art.run({"x": x, "y": y})[0], want)
