@@ -32,6 +32,7 @@ from relaxc.passes.ir import aligned_empty, constant, constant_array, is_op, rew
 from relaxc.support.targets import accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
+PRODUCT_FEWEST_ROWS = 6  # a product of computed operands (Tiled's tiles) keeps rows that 8, 7 or 6 divide
 TILE_VECTORS = (3, 4, 2, 1)  # panel widths in vectors, preferred in this order (measured below)
 PANEL_ATTR = "relaxc.panel"  # on the dense_packed block: columns per weight panel, for its schedule
 ROW_TILE_ATTR = "relaxc.row_tile"  # on the dense_packed block: rows of its register tile
@@ -62,15 +63,16 @@ def register_tile(columns: int, lanes: int, registers: int) -> Tile:
                                      waste[t] if waste[t] * 32 > columns else 0))
 
 
-def row_tile(rows: int, limit: int = ROW_TILE_MAX) -> int:
+def row_tile(rows: int, limit: int = ROW_TILE_MAX, fewest: int | None = None) -> int:
     """Rows of a register tile of at most ``limit`` rows for a ``rows``-row product: all of them
-    when few, else ``limit`` or one fewer where that divides ``rows``, else ``limit`` (the kernel
-    pads rows up to it). Two fewer gave AVX2's 6 x 2 tile 4 rows, 8 accumulators: 196 x 512 by
-    512 x 2048 (MLP-Mixer's MLP) took 4.5 ms against 3.7 padded to 198 rows, 50 x 768 by 768 x
-    3072 2.8 against 2.4 (Zen 3, 2 threads)."""
+    when few, else the most from ``limit`` down to ``fewest`` (one fewer by default) that divide
+    ``rows``, else ``limit`` (the kernel pads rows up to it). Two fewer gave AVX2's 6 x 2 tile 4
+    rows, 8 accumulators: 196 x 512 by 512 x 2048 (MLP-Mixer's MLP) took 4.5 ms against 3.7 padded
+    to 198 rows, 50 x 768 by 768 x 3072 2.8 against 2.4 (Zen 3, 2 threads)."""
     if rows <= limit:
         return rows
-    return next((t for t in (limit, limit - 1) if rows % t == 0), limit)
+    fewest = limit - 1 if fewest is None else fewest
+    return next((t for t in range(limit, fewest - 1, -1) if rows % t == 0), limit)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -90,9 +92,9 @@ def pack_panels(weights: np.ndarray, panel: int) -> np.ndarray:
     return packed
 
 
-def padded_rows(rows: int, limit: int = ROW_TILE_MAX) -> int:
+def padded_rows(rows: int, limit: int = ROW_TILE_MAX, fewest: int | None = None) -> int:
     """Rows as the kernel computes them: a whole number of register tiles."""
-    return round_up(rows, row_tile(rows, limit))
+    return round_up(rows, row_tile(rows, limit, fewest))
 
 
 def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: int) -> te.Tensor:
@@ -173,7 +175,7 @@ class _Rewriter(relax.PyExprMutator):
         if b is None or len(a) != len(b) or len(a) < 3:
             return call
         rows, columns = a[-2], b[-1]
-        new_rows = padded_rows(rows)
+        new_rows = padded_rows(rows, fewest=PRODUCT_FEWEST_ROWS)
         new_columns = columns if columns < self.lanes else round_up(columns, self.lanes)
         if (new_rows, new_columns) == (rows, columns):
             return call

@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc as compiler
-from relaxc.passes.dense import ROW_TILE_MAX, Tile, register_tile, row_tile
+from relaxc.passes.dense import PRODUCT_FEWEST_ROWS, ROW_TILE_MAX, Tile, padded_rows, register_tile, row_tile
 from relaxc.support import targets
 from tests import reference
 from tests.helpers import host_runs_avx2
@@ -48,6 +48,8 @@ def test_rows_no_tile_divides_are_padded_inside_the_kernel():
     rows = 197
     assert row_tile(rows) == ROW_TILE_MAX and row_tile(196) == 7 and row_tile(5) == 5
     assert row_tile(196, 6) == 6 and row_tile(200, 6) == 5  # AVX2: 4 rows (8 accumulators) lost to padding to 198
+    # attention's products keep rows Tiled tiles by 6 (Whisper's 1,500 tokens: padded, its tile fell to 8 x 1)
+    assert padded_rows(1500, fewest=PRODUCT_FEWEST_ROWS) == 1500 and padded_rows(197, fewest=PRODUCT_FEWEST_ROWS) == 200
     art = compiler.compile(_matmul_model((1, rows, 32), np.ones((32, 32), np.float32)), target=AVX512, tuning="off")
     assert art.report()["dense"]["padded_rows"] == -(-rows // ROW_TILE_MAX) * ROW_TILE_MAX - rows
 
