@@ -275,6 +275,7 @@ def _strided_padded_conv(channels: int, size: int) -> tirx.PrimFunc:
 
 @pytest.mark.parametrize("channels, size, per_tile", [
     (128, 56, True),  # input 1.6 MB, weights 0.6 MB: rows first, each tile pads what it reads
+    (256, 56, False),  # rows first, but four tiles of output channels would each pad the same input
     (512, 14, False)])  # weights 9.4 MB: reduces in chunks, after a padded copy of the whole input
 def test_a_rows_first_conv_pads_its_input_per_tile(channels, size, per_tile):
     sch = Tiled().apply(_strided_padded_conv(channels, size), AVX512, False)
