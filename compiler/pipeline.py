@@ -47,8 +47,8 @@ from relaxc.schedules.cache import LAYOUT_FILE, store_for
 from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
 from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, Conv1dAsConv2d, DepthwisePointwiseToMultiply,
-                                 DivideByConstantToMultiply, DropoutToIdentity, SplitAlongChannelsToSlices,
-                                 SumOfStackToAdd)
+                                 DivideByConstantToMultiply, DropoutToIdentity, GroupNormAsRows,
+                                 SplitAlongChannelsToSlices, SumOfStackToAdd)
 from relaxc.passes.check_indices import CheckIndices
 from relaxc.passes.conv_taps import DropPaddingTaps
 from relaxc.passes.cse import EliminateCommonSubexpr
@@ -103,6 +103,7 @@ def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
         FoldRemainingConstants(),  # TVM's FoldConstant for what the numpy folder does not cover
         Conv1dAsConv2d(),
         DepthwisePointwiseToMultiply(),
+        GroupNormAsRows(),
         DropPaddingTaps(),  # weights are constants now
         SumOfStackToAdd(),
         SplitAlongChannelsToSlices(),  # before ChannelShuffleToTake: a slice of a shuffle is a take

@@ -35,6 +35,11 @@ which fuses with the elementwise ops around it. As a convolution it ended a fuse
 prologue also fed its epilogue, which no convolution rule takes (4 % of its roofline, FastViT-T8's
 worst kernel).
 
+A group norm over NCHW data (``GroupNormalization``, opset 18 on) becomes what torch's export of
+GroupNorm computes: the data reshaped to (N, groups, rest), mean and variance over the rest, then
+the scale and shift per channel. TOPI's group norm copied the data into groups and ran at 7 % of its
+roofline; the reshaped form is a row reduction, which the ``Rows`` rule takes.
+
 The importer also lowers ``Clip`` straight to TIR (``call_tir`` of TOPI's maximum and minimum against a
 scalar bound), which no Relax pass can see through; those calls become ``R.maximum`` and
 ``R.minimum`` again, so ReLU6 and friends stay in the blocked layout.
@@ -306,6 +311,30 @@ class _DepthwisePointwise(relax.PyExprMutator):
         return relax.op.multiply(data, scale)
 
 
+@relax.expr_functor.mutator
+class _GroupNorm(relax.PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not is_op(call, "relax.nn.group_norm"):
+            return call
+        attrs, (data, gamma, beta) = call.attrs, call.args
+        shape = static_shape(data)
+        if shape is None or len(shape) < 3 or str(data.ty.dtype) != "float32" or int(attrs.channel_axis) % len(shape) != 1 \
+                or sorted(int(a) % len(shape) for a in attrs.axes) != list(range(2, len(shape))) \
+                or static_shape(gamma) != (shape[1],) or static_shape(beta) != (shape[1],):
+            return call
+        emit = self.builder_.emit
+        grouped = emit(relax.op.reshape(data, [shape[0], int(attrs.num_groups), -1]))
+        mean = emit(relax.op.mean(grouped, axis=[2], keepdims=True))
+        deviation = relax.op.sqrt(relax.op.add(relax.op.variance(grouped, axis=[2], keepdims=True),
+                                               relax.const(float(attrs.epsilon), "float32")))
+        normalized = emit(relax.op.reshape(relax.op.divide(relax.op.subtract(grouped, mean), emit(deviation)), shape))
+        per_channel = [1, shape[1]] + [1] * (len(shape) - 2)
+        if bool(attrs.scale):
+            normalized = emit(relax.op.multiply(normalized, relax.op.reshape(gamma, per_channel)))
+        return relax.op.add(normalized, relax.op.reshape(beta, per_channel)) if bool(attrs.center) else normalized
+
+
 def _max_or_min_with_scalar(func: tirx.PrimFunc) -> str | None:
     """``"relax.maximum"``/``"relax.minimum"`` if ``func`` is out[i] = max/min(a[i], b[]), else None."""
     if len(func.params) != 3:
@@ -358,6 +387,14 @@ class DepthwisePointwiseToMultiply:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return map_relax_functions(mod, _DepthwisePointwise(mod).visit_expr)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relaxc.GroupNormAsRows")
+class GroupNormAsRows:
+    """``group_norm`` of NCHW float32 data as mean and variance over (N, groups, rest), then scale and shift."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return map_relax_functions(mod, _GroupNorm(mod).visit_expr)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.ClipFromTIR")
