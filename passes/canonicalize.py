@@ -319,16 +319,17 @@ class _GroupNorm(relax.PyExprMutator):
             return call
         attrs, (data, gamma, beta) = call.attrs, call.args
         shape = static_shape(data)
-        if shape is None or len(shape) < 3 or str(data.ty.dtype) != "float32" or int(attrs.channel_axis) % len(shape) != 1 \
+        if shape is None or len(shape) < 3 or str(data.ty.dtype) != "float32" \
+                or int(attrs.channel_axis) % len(shape) != 1 \
                 or sorted(int(a) % len(shape) for a in attrs.axes) != list(range(2, len(shape))) \
                 or static_shape(gamma) != (shape[1],) or static_shape(beta) != (shape[1],):
             return call
         emit = self.builder_.emit
         grouped = emit(relax.op.reshape(data, [shape[0], int(attrs.num_groups), -1]))
         mean = emit(relax.op.mean(grouped, axis=[2], keepdims=True))
-        deviation = relax.op.sqrt(relax.op.add(relax.op.variance(grouped, axis=[2], keepdims=True),
-                                               relax.const(float(attrs.epsilon), "float32")))
-        normalized = emit(relax.op.reshape(relax.op.divide(relax.op.subtract(grouped, mean), emit(deviation)), shape))
+        variance = emit(relax.op.variance(grouped, axis=[2], keepdims=True))
+        deviation = emit(relax.op.sqrt(relax.op.add(variance, relax.const(float(attrs.epsilon), "float32"))))
+        normalized = emit(relax.op.reshape(relax.op.divide(relax.op.subtract(grouped, mean), deviation), shape))
         per_channel = [1, shape[1]] + [1] * (len(shape) - 2)
         if bool(attrs.scale):
             normalized = emit(relax.op.multiply(normalized, relax.op.reshape(gamma, per_channel)))

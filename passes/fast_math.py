@@ -192,11 +192,11 @@ def _pow_rule(fallback) -> Callable:
         quarters = _quarters(exponent)
         if quarters is None or not _is_float32(base):
             return fallback(call)
-        factors = [base] * (abs(quarters) // 4)
-        if abs(quarters) % 4:  # x^(q/4) = x^(q >> 2) sqrt(x)^(q >> 1 & 1) sqrt(sqrt(x))^(q & 1), the first
-            root = _root(base)  # on |x|: a root of x < 0 is NaN, but (-0)^1.5 is +0 and (-inf)^1.5 +inf
-            factors = [tirx.abs(base)] * len(factors) + [root] * (abs(quarters) >> 1 & 1) \
-                + [_root(root)] * (abs(quarters) & 1)
+        whole, fraction = divmod(abs(quarters), 4)  # x^(q/4) = x^whole sqrt(x)^(fraction >> 1) x^(1/4)^(fraction & 1)
+        factors = [base] * whole
+        if fraction:  # x on |x|: a root of x < 0 is NaN, but (-0)^1.5 is +0 and (-inf)^1.5 +inf
+            root = _root(base)
+            factors = [tirx.abs(base)] * whole + [root] * (fraction >> 1) + [tirx.sqrt(root)] * (fraction & 1)
         product = factors[0]
         for factor in factors[1:]:
             product = product * factor

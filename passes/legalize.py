@@ -360,5 +360,5 @@ def legalize_ops(target: Target) -> tvm.transform.Pass:
            "relax.left_shift": _shift(True), "relax.right_shift": _shift(False)}
     if target.kind.name == "llvm":
         ops["relax.nn.softmax"] = _softmax(targets.vector_lanes(target))
-        ops.update({"relax.topk": _topk, "relax.sort": _sort, "relax.argsort": _argsort})  # the runtime's sort: CPU only
+        ops.update({"relax.topk": _topk, "relax.sort": _sort, "relax.argsort": _argsort})  # the runtime's sort
     return relax.transform.LegalizeOps(ops)

@@ -225,8 +225,8 @@ def _row_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
     row (a variance over the pixels of (N, groups, pixels), InstanceNorm's and the GroupNorm exported
     through it: ``Tiled`` vectorised it across rows 25,088 floats apart, on one thread). Rows over
     several axes (a blocked LayerNorm reduces over channel blocks and lanes): a reduction's spatial
-    loops, or for an elementwise
-    anchor the loops whose variables index its reads of the reductions' results (the pixels)."""
+    loops, or for an elementwise anchor the loops whose variables index its reads of the reductions'
+    results (the pixels)."""
     loops = sch.get_loops(anchor)
     if loops and points(sch, anchor) == points(sch, reductions[0].block_rv):
         return loops  # one value a row (a variance, its square root): every loop is over rows

@@ -28,8 +28,8 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from relaxc.schedules.cpu.rule import CpuRule
 from relaxc.schedules.cpu.steps import (L1_BYTES, MIN_PARALLEL_ROWS, broadcasts, buffer_bytes, index_names,
-                                        inline_elementwise, largest_factor, loop_extent, schedule_spatial, try_attach, vector_width,
-                                        vectorize_innermost)
+                                        inline_elementwise, largest_factor, loop_extent, schedule_spatial, try_attach,
+                                        vector_width, vectorize_innermost)
 from relaxc.support.targets import VectorUnit, accumulators
 from relaxc.support.tvm_internals import UncheckedSchedule
 
