@@ -16,7 +16,8 @@ the padding never leaves it. The panel width and the tile's rows fit the target'
 panel divides (a language model's 50,257-word vocabulary) gets zero weight columns up to the next
 panel, computed and never stored. A single-row product (a CNN's classifier head, batch 1) stays as
 it is: it reads every weight once in any layout, and the ``Tiled`` rule reads 8 adjacent vectors of
-a weight row at a time; so does an outer product (K = 1).
+a weight row at a time; so does an outer product (K = 1). Where no vector divides such a product's
+N (21,841 classes), its weight gets zero columns up to whole vectors and the product is sliced back.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from relaxc.support.targets import accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
 PRODUCT_FEWEST_ROWS = 6  # a product of computed operands (Tiled's tiles) keeps rows that 8, 7 or 6 divide
+SHORTEST_VECTOR = 4  # a single-row product whose N no vector this long divides is padded to whole vectors
 TILE_VECTORS = (3, 4, 2, 1)  # panel widths in vectors, preferred in this order (measured below)
 PANEL_ATTR = "relaxc.panel"  # on the dense_packed block: columns per weight panel, for its schedule
 ROW_TILE_ATTR = "relaxc.row_tile"  # on the dense_packed block: rows of its register tile
@@ -161,13 +163,27 @@ class _Rewriter(relax.PyExprMutator):
         panel = tile.vectors * self.lanes
         if depth != shape[-1] or rows == 1 or depth == 1:
             self.stats["unpacked"] += 1
-            return call
+            return self._whole_vectors(call, w) if rows == 1 and depth > 1 else call
         packed = pack_panels(w, panel)
         self.stats["packed"] += 1
         self.stats["padded_rows"] += padded_rows(rows, tile.rows) - rows
         self.stats["padded_columns"] += packed.shape[0] * panel - columns
         return self.builder_.call_te(dense_packed, data, constant(packed), columns, tile.rows,
                                      primfunc_name_hint="dense_packed")
+
+    def _whole_vectors(self, call: relax.Call, w: np.ndarray) -> relax.Expr:
+        """A single-row product whose N no vector of ``SHORTEST_VECTOR`` lanes divides: zero weight
+        columns up to whole vectors, then sliced back. Unpadded, its columns ran one at a time, each
+        a strided walk down the row-major weight (TinyViT's 320 x 21,841 ImageNet-22k head: 40 ms,
+        0.54 ms padded, on Zen 3)."""
+        columns = w.shape[1]
+        if math.gcd(columns, self.lanes) >= SHORTEST_VECTOR:  # 1,000 classes: vectors of 8 on AVX-512
+            return call
+        padded = np.pad(w, ((0, 0), (0, round_up(columns, self.lanes) - columns)))
+        self.stats["padded_columns"] += padded.shape[1] - columns
+        product = self.builder_.emit(relax.op.matmul(call.args[0], constant(padded)))
+        ndim = len(static_shape(call.args[0]))
+        return relax.op.strided_slice(product, [ndim - 1], [0], [columns])
 
     def _pad(self, call: relax.Call, a: tuple[int, ...], b: tuple[int, ...] | None) -> relax.Expr:
         """A product of two computed operands (attention) whose rows or columns no register tile or

@@ -66,6 +66,12 @@ ERF_NUM = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -
 ERF_DEN = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
            -1.42647390514189e-02)
 
+LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+            -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+SQRT_HALF = 0.707106781186547524
+FLT_MIN = float.fromhex("0x1p-126")
+SUBNORMAL_SCALE = 23  # a subnormal times 2**23 is normal
+
 MAX_POW_MULTIPLICATIONS = 4
 
 
@@ -83,9 +89,9 @@ def _is_float32(x: tirx.PrimExpr) -> bool:
     return dtype.type_code == tvm.DataTypeCode.FLOAT and dtype.bits == 32
 
 
-def _like(x: tirx.PrimExpr, value: float) -> tirx.PrimExpr:
-    """The float32 constant ``value`` with x's vector lanes."""
-    constant = tirx.const(value, "float32")
+def _like(x: tirx.PrimExpr, value: float, scalar: str = "float32") -> tirx.PrimExpr:
+    """The ``scalar`` constant ``value`` with x's vector lanes."""
+    constant = tirx.const(value, scalar)
     return constant if _lanes(x) == 1 else tirx.Broadcast(constant, _lanes(x))
 
 
@@ -162,6 +168,22 @@ def erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return _keep_nan(x, clamped * (_horner(x2, ERF_NUM) / _horner(x2, ERF_DEN)))
 
 
+def log(x: tirx.PrimExpr) -> tirx.PrimExpr:
+    lanes = _lanes(x)
+    tiny = x < FLT_MIN
+    bits = tirx.reinterpret(_vector("int32", lanes), tirx.Select(tiny, x * float(1 << SUBNORMAL_SCALE), x))
+    exponent = (bits >> 23) - tirx.Select(tiny, _like(x, 126 + SUBNORMAL_SCALE, "int32"), _like(x, 126, "int32"))  # x = m 2**exponent, m in [0.5, 1)
+    m = tirx.reinterpret(_vector("float32", lanes), (bits & 0x007FFFFF) | 0x3F000000)
+    small = m < SQRT_HALF  # then x = 2m 2**(exponent - 1): the mantissa in [sqrt(1/2), sqrt(2))
+    e = exponent.astype(_vector("float32", lanes)) - tirx.Select(small, _like(x, 1.0), _like(x, 0.0))
+    f = tirx.Select(small, m + m, m) - 1.0
+    z = f * f
+    result = f + (f * z * _horner(f, LOG_POLY) + e * LN2_LO - z * 0.5) + e * LN2_HI
+    zero, inf = _like(x, 0.0), _like(x, float("inf"))
+    result = tirx.Select(x == zero, -inf, tirx.Select(x == inf, inf, result))
+    return tirx.Select(x < zero, _like(x, float("nan")), _keep_nan(x, result))
+
+
 def _quarters(value: tirx.PrimExpr) -> int | None:
     """4 x the exponent, for a constant exponent that is a whole number of quarters, not 0, at most
     ``MAX_POW_MULTIPLICATIONS`` in size; else None."""
@@ -210,7 +232,7 @@ def _default_rule(op: str) -> Callable:
     return next(rule for rule in map(tvm.ir.Op.get(op).get_attr, attrs) if rule is not None)
 
 
-EXPANSIONS = {"tirx.exp": exp, "tirx.tanh": tanh, "tirx.erf": erf, "tirx.sigmoid": sigmoid}  # written out in full
+EXPANSIONS = {"tirx.exp": exp, "tirx.log": log, "tirx.tanh": tanh, "tirx.erf": erf, "tirx.sigmoid": sigmoid}  # written out in full
 
 
 def register() -> None:

@@ -16,6 +16,7 @@ from relaxc.passes.legalize import STAGE_ATTR
 
 MIN_PARALLEL_ROWS = 16  # fewer rows than this: one flat parallel loop balances better
 L1_BYTES = 32 * 1024  # the smallest L1 data cache of the CPUs seen (Zen 3): a tile's weights over it reduce in chunks
+L2_BYTES = 512 * 1024  # the smallest L2 cache of the CPUs seen (Zen 3)
 TRANSCENDENTAL = {"tirx.exp", "tirx.sigmoid", "tirx.tanh", "tirx.erf", "tirx.pow", "tirx.log"}
 
 

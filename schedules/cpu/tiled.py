@@ -27,7 +27,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from relaxc.schedules.cpu.rule import CpuRule
-from relaxc.schedules.cpu.steps import (L1_BYTES, MIN_PARALLEL_ROWS, broadcasts, buffer_bytes, index_names,
+from relaxc.schedules.cpu.steps import (L1_BYTES, L2_BYTES, MIN_PARALLEL_ROWS, broadcasts, buffer_bytes, index_names,
                                         inline_elementwise, largest_factor, loop_extent, schedule_spatial, try_attach,
                                         vector_width, vectorize_innermost)
 from relaxc.support.targets import VectorUnit, accumulators
@@ -255,7 +255,7 @@ def _schedule_reduction(sch: s_tir.Schedule, info: SBlockInfo, unit: VectorUnit,
         index, factor = second
         outer[index], second_inner = sch.split(outer[index], factors=[None, factor])
         inner.insert(len(inner) - 1 if index == len(outer) - 1 else 0, second_inner)  # adjacent vectors: per row
-    chunked = _chunked_rows(sch, outer, reduction, second, width * _bytes_per(info, sch), weight_bytes > input_bytes)
+    chunked = _chunked_rows(sch, outer, reduction, second, width * _bytes_per(info, sch), input_bytes, weight_bytes)
     if chunked is None:
         rows_outermost = rows_first and square is not None
         if rows_outermost:  # each thread reads part of the input, all the weights
@@ -358,7 +358,7 @@ def _bytes_per(info: SBlockInfo, sch: s_tir.Schedule) -> int:
 
 
 def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduction: list[s_tir.schedule.LoopRV],
-                  second: tuple[int, int] | None, vector_bytes: int, weights_dominate: bool
+                  second: tuple[int, int] | None, vector_bytes: int, input_bytes: int, weight_bytes: int
                   ) -> tuple[list[s_tir.schedule.LoopRV], s_tir.schedule.LoopRV, list[s_tir.schedule.LoopRV]] | None:
     """For a blocked conv whose register tile spans several output channel blocks (``second``:
     AVX-512's registers; AVX2's on 56- and 28-wide maps only) and whose tile's
@@ -381,13 +381,22 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
     leave out what lost: a conv whose input dominates (the stride-2 3x3 conv to 28 x 28, 1.19 ->
     1.29 ms), one whose tile's weights per block do not fit in L1 anyway (ZFNet's 5x5 96 -> 256
     conv, 100 KB per block: 0.15-0.21 ms), and a shorter reduction (the 128 -> 512 conv at 28 x 28:
-    0.54 ms tile by tile, 1.0 ms in one chunk, the accumulators of whole rows going through memory)."""
+    0.54 ms tile by tile, 1.0 ms in one chunk, the accumulators of whole rows going through memory).
+    A tile of one output channel block (AVX2 on 14- and 7-wide maps) reduces in chunks only where
+    its weights over the reduction and the input together outgrow ``L2_BYTES``: HRNet's stride-2 3x3
+    512 -> 1024 conv (147 KB of weights a tile, 400 KB of input) 5.1 -> 4.3 ms on Zen 3; a 256 -> 512
+    one (73 KB) and long pointwise convs gained nothing in chunks."""
     extents = [loop_extent(sch, loop) for loop in reduction]
-    if len(outer) != 4 or len(reduction) < 2 or None in extents or second is None or second[0] != 0:
+    if len(outer) != 4 or len(reduction) < 2 or None in extents or second is not None and second[0] != 0:
         return None
-    block_bytes = second[1] * math.prod(extents[1:]) * vector_bytes  # a tile's weights per input channel block
+    blocks = second[1] if second is not None else 1  # output channel blocks in the tile
+    block_bytes = blocks * math.prod(extents[1:]) * vector_bytes  # a tile's weights per input channel block
     long_pointwise = len(reduction) == 2 and math.prod(extents) >= LONG_REDUCTION
-    if not long_pointwise and not (weights_dominate and block_bytes <= L1_BYTES < block_bytes * extents[0]):
+    weights_chunk = weight_bytes > input_bytes and block_bytes <= L1_BYTES < block_bytes * extents[0]
+    if second is None:  # a tile of one block: only where its weights and the input outgrow L2
+        if long_pointwise or not weights_chunk or block_bytes * extents[0] + input_bytes <= L2_BYTES:
+            return None
+    elif not long_pointwise and not weights_chunk:
         return None
     channels, rows, columns, vectors = outer
     height, groups = loop_extent(sch, rows), loop_extent(sch, channels)

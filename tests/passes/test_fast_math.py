@@ -15,7 +15,7 @@ LANES = 8
 
 # name: (max ulp on normal results, whether subnormal results may be flushed to 0)
 # sigmoid(x < -87.3) is 0 rather than a subnormal, as TVM's own sigmoid gives.
-BOUNDS = {"exp": (1, False), "tanh": (4, False), "erf": (5, False), "sigmoid": (2, True)}
+BOUNDS = {"exp": (1, False), "log": (1, False), "tanh": (4, False), "erf": (5, False), "sigmoid": (2, True)}
 
 
 def _run(fn, x: np.ndarray) -> np.ndarray:
@@ -43,6 +43,9 @@ def _pad(values: list[float]) -> np.ndarray:
 
 def test_limits_are_exact():
     assert _run(te.exp, _pad([-np.inf, np.inf, 0.0, -200.0, 200.0]))[:5].tolist() == [0.0, np.inf, 1.0, 0.0, np.inf]
+    log = _run(te.log, _pad([0.0, -0.0, np.inf, -np.inf, -1.0, 1.0, 1e-45, 2.0]))[:8]
+    np.testing.assert_array_equal(log[:6], [-np.inf, -np.inf, np.inf, np.nan, np.nan, 0.0])
+    np.testing.assert_allclose(log[6:], np.log(np.float32([1e-45, 2.0])), rtol=1e-7)  # a subnormal's log
     assert _run(te.tanh, _pad([-np.inf, np.inf, 0.0, 20.0, -20.0]))[:5].tolist() == [-1.0, 1.0, 0.0, 1.0, -1.0]
     assert _run(te.erf, _pad([-np.inf, np.inf, 0.0, 10.0]))[:4].tolist() == [-1.0, 1.0, 0.0, 1.0]
     assert _run(te.sigmoid, _pad([-np.inf, np.inf, 0.0]))[:3].tolist() == [0.0, 1.0, 0.5]
@@ -59,11 +62,11 @@ def test_pow_with_a_small_integer_exponent_is_multiplication(exponent):
 
 
 def test_no_scalar_calls_left_in_the_machine_code():
-    """TVM's own lowering calls expf/erff once per element; ours is arithmetic."""
+    """TVM's own lowering calls expf/logf/erff once per element; ours is arithmetic."""
     fast_math.register()
-    for fn in (te.exp, te.tanh, te.erf, te.sigmoid):
+    for fn in (te.exp, te.log, te.tanh, te.erf, te.sigmoid):
         asm = measure.kernel(fn, 4096, TARGET, LANES).mod.inspect_source("asm")
-        assert not any(name in asm for name in ("expf", "erff", "tanhf")), fn.__name__
+        assert not any(name in asm for name in ("expf", "logf", "erff", "tanhf")), fn.__name__
 
 
 def test_sigmoid_divides_without_a_division_instruction():
@@ -89,3 +92,24 @@ def test_pow_with_a_quarter_exponent_is_multiplication_of_roots(exponent):
     np.testing.assert_array_equal(got, want)
     assert (np.signbit(got[:4]) == np.signbit(want[:4])).all()
     assert "powf" not in measure.kernel(power, len(x), TARGET, LANES).mod.inspect_source("asm")
+
+
+@pytest.mark.parametrize("op", ["Softplus", "Mish"])
+def test_softplus_and_mish_match_onnxruntime_in_vector_form(op):
+    """Both are log(1 + exp(x)) in TVM's importer: a vectorised elementwise kernel, not one logf call
+    per element, and onnxruntime's results over the range where exp overflows."""
+    from onnx import TensorProto, helper
+
+    import relaxc as compiler
+    from tests import reference
+
+    shape = [1, 16, 28, 28]
+    model = reference._model([helper.make_node(op, ["x"], ["out"])],
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], [], 18)
+    art = compiler.compile(model, tuning="off")
+    kernels = [f for f in art.module("final").functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    logs = [f.script() for f in kernels if "T.log" in f.script()]
+    assert logs and all("T.vectorized" in script for script in logs)
+    x = {"x": (np.random.default_rng(4).standard_normal(shape) * 40).astype(np.float32)}
+    reference.assert_matches(art.run(x), reference.ort_run(model, x))

@@ -284,12 +284,25 @@ def test_a_rows_first_conv_pads_its_input_per_tile(channels, size, per_tile):
     assert (sch.get(sch.get_loops(pad)[0]) == sch.get(sch.get_loops(conv)[0])) == per_tile  # under its parallel loop
 
 
-def test_a_conv_padding_per_tile_computes_the_conv():
-    """Per tile on an AVX-512 host (the schedule above), a padded copy first on an AVX2 one."""
-    data, weight, out = _run_on_host(_strided_padded_conv(128, 56), (1, 8, 56, 56, 16), (8, 8, 3, 3, 16, 16),
-                                     (1, 8, 28, 28, 16))
+@pytest.mark.parametrize("channels, chunks", [
+    (512, 16),  # a tile's weights 147 KB and the input 400 KB outgrow L2: chunks of two blocks
+    (256, None)])  # 73 KB and 200 KB: each tile reduces over all of it
+def test_an_avx2_tile_of_one_channel_block_reduces_in_chunks_where_l2_is_outgrown(channels, chunks):
+    """AVX2's 16 registers hold one output channel block's row tile on a 7-wide map."""
+    sch = Tiled().apply(_strided_padded_conv(channels, 14), Target({"kind": "llvm", "mcpu": "znver3"}), False)
+    serial = _serial_extents(sch, "conv_update")
+    assert (serial[0] if len(serial) > 4 else None) == chunks
+
+
+@pytest.mark.parametrize("channels, size", [
+    (128, 56),  # per tile on an AVX-512 host (the schedule above), a padded copy first on an AVX2 one
+    (512, 14)])  # in chunks on both
+def test_a_strided_conv_computes_the_conv(channels, size):
+    blocks, half = channels // 16, size // 2
+    data, weight, out = _run_on_host(_strided_padded_conv(channels, size), (1, blocks, size, size, 16),
+                                     (blocks, blocks, 3, 3, 16, 16), (1, blocks, half, half, 16))
     padded = np.pad(data[0], ((0, 0), (1, 1), (1, 1), (0, 0)))
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))[:, ::2, ::2][:, :28, :28]
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))[:, ::2, ::2][:, :half, :half]
     expected = np.einsum("cyxbhw,ochwbi->oyxi", windows, weight)
     np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-2)
 

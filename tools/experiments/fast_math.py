@@ -33,6 +33,7 @@ TINY = float(np.finfo(np.float32).tiny)
 # name: (TE function, float64 reference)
 FUNCTIONS: dict[str, tuple[Callable, Callable]] = {
     "exp": (te.exp, np.exp),
+    "log": (te.log, np.log),
     "tanh": (te.tanh, np.tanh),
     "erf": (te.erf, np.vectorize(math.erf, otypes=[np.float64])),
     "sigmoid": (te.sigmoid, lambda v: 1 / (1 + np.exp(-v))),
