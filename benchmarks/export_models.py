@@ -168,7 +168,8 @@ def _t5_encoder():
 
 # Families beyond the zoo's, for benchmarks/families.py: the forms they use (TF's "same" padding,
 # pooling and MLPs as token mixers, norms over spatial axes, attention over other axes, RMSNorm,
-# rotary embeddings, grouped-query attention, 1-D convolutions over audio) are what a compiler
+# rotary embeddings, grouped-query attention, 1-D convolutions over audio, LSTMs as token mixers,
+# torch's fold (Col2Im), a 21,841-class head) are what a compiler
 # tuned on the zoo meets next.
 FAMILIES: dict[str, Export] = {
     **{name: Export(_timm(name), dynamo=True) for name in (
@@ -176,7 +177,7 @@ FAMILIES: dict[str, Export] = {
         "levit_128s", "deit_tiny_patch16_224", "rexnet_100", "hrnet_w18_small", "dla34", "dpn68",
         "efficientformer_l1", "edgenext_xx_small", "mobilenetv4_conv_small", "fastvit_t8", "ese_vovnet19b_dw",
         "xcit_nano_12_p16_224", "convnextv2_atto", "pit_ti_224", "mixer_s16_224", "gcvit_xxtiny", "cspresnet50",
-        "res2net50_14w_8s")},
+        "res2net50_14w_8s", "tiny_vit_5m_224", "sequencer2d_s", "volo_d1_224")},
     "llama": Export(_decoder("LlamaConfig", "LlamaModel"), dynamo=True),
     "qwen2": Export(_decoder("Qwen2Config", "Qwen2Model"), dynamo=True),
     "gemma": Export(_decoder("GemmaConfig", "GemmaModel", head_dim=32), dynamo=True),

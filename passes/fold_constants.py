@@ -31,6 +31,13 @@ _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "relax.rsqrt": lambda x: np.reciprocal(np.sqrt(x)),
     "relax.negative": np.negative,
     "relax.exp": np.exp,
+    "relax.less": np.less,  # the importer's Gather wraps negative indices: where(i < 0, i + n, i)
+    "relax.greater": np.greater,
+    "relax.less_equal": np.less_equal,
+    "relax.greater_equal": np.greater_equal,
+    "relax.equal": np.equal,
+    "relax.not_equal": np.not_equal,
+    "relax.where": np.where,
 }
 # Operators whose result is fully described by the input values and the output shape.
 _RESHAPING = {"relax.reshape", "relax.broadcast_to", "relax.expand_dims", "relax.squeeze",
@@ -44,6 +51,9 @@ def _value(arg: relax.Expr) -> np.ndarray | float | tuple | None:
         return tuple(int(v) for v in arg.values)
     if isinstance(arg, (FloatImm, IntImm)):
         return arg.value
+    if isinstance(arg, relax.Tuple):  # a strided slice's axes, begins, ends
+        values = [_value(field) for field in arg.fields]
+        return None if any(v is None for v in values) else tuple(values)
     return None
 
 
@@ -62,6 +72,18 @@ def _evaluate(call: relax.Call, args: list) -> np.ndarray | None:
         result = np.transpose(args[0], None if axes is None else [int(a) for a in axes])
     elif name == "relax.astype":
         result = args[0]
+    elif name == "relax.take":  # "fast" assumes the indices in bounds: numpy checks
+        try:
+            result = np.take(args[0], args[1], axis=int(call.attrs.axis),
+                             mode={"fast": "raise"}.get(call.attrs.mode, call.attrs.mode))
+        except IndexError:
+            return None
+    elif name == "relax.strided_slice":
+        steps = args[4] if len(args) > 4 else (1,) * len(args[1])
+        index = [slice(None)] * np.ndim(args[0])
+        for axis, begin, end, step in zip(args[1], args[2], args[3], steps):
+            index[axis] = slice(begin, end, step)
+        result = args[0][tuple(index)]
     else:
         return None
     # one copy, cast on the way, into memory the constant then shares (the result's astype, its

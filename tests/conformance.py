@@ -53,6 +53,7 @@ SHAPE_PARAMETERS = {
                            "Unsqueeze", "Reshape", "Expand", "Tile", "TopK", "Split", "OneHot", "CumSum",
                            "CumProd", "CenterCropPad", "Trilu", "Upsample")},
     "Pad": (1, 3), "Slice": (1, 2, 3, 4), "Resize": (1, 2, 3), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Col2Im": (1, 2),
 }
 
 

@@ -22,7 +22,7 @@ import tvm
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
-from relaxc.frontend import exactness, functions, models, prepare, rewrites
+from relaxc.frontend import decompose, exactness, functions, models, prepare, rewrites
 from relaxc.support.tensors import TensorSpec
 from relaxc.support import tvm_internals
 from relaxc.support.errors import InputError, ModelError, ShapeError, UnsupportedOperatorError
@@ -124,9 +124,10 @@ def converted_operators() -> set[str]:
     return tvm_internals.onnx_converters() | _BUILTIN_OPS
 
 
-def check_operators(graph: onnx.GraphProto) -> None:
-    """Raise UnsupportedOperatorError listing every unsupported op type with its node names."""
-    supported = converted_operators()
+def check_operators(graph: onnx.GraphProto, decomposable: frozenset[str] = frozenset()) -> None:
+    """Raise UnsupportedOperatorError listing every unsupported op type with its node names; op types
+    in ``decomposable`` pass (``decompose`` writes them out later, when their form allows)."""
+    supported = converted_operators() | decomposable
     missing: dict[str, list[str]] = collections.defaultdict(list)
     for index, node in enumerate(_all_nodes(graph)):
         key = node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}::{node.op_type}"
@@ -285,11 +286,13 @@ def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Cons
     check_model(proto, path)
     ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
     proto = functions.expand(proto, converted_operators())
-    check_operators(proto.graph)
+    check_operators(proto.graph, decompose.OPERATORS)
     proto = bind_constants(proto, constants)
     inputs = bind_shapes(proto.graph, shapes)
     bound = {name: shape for name, shape, _ in inputs}
     proto = rewrites.rewrite(prepare.fold_shape_computations(proto, bound), bound)
+    proto = decompose.decompose(proto, bound)
+    check_operators(proto.graph)
     exactness.refuse_inexact(proto, inputs, list(_all_nodes(proto.graph)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
