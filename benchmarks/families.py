@@ -81,13 +81,19 @@ def _run(args: argparse.Namespace) -> int:
     if args.markdown:
         heading = this_cpu("cpu")
         text = open(args.markdown).read() if os.path.exists(args.markdown) else ""
-        text = merge_results(text, heading, table, args.markdown, COLUMNS, ALIGN, HEADER)
-        text = merge_results(text, heading, [_summary(_section_rows(text, heading))], args.markdown, COLUMNS, ALIGN,
-                             HEADER)
+        text = with_summary(merge_results(text, heading, table, args.markdown, COLUMNS, ALIGN, HEADER), heading,
+                            args.markdown)
         with open(args.markdown, "w") as f:
             f.write(text)
         print(f"{args.markdown} updated")
     return 0
+
+
+def with_summary(text: str, heading: str, path: str) -> str:
+    """``text`` with the section's summary row recomputed from its model rows, as its last row
+    (models measured for the first time come after the old summary)."""
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(f"| {SUMMARY} |")) + "\n"
+    return merge_results(text, heading, [_summary(_section_rows(text, heading))], path, COLUMNS, ALIGN, HEADER)
 
 
 def _section_rows(text: str, heading: str) -> list[list[str]]:

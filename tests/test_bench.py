@@ -55,3 +55,8 @@ def test_the_families_summary_covers_every_model_row_of_the_section():
     text = bench.merge_results("", ZEN3, rows, "docs/families.md", families.COLUMNS, families.ALIGN, families.HEADER)
     summary = families._summary(families._section_rows(text, ZEN3))
     assert summary[0] == families.SUMMARY and summary[3] == "1.00x" and "zoo:b 2.00x" in summary[4] and summary[7] == "3"
+    text = families.with_summary(text, ZEN3, "docs/families.md")
+    more = [["zoo:c", "1", "1", "1.00x", "`k`", "10%", "20%", "0", "2026-01-02"]]  # measured for the first time
+    text = bench.merge_results(text, ZEN3, more, "docs/families.md", families.COLUMNS, families.ALIGN, families.HEADER)
+    lines = [line for line in families.with_summary(text, ZEN3, "docs/families.md").splitlines() if line.startswith("|")]
+    assert lines[-1].startswith(f"| {families.SUMMARY} |") and sum(families.SUMMARY in line for line in lines) == 1
