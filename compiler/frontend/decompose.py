@@ -179,8 +179,8 @@ class _Cell:
             w_bias, r_bias = self.part(bias, 0, gates), self.part(bias, gates, gates)
             if self.linear_before_reset:  # GRU: the candidate's recurrent bias stays inside the reset gate's product
                 self.candidate_bias = self.part(r_bias, 2)
-                r_bias = emit.op("Concat", [self.part(r_bias, 0, 2),
-                                            emit.op("Sub", [self.candidate_bias, self.candidate_bias])])
+                zeros = emit.op("CastLike", [emit.const(np.zeros(hidden, np.float32)), self.candidate_bias])
+                r_bias = emit.op("Concat", [self.part(r_bias, 0, 2), zeros], axis=0)
             self.input_bias = emit.op("Add", [w_bias, r_bias])
         self.first_three = emit.const(np.arange(4 * hidden) < 3 * hidden) if lstm else None  # gates i, o, f
         self.peepholes = None
