@@ -17,7 +17,7 @@ from tvm import relax
 from tvm.ir.expr import GenericConst
 from tvm.tirx import FloatImm, IntImm
 
-from relaxc.passes.ir import aligned_empty, constant, constant_array, map_relax_functions
+from relaxc.passes.ir import aligned_empty, constant, constant_array, map_relax_functions, static_shape
 
 _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "relax.add": np.add,
@@ -72,6 +72,8 @@ def _evaluate(call: relax.Call, args: list) -> np.ndarray | None:
         result = np.transpose(args[0], None if axes is None else [int(a) for a in axes])
     elif name == "relax.astype":
         result = args[0]
+    elif name == "relax.shape_to_tensor":
+        result = np.asarray(args[0], np.int64)
     elif name == "relax.take":  # "fast" assumes the indices in bounds: numpy checks
         try:
             result = np.take(args[0], args[1], axis=int(call.attrs.axis),
@@ -110,6 +112,8 @@ class _NumpyFolder(relax.PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not isinstance(call.op, tvm.ir.Op):
             return call
+        if call.op.name == "relax.shape_of" and (shape := static_shape(call.args[0])) is not None:
+            return relax.ShapeExpr(list(shape))  # the importer's Gather reads the data's shape to wrap indices
         args = []
         for arg in call.args:
             if isinstance(arg, relax.Var):
