@@ -163,7 +163,7 @@ class _Rewriter(relax.PyExprMutator):
         panel = tile.vectors * self.lanes
         if depth != shape[-1] or rows == 1 or depth == 1:
             self.stats["unpacked"] += 1
-            return self._whole_vectors(call, w) if rows == 1 and depth == shape[-1] and depth > 1 else call
+            return call if depth != shape[-1] or depth == 1 else self._whole_vectors(call, w)  # one row
         packed = pack_panels(w, panel)
         self.stats["packed"] += 1
         self.stats["padded_rows"] += padded_rows(rows, tile.rows) - rows

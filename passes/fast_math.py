@@ -1,7 +1,8 @@
-"""Vectorisable float32 transcendental functions for LLVM CPU code: exp, tanh, erf (hence sigmoid,
-softmax, both GELU forms, swish) and ``pow`` with a small exponent in whole quarters.
+"""Vectorisable float32 transcendental functions for LLVM CPU code: exp, log, tanh, erf (hence
+sigmoid, softmax, both GELU forms, swish, softplus, mish) and ``pow`` with a small exponent in whole
+quarters.
 
-TVM 0.27 lowers ``exp`` and ``pow`` to LLVM intrinsics and ``erf`` to a libm call; without a vector
+TVM 0.27 lowers ``exp``, ``log`` and ``pow`` to LLVM intrinsics and ``erf`` to a libm call; without a vector
 math library LLVM turns each into one scalar call per element, so a vectorised GELU or softmax ran
 at scalar speed (GPT-2's tanh-GELU kernel was 46 % of its time). Here they become polynomial
 expressions of plain arithmetic, bit operations and selects, which vectorise like any other
@@ -13,6 +14,8 @@ Accuracy, measured against numpy in float64 over every float32 bit pattern class
 ``tests/passes/test_fast_math.py`` asserts the bounds):
 - exp: Cephes' degree-6 polynomial on the reduced argument, the power of two applied as two
   exponent-field scalings so that overflow gives inf and underflow gives subnormals then 0;
+- log: Cephes' degree-8 polynomial in m - 1 for x = m 2**e, m in [sqrt(1/2), sqrt(2)) read from the
+  bits (subnormals scaled by 2**23 first), plus e ln 2; 1 ulp; log(0) = -inf, log(x < 0) = NaN;
 - sigmoid: on -|x| (XNNPACK's form), exp of a non-positive argument (the power of two from the
   rounding's own bits), then e / (1 + e) by Newton-Raphson from a linear estimate (the denominator
   lies in [1, 2]) with a final correction of the quotient, and 1 - that for positive x: no division
@@ -172,7 +175,8 @@ def log(x: tirx.PrimExpr) -> tirx.PrimExpr:
     lanes = _lanes(x)
     tiny = x < FLT_MIN
     bits = tirx.reinterpret(_vector("int32", lanes), tirx.Select(tiny, x * float(1 << SUBNORMAL_SCALE), x))
-    exponent = (bits >> 23) - tirx.Select(tiny, _like(x, 126 + SUBNORMAL_SCALE, "int32"), _like(x, 126, "int32"))  # x = m 2**exponent, m in [0.5, 1)
+    bias = tirx.Select(tiny, _like(x, 126 + SUBNORMAL_SCALE, "int32"), _like(x, 126, "int32"))
+    exponent = (bits >> 23) - bias  # x = m 2**exponent, m in [0.5, 1)
     m = tirx.reinterpret(_vector("float32", lanes), (bits & 0x007FFFFF) | 0x3F000000)
     small = m < SQRT_HALF  # then x = 2m 2**(exponent - 1): the mantissa in [sqrt(1/2), sqrt(2))
     e = exponent.astype(_vector("float32", lanes)) - tirx.Select(small, _like(x, 1.0), _like(x, 0.0))
@@ -232,7 +236,8 @@ def _default_rule(op: str) -> Callable:
     return next(rule for rule in map(tvm.ir.Op.get(op).get_attr, attrs) if rule is not None)
 
 
-EXPANSIONS = {"tirx.exp": exp, "tirx.log": log, "tirx.tanh": tanh, "tirx.erf": erf, "tirx.sigmoid": sigmoid}  # written out in full
+EXPANSIONS = {"tirx.exp": exp, "tirx.log": log, "tirx.tanh": tanh, "tirx.erf": erf,  # written out in full
+              "tirx.sigmoid": sigmoid}
 
 
 def register() -> None:

@@ -40,8 +40,8 @@ def decompose(proto: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onn
     if opset < MIN_OPSET or not any(node.op_type in _RULES for node in proto.graph.node):
         return proto
     arrays = functools.cache(lambda: {init.name: init for init in proto.graph.initializer})
-    shapes = functools.cache(lambda: {**{name: tuple(init.dims) for name, init in arrays().items()},
-                                      **prepare.static_shapes(proto, inputs)})  # inference leaves out small initializers
+    shapes = functools.cache(lambda: {**{name: tuple(init.dims) for name, init in arrays().items()},  # inference
+                                      **prepare.static_shapes(proto, inputs)})  # leaves out small initializers
     nodes, changed = [], False
     for index, node in enumerate(proto.graph.node):
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
@@ -90,10 +90,6 @@ class _Emitter:
         return self.op("Concat", parts, output, axis=axis) if len(parts) > 1 else self.op("Identity", parts, output)
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _activations(node: onnx.NodeProto, attrs: dict, directions: int) -> list[str] | None:
     names = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations", [])]
     names = names or DEFAULT_ACTIVATIONS[node.op_type] * directions
@@ -102,7 +98,7 @@ def _activations(node: onnx.NodeProto, attrs: dict, directions: int) -> list[str
 
 def _recurrent(node: onnx.NodeProto, emit: _Emitter, shapes: Shapes, array: Callable) -> bool:
     """An LSTM, GRU or RNN unrolled (the module docstring says which forms); False to leave it."""
-    attrs, kind = _attrs(node), node.op_type
+    attrs, kind = prepare.attributes(node), node.op_type
     args = list(node.input) + [""] * (8 - len(node.input))
     x_shape, r_shape = shapes().get(args[0]), shapes().get(args[2])
     direction = attrs.get("direction", b"forward")
@@ -254,7 +250,7 @@ def _rnn_step(cell: _Cell, projected: str, state: list[str]) -> list[str]:
 
 def _col2im(node: onnx.NodeProto, emit: _Emitter, shapes: Shapes, array: Callable) -> bool:
     """The image as the sum over kernel positions of each position's blocks placed at their offset."""
-    attrs = _attrs(node)
+    attrs = prepare.attributes(node)
     x_shape, image, block = shapes().get(node.input[0]), array(node.input[1]), array(node.input[2])
     if x_shape is None or image is None or block is None or len(image) != 2 or len(x_shape) != 3:
         return False

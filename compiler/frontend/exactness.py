@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-
+from relaxc.frontend import prepare
 from relaxc.support.tensors import TensorSpec
 from relaxc.support.errors import UnsupportedOperatorError
 
@@ -192,7 +192,7 @@ def _dropout_training(node: onnx.NodeProto, facts: Facts) -> str | None:
 
 def _conv_transpose_output_shape(node: onnx.NodeProto, facts: Facts) -> str | None:
     """The importer ignores ``output_shape``: right only when it is the shape the attributes give."""
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = prepare.attributes(node)
     wanted = attrs.get("output_shape")
     if wanted is None:
         return None

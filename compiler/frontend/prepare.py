@@ -155,6 +155,11 @@ def _fold_round(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> o
     return prepared
 
 
+def attributes(node: onnx.NodeProto) -> dict:
+    """A node's attributes by name, as Python values."""
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
 def with_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
     """A copy of ``model`` whose main graph has ``nodes`` instead of its own."""
     copy = onnx.ModelProto()

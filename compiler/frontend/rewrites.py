@@ -40,12 +40,8 @@ def rewrite(proto: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onnx.
     return prepare.with_nodes(proto, nodes) if changed else proto
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _isinf(node: onnx.NodeProto, _proto: onnx.ModelProto, _shapes: Shapes) -> list[onnx.NodeProto] | None:
-    attrs = _attrs(node)
+    attrs = prepare.attributes(node)
     keep_negative, keep_positive = attrs.get("detect_negative", 1), attrs.get("detect_positive", 1)
     if keep_negative and keep_positive:
         return None
@@ -69,7 +65,7 @@ def _isinf(node: onnx.NodeProto, _proto: onnx.ModelProto, _shapes: Shapes) -> li
 
 def _conv_transpose_output_shape(node: onnx.NodeProto, proto: onnx.ModelProto,
                                  shapes: Shapes) -> list[onnx.NodeProto] | None:
-    attrs = _attrs(node)
+    attrs = prepare.attributes(node)
     wanted = attrs.get("output_shape")
     if wanted is None:
         return None
@@ -104,7 +100,7 @@ def _conv_transpose_output_shape(node: onnx.NodeProto, proto: onnx.ModelProto,
 
 def _space_to_depth_crd(node: onnx.NodeProto, _proto: onnx.ModelProto,
                         shapes: Shapes) -> list[onnx.NodeProto] | None:
-    attrs = _attrs(node)
+    attrs = prepare.attributes(node)
     if attrs.get("mode", b"DCR") not in (b"CRD", "CRD"):
         return None
     shape = shapes().get(node.input[0])

@@ -394,9 +394,10 @@ def _chunked_rows(sch: s_tir.Schedule, outer: list[s_tir.schedule.LoopRV], reduc
     long_pointwise = len(reduction) == 2 and math.prod(extents) >= LONG_REDUCTION
     weights_chunk = weight_bytes > input_bytes and block_bytes <= L1_BYTES < block_bytes * extents[0]
     if second is None:  # a tile of one block: only where its weights and the input outgrow L2
-        if long_pointwise or not weights_chunk or block_bytes * extents[0] + input_bytes <= L2_BYTES:
-            return None
-    elif not long_pointwise and not weights_chunk:
+        wanted = weights_chunk and not long_pointwise and block_bytes * extents[0] + input_bytes > L2_BYTES
+    else:
+        wanted = weights_chunk or long_pointwise
+    if not wanted:
         return None
     channels, rows, columns, vectors = outer
     height, groups = loop_extent(sch, rows), loop_extent(sch, channels)
