@@ -113,6 +113,63 @@ def _torchvision(name: str, size: int = 224):
     return build
 
 
+def _detection(name: str, size: int):
+    """A torchvision detector on one ``size`` x ``size`` image, ending in its NonMaxSuppression:
+    boxes, scores and labels of the detections kept (as many as the data decides)."""
+    def build():
+        import torch
+        import torchvision
+
+        _nms_in_onnx_form(torch)
+        detector = torchvision.models.get_model(name, weights=None, weights_backbone=None)
+
+        class FirstImage(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.detector = detector
+
+            def forward(self, image):
+                found = self.detector([image[0]])[0]
+                return found["boxes"], found["scores"], found["labels"]
+
+        return FirstImage(), (torch.rand(1, 3, size, size),), ["image"], ["boxes", "scores", "labels"], {}
+    return build
+
+
+def _nms_in_onnx_form(torch) -> None:
+    """torchvision's batched NMS with the ONNX form torchvision's own exporter gives it
+    (NonMaxSuppression, its selected boxes' third column), computed in Python: a torchvision wheel
+    built for another CUDA than the installed torch has no C++ ``nms`` to trace."""
+    from torchvision.ops import boxes as box_ops
+
+    class NMS(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, boxes, scores, iou):
+            order = scores.argsort(descending=True)
+            suppressed = torch.zeros(len(order), dtype=torch.bool)
+            keep = []
+            for i in range(len(order)):
+                if not suppressed[i]:
+                    keep.append(order[i])
+                    suppressed |= box_ops.box_iou(boxes[order[i]][None], boxes[order])[0] > iou
+            return torch.stack(keep) if keep else torch.zeros(0, dtype=torch.long)
+
+        @staticmethod
+        def symbolic(g, boxes, scores, iou):
+            def const(value, dtype=torch.long):
+                return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
+            selected = g.op("NonMaxSuppression", g.op("Unsqueeze", boxes, const([0])),
+                            g.op("Unsqueeze", scores, const([0, 1])), const([2**63 - 1]),
+                            const([iou], torch.float))
+            return g.op("Squeeze", g.op("Gather", selected, const([2]), axis_i=1), const([1]))
+
+    def batched_nms(boxes, scores, idxs, iou_threshold):
+        offsets = idxs.to(boxes) * (boxes.max() + torch.tensor(1).to(boxes))
+        return NMS.apply(boxes + offsets[:, None], scores, float(iou_threshold))
+
+    box_ops.batched_nms = batched_nms
+
+
 def _timm(name: str):
     """A timm architecture at its default input size."""
     def build():
@@ -201,6 +258,8 @@ EXPORTS: dict[str, Export] = {
         "resnext50_32x4d", "googlenet", "mobilenet_v2", "regnet_x_400mf", "shufflenet_v2_x0_5",
         # shifted-window attention: TVM's importer alone cannot import its export
         "swin_t")},
+    # a detector ending in NonMaxSuppression: its post-processing runs on an external backend
+    "ssdlite320_mobilenet_v3_large": Export(_detection("ssdlite320_mobilenet_v3_large", 320), dynamo=False),
     **FAMILIES,
 }
 

@@ -7,9 +7,11 @@ nothing behind; ``compiler.load`` (``compiler/runtime.py``) reads them back with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+from typing import Sequence
 
 import tvm
 from tvm import relax
@@ -17,10 +19,11 @@ from tvm.target import Target
 
 from relaxc import diagnostics
 from relaxc.backend import device_code, launcher
-from relaxc.runtime import Runner, file_sha256, input_high, manifest_path_for, open_device
+from relaxc.runtime import Runner, file_sha256, input_high, manifest_path_for, open_device, spec_json
 from relaxc.support.errors import ExportError, UserError
 from relaxc.support import tvm_log
 from relaxc.support.files import Staging
+from relaxc.support.subgraphs import ExternalSubgraph
 from relaxc.support.tensors import TensorSpec
 
 
@@ -28,9 +31,11 @@ class Artifact(Runner):
     """A model compiled for one target: run it, inspect it, export it."""
 
     def __init__(self, executable: relax.VMExecutable, target: Target, inputs: list[TensorSpec],
-                 outputs: list[TensorSpec], report: dict, snapshots: dict[str, tvm.IRModule]) -> None:
+                 outputs: list[TensorSpec], report: dict, snapshots: dict[str, tvm.IRModule],
+                 subgraphs: Sequence[ExternalSubgraph] = (), program_outputs: list[str] | None = None) -> None:
         device = open_device("cpu") if target.kind.name == "llvm" else None
-        super().__init__(executable, device, inputs, outputs, input_high=input_high(report["inputs"]))
+        super().__init__(executable, device, inputs, outputs, input_high=input_high(report["inputs"]),
+                         subgraphs=subgraphs, program_outputs=program_outputs)
         self.executable = executable
         self.target = target
         self._report = report
@@ -75,6 +80,9 @@ class Artifact(Runner):
                 if self.target.kind.name == "cuda":
                     manifest["device_code"] = device_code.write_cuda_fatbins(
                         self.executable.mod, str(self.target.attrs["arch"]), path, staging)
+                if self.subgraphs:
+                    manifest["external"] = self._write_subgraphs(path, staging)
+                    manifest["program_outputs"] = self.program_outputs
                 library = staging.path(path)
                 if self.target.kind.name == "llvm":  # the CPU's thread pool: backend/launcher.py
                     with tempfile.TemporaryDirectory() as folder:
@@ -91,5 +99,18 @@ class Artifact(Runner):
             raise ExportError(f"cannot export to {path}: {err}") from None
         diagnostics.translate(said)
         return manifest_path
+
+    def _write_subgraphs(self, path: str, staging: Staging) -> list[dict]:
+        """Each external subgraph's ONNX slice beside the library, and its manifest entry."""
+        versions = self._report["backends"]["versions"]
+        entries = []
+        for index, sub in enumerate(self.subgraphs):
+            name = f"{os.path.splitext(os.path.basename(path))[0]}.external{index}.onnx"
+            with open(staging.path(os.path.join(os.path.dirname(path), name)), "wb") as f:
+                f.write(sub.model)
+            entries.append({"file": name, "sha256": hashlib.sha256(sub.model).hexdigest(), "backend": sub.backend,
+                            "version": versions[sub.backend], "inputs": sub.inputs,
+                            "outputs": [spec_json(s) for s in sub.outputs], "tail": sub.tail})
+        return entries
 
 

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from relaxc.options import Options, TuneOptions
-from relaxc.report import dispatch_summary, memory_summary, summary, tune_command
+from relaxc.report import dispatch_summary, memory_summary, plan_summary, summary, tune_command
 from relaxc.runtime import random_inputs
 from relaxc.support import tvm_log
 from relaxc.support.errors import InputError, ShapeError, UserError
@@ -206,6 +206,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(memory_summary(report["memory"]))
     elif args.show_dispatch:
         print(dispatch_summary(report.get("dispatch", {"choices": {}, "sources": {}, "convolutions": []})))
+    elif args.plan:
+        print(plan_summary(report["backends"]))
     elif args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -324,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the memory plan (arena, lower bound, TVM's plan, biggest tensors) instead of the report")
     p.add_argument("--dispatch", action="store_true", dest="show_dispatch", help="print each convolution's candidates, their measured "
                    "cost and error, and the choice, instead of the report")
+    p.add_argument("--plan", action="store_true", help="print the partition between relaxc and external backends "
+                   "(each subgraph: backend, placement, ops, boundary bytes, why) and the measured times, "
+                   "instead of the report")
     p.add_argument("--json", action="store_true", help="print the whole compile report as JSON")
     p.set_defaults(func=cmd_inspect)
 

@@ -27,7 +27,10 @@ class PhaseRecorder:
         start = time.perf_counter()
         result = step(*args)
         seconds = time.perf_counter() - start
-        self.timings.append({"name": name, "seconds": seconds})
+        if self.timings and self.timings[-1]["name"] == name:  # a phase run in steps: one entry
+            self.timings[-1]["seconds"] += seconds
+        else:
+            self.timings.append({"name": name, "seconds": seconds})
         log.info("%-9s %6.2fs", name, seconds)
         if isinstance(result, tvm.IRModule):
             self.snapshots[name] = result

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from tvm.target import Target
 
+from relaxc import external
 from relaxc.backend import toolchain
 from relaxc.passes.memory import PLANNERS
 from relaxc.schedules.dispatch import LAYOUT_MODES, MODES as DISPATCH_MODES, STRATEGIES
@@ -23,6 +24,8 @@ from relaxc.schedules.sequence import SELECTIONS
 from relaxc.schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
 from relaxc.support import remote, targets
 from relaxc.support.errors import TargetError, UserError
+
+BACKEND_MODES = ("relaxc", "fallback", "replay", "measure")
 
 
 def _option(default: Any, help: str, *, type: type | None = None, choices: tuple | None = None,  # noqa: A002
@@ -50,6 +53,9 @@ class Config:
     cache_dir: str | None
     tools: dict[str, str]  # versions of the external tools code generation uses (fingerprinted)
     tracker: remote.Tracker | None = None  # where kernels are timed (None: this machine); not fingerprinted
+    backends: str = "relaxc"
+    backend_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    measure_budget_s: float = 180.0
 
     def fingerprint_options(self) -> dict:
         """The options that change what the pipeline produces for a given module."""
@@ -91,6 +97,16 @@ class Options:
                                         "own, never reused", metavar="GLOB")
     validate_memory: bool = _option(False, "check the memory plan pair by pair and fill the arena with "
                                     "garbage before each run")
+    backends: str = _option("replay", "what runs the model: relaxc's own kernels only (relaxc); those, and an "
+                            "installed external backend (onnxruntime, openvino) for the nodes relaxc cannot compile "
+                            "(fallback); fallback plus the partition measured for this CPU before, where there is "
+                            "one (replay); or measure the partitions without a decision first and keep them "
+                            "(measure). docs/backends.md", choices=BACKEND_MODES, flag="--backends")
+    backend_overrides: Any = _option((), "pin nodes to a backend: GLOB=BACKEND, the glob matched against node "
+                                     "names, BACKEND relaxc, onnxruntime or openvino (a dict in the Python API)",
+                                     metavar="GLOB=BACKEND", flag="--backend-override")
+    measure_budget_s: float = _option(180.0, "with backends='measure': seconds spent measuring subgraphs at most; "
+                                      "what is not measured in time stays on relaxc's kernels and is reported")
     rpc: str | None = _option(None, "time kernels (tuning, dispatch='measure', layouts='measure') on the devices "
                               "of this TVM RPC tracker instead of this machine; target 'cpu' then means their "
                               "CPU (docs/rpc.md)", metavar="HOST:PORT")
@@ -120,8 +136,26 @@ class Options:
         if gpu and (planner == "arena" or self.unshared or self.validate_memory):
             raise UserError("the arena planner (and unshared, validate_memory) is CPU-only so far: its kernels "
                             "take element offsets, never run on a GPU yet; use memory_planner='tvm'")
+        if self.measure_budget_s <= 0:
+            raise UserError(f"measure_budget_s must be positive, not {self.measure_budget_s}")
         return Config(tvm_target, block, why, planner, tuple(self.unshared), self.validate_memory, self.tuning,
-                      self.dispatch, self.strategy, self.layouts, self.cache_dir, tools, tracker)
+                      self.dispatch, self.strategy, self.layouts, self.cache_dir, tools, tracker, self.backends,
+                      self.overrides(), float(self.measure_budget_s))
+
+    def overrides(self) -> dict[str, str]:
+        """``backend_overrides`` as {glob: backend}, from a dict or GLOB=BACKEND strings, checked."""
+        given = self.backend_overrides
+        if isinstance(given, Mapping):
+            pairs = list(given.items())
+        else:
+            pairs = [text.rpartition("=")[::2] for text in ([given] if isinstance(given, str) else given)]
+        overrides = {}
+        for glob, backend in pairs:
+            if not glob or backend not in ("relaxc", *external.backends()):
+                raise UserError(f"backend_overrides takes GLOB=BACKEND with BACKEND one of relaxc, "
+                                f"{', '.join(external.backends())}; got {glob!r}={backend!r}")
+            overrides[glob] = backend
+        return overrides
 
     def _check_choices(self) -> None:
         """A UserError naming the option and its choices, for the first value not among them."""

@@ -35,7 +35,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.relax.backend.cuda import pipeline as cuda_backend
 from tvm.relax.backend.rocm import pipeline as rocm_backend
 
-from relaxc import diagnostics, frontend, report
+from relaxc import backend_choice, diagnostics, external, frontend, report
 from relaxc.artifact import Artifact
 from relaxc.backend import codegen
 from relaxc.instrument import PhaseRecorder
@@ -63,8 +63,9 @@ from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords
 from relaxc.support import remote, tvm_log
 from relaxc.support.reporting import summaries
+from relaxc.support.errors import UserError
 from relaxc.support.targets import TargetLike, vector_lanes, vector_registers
-from relaxc.support.threads import configure_threads
+from relaxc.support.threads import configure_threads, pool_threads
 
 log = logging.getLogger("relaxc")
 
@@ -216,15 +217,52 @@ def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes:
     config = options.resolve(target)
     recorder = PhaseRecorder()
     with tvm_log.captured() as said:
-        imported = recorder.run("import", frontend.import_model, model, shapes, constants)
-        recorder.snapshots["import"] = imported.module
-        compilation = Compilation(config, imported)
-        mod = imported.module
-        with config.target, remote.measuring_on(config.tracker):
-            for phase in PHASES:
-                mod = recorder.run(phase.name, phase.run, mod, compilation)
-        recorder.snapshots["final"] = mod
-        executable = recorder.run("build", codegen.build, mod, config.target)
-    compilation.report["warnings"], compilation.report["tvm_log"] = diagnostics.translate(said)
-    return Artifact(executable, config.target, imported.inputs, imported.outputs,
-                    report.assemble(compilation, recorder), recorder.snapshots)
+        prepared = recorder.run("import", frontend.prepare_model, model, shapes, constants,
+                                config.backends == "relaxc")
+    warned, logged = diagnostics.translate(said)
+    partitioning, choice = backend_choice.partitioning(
+        prepared, config, lambda part, given: _artifact(part, given, config, PhaseRecorder()))
+    return _artifact(prepared, partitioning, config, recorder, {"warnings": warned, "tvm_log": logged}, choice)
+
+
+def _artifact(prepared: frontend.Prepared, partitioning: frontend.Partitioning, config: Config,
+              recorder: PhaseRecorder, before: dict | None = None, choice: dict | None = None) -> Artifact:
+    """The prepared model compiled with this partition; the whole model on an external backend
+    where TVM's importer fails on relaxc's part and one is installed. ``before``: the warnings and TVM log of
+    the steps before; ``choice``: how the partition was chosen (``report()["backends"]``)."""
+    with tvm_log.captured() as said:
+        try:
+            compilation, executable = _compile(prepared, partitioning, config, recorder)
+        except UserError as err:  # what TVM's importer cannot convert goes to an external backend
+            whole = backend_choice.whole_model(prepared, partitioning, err)
+            if whole is None:
+                raise
+            recorder.timings[1:], recorder.snapshots = [], {}
+            compilation, executable = _compile(prepared, whole, config, recorder)
+            compilation.report["backends"]["whole_model_because"] = f"{type(err).__name__}: {err}"
+    warned, logged = diagnostics.translate(said)
+    before = before or {"warnings": [], "tvm_log": []}
+    compilation.report["warnings"] = before["warnings"] + warned
+    compilation.report["tvm_log"] = before["tvm_log"] + logged
+    compilation.report["backends"].update(choice or {})
+    model = compilation.model
+    return Artifact(executable, config.target, model.inputs, model.outputs,
+                    report.assemble(compilation, recorder), recorder.snapshots, model.subgraphs,
+                    model.program_outputs)
+
+
+def _compile(prepared: frontend.Prepared, partitioning: frontend.Partitioning, config: Config,
+             recorder: PhaseRecorder) -> tuple[Compilation, relax.VMExecutable]:
+    """relaxc's part of the model through every phase; its external subgraphs opened first."""
+    imported = recorder.run("import", frontend.convert, prepared, partitioning)
+    for sub in imported.subgraphs:
+        external.open_subgraph(sub, pool_threads())
+    recorder.snapshots["import"] = imported.module
+    compilation = Compilation(config, imported)
+    compilation.report["backends"] = backend_choice.describe(imported, partitioning, config)
+    mod = imported.module
+    with config.target, remote.measuring_on(config.tracker):
+        for phase in PHASES:
+            mod = recorder.run(phase.name, phase.run, mod, compilation)
+    recorder.snapshots["final"] = mod
+    return compilation, recorder.run("build", codegen.build, mod, config.target)

@@ -10,11 +10,11 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Sequence
 
+from relaxc.runtime import spec_json
 from relaxc.support import targets
 from relaxc.support.versions import fingerprint, versions
 
 if TYPE_CHECKING:
-    from relaxc.support.tensors import TensorSpec
     from relaxc.instrument import PhaseRecorder
     from relaxc.pipeline import Compilation
 
@@ -59,6 +59,27 @@ def dispatch_summary(dispatch: dict) -> str:
             seq = conv["in_sequence"]
             times = "  ".join(f"{name} {ms:.3f} ms" for name, ms in seq["ms"].items())
             lines.append(f"  {'':48s}    in sequence ({seq['model']}, chose {seq['choice']}): {times}")
+    return "\n".join(lines)
+
+
+def plan_summary(backends: dict) -> str:
+    """The partition: each external subgraph and why it is there, and the measured times."""
+    subgraphs = backends.get("subgraphs", [])
+    lines = [f"backends {backends.get('mode', 'relaxc')}: "
+             + (f"{len(subgraphs)} external subgraph(s), the rest on relaxc" if subgraphs else "all on relaxc")
+             + (f" (installed: {', '.join(backends['installed'])})" if backends.get("installed") else "")]
+    for index, sub in enumerate(subgraphs):
+        ops = ", ".join(f"{n} {op}" for op, n in sorted(sub["ops"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {index}: {sub['backend']:11s} {sub['placement']:4s} {sub['nodes']:4d} nodes ({ops}); "
+                     f"{sub['boundary_bytes']} bytes out; {sub['why']}")
+    if "decision" in backends:
+        lines.append(f"  decision: {backends['decision']}")
+    for name, ms in backends.get("measured_ms", {}).items():
+        lines.append(f"    measured {name:11s} {ms:9.3f} ms")
+    if backends.get("unmeasured_segments"):
+        lines.append(f"  {backends['unmeasured_segments']} segment(s) not measured within the budget: on relaxc")
+    if backends.get("whole_model_because"):
+        lines.append(f"  whole model external because relaxc failed: {backends['whole_model_because']}")
     return "\n".join(lines)
 
 
@@ -110,6 +131,11 @@ def summary(report: dict, tune_with: str | None = None, latency: str | None = No
             lines.append(f"    no records for this CPU there (stores: {', '.join(tuning['stores']) or 'none'})")
         if covered < tasks and tune_with:
             lines.append(f"    to tune the {tasks - covered} others on this CPU: {tune_with}")
+    subgraphs = report.get("backends", {}).get("subgraphs", [])
+    if subgraphs:
+        lines.append(f"  backends: {len(subgraphs)} external subgraph(s) on "
+                     f"{', '.join(sorted({s['backend'] for s in subgraphs}))}, "
+                     f"{sum(s['nodes'] for s in subgraphs)} nodes (relaxc inspect --plan)")
     for warning in report.get("warnings", []):
         lines.append(f"  warning: {warning}")
     if latency:
@@ -124,21 +150,17 @@ def _kinds(counts: dict) -> str:
 def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:
     """The whole report of a finished compile."""
     config, model = compilation.config, compilation.model
+    backend_versions = compilation.report.get("backends", {}).get("versions", {})
     return {
         "model": model.name,
         "target": targets.describe(config.target),
         "fingerprint": fingerprint(recorder.snapshots["fuse"], config.target, config.fingerprint_options(),
-                                   config.tools, weights=recorder.snapshots["import"]),
-        "versions": {**versions(), **config.tools},
-        "inputs": [_spec_json(s, model.input_high.get(s[0])) for s in model.inputs],
-        "outputs": [_spec_json(s) for s in model.outputs],
+                                   {**config.tools, **backend_versions}, weights=recorder.snapshots["import"]),
+        "versions": {**versions(), **config.tools, **backend_versions},
+        "inputs": [spec_json(s, model.input_high.get(s[0])) for s in model.inputs],
+        "outputs": [spec_json(s) for s in model.outputs],
         "phases": recorder.timings,
         "compile_seconds": recorder.seconds,
         "ops": model.ops,
         **compilation.report,
     }
-
-
-def _spec_json(spec: "TensorSpec", high: int | None = None) -> dict:
-    name, shape, dtype = spec
-    return {"name": name, "shape": list(shape), "dtype": dtype, **({"high": high} if high is not None else {})}

@@ -22,10 +22,11 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
-from relaxc import diagnostics
+from relaxc import diagnostics, external
 from relaxc.backend import device_code, launcher
 from relaxc.support import index_checks, tvm_log
 from relaxc.support.errors import ExportError, InputError, TargetError, UserError
+from relaxc.support.subgraphs import ExternalSubgraph
 from relaxc.support.tensors import TensorSpec
 from relaxc.support.threads import configure_threads, pool_threads
 
@@ -123,16 +124,36 @@ class Runner:
 
     def __init__(self, program: Any, device: tvm.runtime.Device | None, inputs: list[TensorSpec],
                  outputs: list[TensorSpec], concurrency: int | None = None,
-                 input_high: dict[str, int] | None = None) -> None:
+                 input_high: dict[str, int] | None = None, subgraphs: Sequence[ExternalSubgraph] = (),
+                 program_outputs: list[str] | None = None) -> None:
+        # external subgraphs first: the program calls them by name
+        sessions = [external.open_subgraph(sub, pool_threads()) for sub in subgraphs] if device else []
+        self._tail = next(((sub, session) for sub, session in zip(subgraphs, sessions) if sub.tail), None)
         self._pool = VMPool(program, device, default_concurrency() if concurrency is None else concurrency) \
             if device else None
         self._device = device
         self.inputs = inputs
         self.outputs = outputs
+        self.subgraphs = list(subgraphs)
+        self.program_outputs = program_outputs  # what the program returns, where not the outputs
         self.input_high = input_high or {}  # integer inputs' valid ranges, where the model declares them
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
+        if self.program_outputs is None:
+            return self._program(arrays)
+        values = self.program_values(*arrays)
+        if self._tail is not None:
+            tail, session = self._tail
+            values.update(zip([name for name, _, _ in tail.outputs], session.run([values[n] for n in tail.inputs])))
+        return [values[name] for name, _, _ in self.outputs]
+
+    def program_values(self, *arrays: Any) -> dict[str, np.ndarray]:
+        """What relaxc's program returns, by name, before a tail of external subgraphs runs on it:
+        the model's outputs it makes and the tail's inputs (to check relaxc's part alone)."""
+        return dict(zip(self.program_outputs or [name for name, _, _ in self.outputs], self._program(arrays)))
+
+    def _program(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
@@ -202,7 +223,7 @@ class Deployed(Runner):
     """An exported artifact loaded back for inference."""
 
     def __init__(self, library: str, manifest: dict, device: str, concurrency: int | None = None,
-                 parallel: str = "relaxc") -> None:
+                 parallel: str = "relaxc", folder: str | None = None) -> None:
         kind = manifest["target"].get("kind")
         if device in DEVICES and DEVICES[device] != kind:
             runs_on = next(d for d, k in DEVICES.items() if k == kind)
@@ -210,20 +231,50 @@ class Deployed(Runner):
                               f"not {device!r}")
         device_code.register_cuda_binaries(os.path.dirname(library), manifest.get("device_code", []))
         dev = open_device(device)
-        spec = lambda t: (t["name"], tuple(t["shape"]), t["dtype"])  # noqa: E731
         self.executable = tvm.runtime.load_module(library)  # as an Artifact's: benchmarks instrument its VM
         # which thread pool runs the kernels' parallel loops: relaxc's launcher, or TVM's and why
         self.launcher = "tvm"
         if kind == "llvm":
             self.launcher = launcher.install(library, pool_threads(), parallel)
             weakref.finalize(self, launcher.release, library)
-        super().__init__(self.executable, dev, [spec(t) for t in manifest["inputs"]],
-                         [spec(t) for t in manifest["outputs"]], concurrency, input_high(manifest["inputs"]))
+        super().__init__(self.executable, dev, [spec_from_json(t) for t in manifest["inputs"]],
+                         [spec_from_json(t) for t in manifest["outputs"]], concurrency, input_high(manifest["inputs"]),
+                         _subgraphs(folder or os.path.dirname(library), manifest), manifest.get("program_outputs"))
         self.manifest = manifest
 
     @property
     def fingerprint(self) -> str:
         return self.manifest["fingerprint"]
+
+
+def spec_json(spec: TensorSpec, high: int | None = None) -> dict:
+    """A tensor's signature as manifests and reports write it (shape None: decided by the data)."""
+    name, shape, dtype = spec
+    return {"name": name, "shape": None if shape is None else list(shape), "dtype": dtype,
+            **({"high": high} if high is not None else {})}
+
+
+def spec_from_json(entry: dict) -> TensorSpec:
+    return entry["name"], None if entry["shape"] is None else tuple(entry["shape"]), entry["dtype"]
+
+
+def _subgraphs(folder: str, manifest: dict) -> list[ExternalSubgraph]:
+    """The artifact's external subgraphs, read back; a backend missing here, or of another version
+    than the one the artifact was compiled with, is an ExportError."""
+    subgraphs = []
+    for entry in manifest.get("external", []):
+        backend = external.get(entry["backend"])
+        if not backend.installed():
+            raise ExportError(f"the artifact runs a subgraph on {entry['backend']}, which is not installed here: "
+                              f"pip install 'relaxc[{backend.extra}]'=={entry['version']} or recompile")
+        if backend.version() != entry["version"]:
+            raise ExportError(f"the artifact was compiled with {entry['backend']} {entry['version']}, this is "
+                              f"{backend.version()}: install that version or recompile")
+        with open(os.path.join(folder, entry["file"]), "rb") as f:
+            model = f.read()
+        subgraphs.append(ExternalSubgraph(entry["backend"], entry["inputs"],
+                                          [spec_from_json(o) for o in entry["outputs"]], entry["tail"], model))
+    return subgraphs
 
 
 def input_high(specs: list[dict]) -> dict[str, int]:
@@ -266,7 +317,7 @@ def _verify_files(path: str, manifest: dict) -> None:
     folder = os.path.dirname(path)
     files = [(path, manifest.get("library_sha256"))]
     files += [(os.path.join(folder, entry.get("file", "")), entry.get("sha256"))
-              for entry in manifest.get("device_code", [])]
+              for entry in manifest.get("device_code", []) + manifest.get("external", [])]
     for file, expected in files:
         if expected is None:
             continue  # exported before relaxc recorded digests
@@ -297,7 +348,7 @@ def load(path: str | os.PathLike, device: str | None = None, concurrency: int | 
     library = _mapped_from(path, manifest)
     with tvm_log.captured() as said:
         try:
-            deployed = Deployed(library, manifest, device, concurrency, parallel)
+            deployed = Deployed(library, manifest, device, concurrency, parallel, os.path.dirname(path))
         except (RuntimeError, OSError) as err:  # tvm-ffi errors are RuntimeErrors
             raise ExportError(f"cannot load {path}: {str(err).strip().splitlines()[-1]}") from None
         finally:

@@ -25,7 +25,7 @@ from tvm.target import Target
 
 from relaxc.support.errors import UserError
 from relaxc.support.files import Staging, atomic_write
-from relaxc.support.store_files import (DATABASE_FILES, DISPATCH_FILE, LAYOUT_FILE, MEASUREMENT_FILES,  # noqa: F401
+from relaxc.support.store_files import (BACKENDS_FILE, DATABASE_FILES, DISPATCH_FILE, LAYOUT_FILE, MEASUREMENT_FILES,  # noqa: F401
                                         PACKED, SELECTION_FILE, STORE_FILES, database_path, pack_store)
 from relaxc.support.targets import describe
 from relaxc.support.versions import code_versions

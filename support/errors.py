@@ -49,3 +49,13 @@ class InputError(UserError):
 @tvm_ffi.register_error
 class ExportError(UserError):
     """An artifact cannot be written or read at the given path."""
+
+
+@tvm_ffi.register_error
+class ImportFailure(UnsupportedOperatorError):
+    """TVM's importer failed on the model (a node form it cannot convert, never named by it)."""
+
+
+@tvm_ffi.register_error
+class DynamicOutputError(ShapeError):
+    """An output's shape depends on input values: relaxc's own kernels compile static shapes only."""

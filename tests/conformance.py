@@ -3,6 +3,11 @@
     python -m tests.conformance --all            # the full suite (~1,900 cases)
     python -m tests.conformance --ops Conv Relu  # the cases built only from these operator types
     python -m tests.conformance --subset         # the fixed CI subset (tests/test_conformance.py)
+    python -m tests.conformance --all --backends relaxc   # relaxc's own kernels only
+
+By default a case compiles as a user's model does (``backends="replay"``): what relaxc cannot
+compile runs on an installed external backend (onnxruntime); the summary counts the passes of
+relaxc's own kernels and the delegated ones apart.
 
 Each case runs in a worker process (`tests/isolated.py`); a case that crashes the worker or outlives ``--timeout`` is
 recorded as ``crash`` and the worker is replaced, so no case can stop the run. Outcomes:
@@ -42,6 +47,7 @@ SUBSET_OPS = ("Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Con
               "IsNaN", "LayerNormalization", "MatMul", "Mod", "Not", "Pad", "Pow", "Range", "ReduceMean",
               "Resize", "ScatterND", "Shape", "Slice", "Split", "Sub", "Tanh", "Unsqueeze", "Where")
 OUTCOMES = ("pass", "wrong", "unsupported", "error", "crash")
+BACKENDS_VARIABLE = "RELAXC_CONFORMANCE_BACKENDS"  # the workers' backends mode
 
 # Inputs that decide shapes (axes, pads, sizes, counts): the suite passes them as graph inputs, a
 # static-shape compiler needs their values at compile time, as its users give them with
@@ -65,6 +71,7 @@ class Result:
     detail: str = ""
     seconds: float = 0.0
     bound: list[str] = field(default_factory=list)  # inputs given to compile as constants (SHAPE_PARAMETERS)
+    delegated: list[str] = field(default_factory=list)  # external backends that ran part of it
 
 
 def collect(ops: set[str] | None = None) -> list:
@@ -117,15 +124,20 @@ def run_case(path: str) -> dict:
     fixed = shape_parameters(case.model.graph)
     constants = {value.name: array for value, array in zip(declared, inputs) if value.name in fixed}
 
+    delegated: list[str] = []
+
     def result(outcome: str, detail: str = "") -> dict:
-        return asdict(Result(case.name, ops, outcome, detail[:300], time.perf_counter() - start, sorted(constants)))
+        return asdict(Result(case.name, ops, outcome, detail[:300], time.perf_counter() - start, sorted(constants),
+                             delegated))
 
     # Bind dynamic inputs to the shape of their test data, as a user would with --shape.
     shapes = {value.name: np.shape(array) for value, array in zip(declared, inputs)
               if value.name not in fixed and any(not dim.dim_value for dim in value.type.tensor_type.shape.dim)}
     inputs = [array for value, array in zip(declared, inputs) if value.name not in fixed]
     try:
-        art = compiler.compile(case.model, shapes=shapes, constants=constants)
+        art = compiler.compile(case.model, shapes=shapes, constants=constants,
+                               backends=os.environ.get(BACKENDS_VARIABLE, "replay"))
+        delegated = sorted({sub["backend"] for sub in art.report()["backends"].get("subgraphs", [])})
     except compiler.UserError as err:
         return result("unsupported", str(err))
     except Exception as err:  # anything else is a relaxc/TVM failure on a valid model
@@ -137,13 +149,17 @@ def run_case(path: str) -> dict:
     if len(outputs) != len(expected):
         return result("wrong", f"{len(outputs)} outputs, expected {len(expected)}")
     for index, (got, ref) in enumerate(zip(outputs, expected)):
-        ref = np.asarray(ref)
-        if got.shape != ref.shape or got.dtype != ref.dtype:
-            return result("wrong", f"output {index}: {got.dtype}{got.shape}, expected {ref.dtype}{ref.shape}")
-        try:  # onnx's own backend runner's comparison (bfloat16: two ulps)
-            Runner.assert_similar_outputs([ref], [got], rtol=case.rtol, atol=case.atol)
-        except AssertionError as err:
-            return result("wrong", f"output {index}: " + " ".join(str(err).split())[:200])
+        if isinstance(ref, list) != isinstance(got, list) or isinstance(ref, list) and len(ref) != len(got):
+            return result("wrong", f"output {index}: {type(got).__name__}, expected a {type(ref).__name__}")
+        for got_item, ref_item in (zip(got, ref) if isinstance(ref, list) else [(got, ref)]):
+            got_item, ref_item = np.asarray(got_item), np.asarray(_array(ref_item))
+            if got_item.shape != ref_item.shape or got_item.dtype != ref_item.dtype:
+                return result("wrong", f"output {index}: {got_item.dtype}{got_item.shape}, expected "
+                                       f"{ref_item.dtype}{ref_item.shape}")
+            try:  # onnx's own backend runner's comparison (bfloat16: two ulps)
+                Runner.assert_similar_outputs([ref_item], [got_item], rtol=case.rtol, atol=case.atol)
+            except AssertionError as err:
+                return result("wrong", f"output {index}: " + " ".join(str(err).split())[:200])
     return result("pass")
 
 
@@ -162,8 +178,10 @@ def _run_case_safely(path: str) -> dict:
         return {"outcome": "error", "detail": traceback.format_exc(limit=1)}
 
 
-def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool = True) -> list[Result]:
-    """Run every case isolated in worker processes; returns one Result per case, in order."""
+def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool = True,
+              backends: str = "replay") -> list[Result]:
+    """Run every case isolated in worker processes, compiled with ``backends``; returns one Result
+    per case, in order."""
     results: dict[str, Result] = {}
     todo: queue.Queue = queue.Queue()
     with tempfile.TemporaryDirectory(prefix="relaxc-conformance-") as tmp:
@@ -176,7 +194,7 @@ def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool
         bar = tqdm(total=len(cases), desc="conformance", unit="case", disable=not progress, dynamic_ncols=True)
 
         def serve() -> None:
-            worker = Isolated(_run_case_safely, env={"TVM_NUM_THREADS": "1"})
+            worker = Isolated(_run_case_safely, env={"TVM_NUM_THREADS": "1", BACKENDS_VARIABLE: backends})
             try:
                 while True:
                     try:
@@ -205,7 +223,10 @@ def run_cases(cases: list, jobs: int = 2, timeout: float = 120.0, progress: bool
 
 def summarize(results: list[Result]) -> str:
     counts = collections.Counter(r.outcome for r in results)
+    delegated = sum(1 for r in results if r.outcome == "pass" and r.delegated)
     lines = [f"{len(results)} cases: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES),
+             f"passing on relaxc's own kernels: {counts['pass'] - delegated}; with a part or all of the case "
+             f"delegated to an external backend: {delegated}",
              f"passing with shape-parameter inputs given as constants: "
              f"{sum(1 for r in results if r.outcome == 'pass' and r.bound)}"]
     for outcome in OUTCOMES[1:]:
@@ -224,15 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case (default 120)")
     parser.add_argument("--json", help="write every case's result to this file")
+    parser.add_argument("--backends", default="replay", choices=("relaxc", "fallback", "replay"),
+                        help="compile each case with this backends mode (default replay, as users do)")
     args = parser.parse_args(argv)
     ops = None if args.all else set(SUBSET_OPS if args.subset else args.ops)
     start = time.perf_counter()
-    results = run_cases(collect(ops), jobs=args.jobs, timeout=args.timeout)
+    results = run_cases(collect(ops), jobs=args.jobs, timeout=args.timeout, backends=args.backends)
     print(summarize(results))
     print(f"wall time {time.perf_counter() - start:.0f}s")
     for r in results:
         if r.outcome != "pass":
             print(f"  {r.outcome:11s} {r.name}: {r.detail}")
+        elif r.delegated:
+            print(f"  delegated   {r.name}: {', '.join(r.delegated)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in results], f, indent=1)

@@ -37,8 +37,9 @@ def test_kept_reproducer(path, isolated):
     model = onnx.load(path)
     meta = json.loads(model.doc_string)
     outcome = check_in(isolated, model)  # a graph that hung once could take the machine's memory
-    if meta["expect"] == "refused":
-        assert outcome.kind == "refused", outcome
+    if meta["expect"] == "refused":  # by relaxc's own kernels; as users compile, onnxruntime may run it
+        assert check_in(isolated, model, "relaxc").kind == "refused"
+        assert outcome.kind in ("pass", "refused"), outcome
     else:
         assert outcome.kind == "pass", outcome
 

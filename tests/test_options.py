@@ -26,7 +26,7 @@ def test_each_command_offers_the_api_options():
     parser = build_parser()
     own = {"command", "quiet", "model", "target", "shape", "constant", "func"}
     assert _dests(parser, "compile", "m.onnx") - own - {"output"} == _names(Options)
-    assert _dests(parser, "inspect", "m.onnx") - own - {"phase", "memory", "show_dispatch", "json"} == _names(Options)
+    assert _dests(parser, "inspect", "m.onnx") - own - {"phase", "memory", "show_dispatch", "plan", "json"} == _names(Options)
     assert _dests(parser, "run", "m.onnx") - own - {"input", "repeat", "seed", "report", "json", "device"} == _names(Options)
     assert _dests(parser, "profile", "m.onnx") - own - {"input", "seed", "top", "json", "worst", "measure_machine"} == _names(Options)
     assert _dests(parser, "tune", "m.onnx") - own == (_names(Options) - {"tuning"}) | _names(TuneOptions)

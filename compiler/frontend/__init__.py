@@ -9,6 +9,7 @@ compile time (``constants``) become initializers first, so shape computations ov
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 import os
 import warnings
@@ -22,10 +23,11 @@ import tvm
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
-from relaxc.frontend import decompose, exactness, functions, models, prepare, rewrites
+from relaxc.frontend import decompose, exactness, functions, models, partition, prepare, rewrites, splice
 from relaxc.support.tensors import TensorSpec
 from relaxc.support import tvm_internals
-from relaxc.support.errors import InputError, ModelError, ShapeError, UnsupportedOperatorError
+from relaxc.support.errors import (DynamicOutputError, ImportFailure, InputError, ModelError, ShapeError,
+                                   UnsupportedOperatorError)
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 Shapes = Mapping[str, Sequence[int]]
@@ -50,6 +52,30 @@ class ImportedModel:
     onnx_names: dict[str, str]
     input_high: dict[str, int]  # integer inputs' exclusive bounds the model declares (models.input_high)
     index_readers: dict[str, str]  # Relax parameter -> the nodes indexing with it, for error messages
+    subgraphs: list[partition.Subgraph] = dataclasses.field(default_factory=list)  # run by external backends
+    program_outputs: list[str] | None = None  # what relaxc's program returns, where not the outputs
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """Which external backends may run nodes: ``external`` (installed, in order of preference, each
+    with what it runs right) runs what relaxc cannot; ``chosen`` (node index -> backend,
+    measured) and ``overrides`` (node name glob -> backend) place other nodes. Empty
+    ``external``: relaxc's own kernels only."""
+
+    external: Mapping[str, partition.Capability] = dataclasses.field(default_factory=dict)
+    overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    chosen: Mapping[int, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """A validated model with its shape computations folded: what partitioning and import read."""
+
+    proto: onnx.ModelProto
+    name: str
+    ops: dict[str, int]
+    inputs: list[TensorSpec]
 
 
 def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
@@ -214,16 +240,16 @@ def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None) -> list[TensorSpe
     return specs
 
 
-def _output_specs(graph: onnx.GraphProto, module: IRModule) -> list[TensorSpec]:
+def _output_specs(names: list[str], module: IRModule) -> list[TensorSpec]:
     ret = module["main"].ret_ty
     fields = list(ret.fields) if hasattr(ret, "fields") else [ret]
     shapes = [_static_shape(ty) for ty in fields]
-    dynamic = [out.name for out, shape in zip(graph.output, shapes) if shape is None]
+    dynamic = [name for name, shape in zip(names, shapes) if shape is None]
     if dynamic:
-        raise ShapeError(f"output(s) {dynamic} have no static shape after import: their shape depends on "
+        raise DynamicOutputError(f"output(s) {dynamic} have no static shape after import: their shape depends on "
                          f"input values (NonZero, Unique, Compress, or a shape computed from an input); "
                          f"relaxc compiles static shapes only (constants= fixes shape-deciding inputs)")
-    return [(out.name, shape, str(ty.dtype)) for out, shape, ty in zip(graph.output, shapes, fields)]
+    return [(name, shape, str(ty.dtype)) for name, shape, ty in zip(names, shapes, fields)]
 
 
 def _static_shape(ty) -> tuple[int, ...] | None:
@@ -280,20 +306,73 @@ def _index_readers(graph: onnx.GraphProto) -> dict[str, str]:
     return {name: ", ".join(nodes) for name, nodes in readers.items()}
 
 
-def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None) -> ImportedModel:
-    """Validate the model and convert it to Relax; every failure is a UserError."""
+def prepare_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None,
+                  strict: bool = True) -> Prepared:
+    """Validate the model, bind its shapes and fold what they decide; ``strict``: refuse operators
+    TVM's importer does not convert here, rather than leave them to an external backend."""
     proto, name, path = load_model(model)
     check_model(proto, path)
     ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
     proto = functions.expand(proto, converted_operators())
-    check_operators(proto.graph, decompose.OPERATORS)
+    if strict:
+        check_operators(proto.graph, decompose.OPERATORS)
     proto = bind_constants(proto, constants)
+    problems = exactness.graph_problems(proto)
+    if problems:
+        raise UnsupportedOperatorError("; ".join(problems))
     inputs = bind_shapes(proto.graph, shapes)
     bound = {name: shape for name, shape, _ in inputs}
     proto = rewrites.rewrite(prepare.fold_shape_computations(proto, bound), bound)
     proto = decompose.decompose(proto, bound)
+    return Prepared(proto, name, dict(sorted(ops.items())), inputs)
+
+
+def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None,
+                 partitioning: Partitioning = Partitioning()) -> ImportedModel:
+    """Validate the model and convert it to Relax; every failure is a UserError."""
+    return convert(prepare_model(model, shapes, constants, strict=not partitioning.external), partitioning)
+
+
+def convert(prepared: Prepared, partitioning: Partitioning = Partitioning()) -> ImportedModel:
+    """The prepared model in Relax: all of it, or relaxc's part with the external subgraphs as calls."""
+    proto, inputs = prepared.proto, prepared.inputs
+    nodes = list(_all_nodes(proto.graph))
+    facts = exactness.Facts(proto, inputs, nodes)  # shapes inferred once, when a rule first asks
+    if partitioning.external:
+        refused = partition.refused_nodes(proto, facts, converted_operators())
+        if refused or partitioning.overrides or set(partitioning.chosen.values()) - {partition.RELAXC}:
+            assignment = partition.assign(proto, refused, partitioning.external, facts, partitioning.overrides,
+                                          partitioning.chosen)
+            if set(assignment.values()) != {partition.RELAXC}:
+                return _convert_partitioned(prepared, partition.plan(proto, inputs, facts, assignment, refused))
     check_operators(proto.graph)
-    exactness.refuse_inexact(proto, inputs, list(_all_nodes(proto.graph)))
+    exactness.refuse_inexact(proto, inputs, nodes, facts)
+    module, names = _from_onnx(proto, inputs)
+    return ImportedModel(prepared.name, module, inputs, _output_specs([v.name for v in proto.graph.output], module), prepared.ops,
+                         {new: old for old, new in names.items() if new != old}, models.input_high(proto),
+                         {names[n]: nodes for n, nodes in _index_readers(proto.graph).items() if n in names})
+
+
+def _convert_partitioned(prepared: Prepared, plan: partition.Plan) -> ImportedModel:
+    proto, inputs = prepared.proto, prepared.inputs
+    part = plan.relaxc
+    module, names = _from_onnx(part, plan.relaxc_inputs)
+    calls = [splice.Call(sub.function, sub.inputs, sub.outputs) for sub in plan.subgraphs if not sub.tail]
+    results = [value.name for value in part.graph.output]
+    module = splice.splice(module, [n for n, _, _ in plan.relaxc_inputs], results, plan.program_outputs, calls)
+    tail = next((sub for sub in plan.subgraphs if sub.tail), None)
+    made = {spec[0]: spec for spec in _output_specs(plan.program_outputs, module) + (tail.outputs if tail else [])}
+    outputs = [made[value.name] for value in proto.graph.output]
+    real = [n for n, _, _ in inputs]
+    return ImportedModel(prepared.name, module, inputs, outputs, prepared.ops,
+                         {new: old for old, new in names.items() if new != old and old in real},
+                         models.input_high(proto),
+                         {names[n]: nodes for n, nodes in _index_readers(part.graph).items() if n in real},
+                         plan.subgraphs, plan.program_outputs)
+
+
+def _from_onnx(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> tuple[IRModule, dict[str, str]]:
+    """TVM's import of ``proto`` with these input shapes, and the inputs' Relax names."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
         try:
@@ -301,8 +380,6 @@ def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Cons
             module = from_onnx(renamed, shape_dict={names[n]: list(s) for n, s, _ in inputs},
                                dtype_dict={names[n]: d for n, _, d in inputs}, keep_params_in_input=False)
         except Exception as err:  # the importer raises bare Python errors for unconvertible nodes
-            raise UnsupportedOperatorError(f"TVM's ONNX importer cannot convert this model: "
+            raise ImportFailure(f"TVM's ONNX importer cannot convert this model: "
                                            f"{type(err).__name__}: {_first_line(err)}") from err
-    return ImportedModel(name, module, inputs, _output_specs(proto.graph, module), dict(sorted(ops.items())),
-                         {new: old for old, new in names.items() if new != old}, models.input_high(proto),
-                         {names[n]: nodes for n, nodes in _index_readers(proto.graph).items() if n in names})
+    return module, names

@@ -44,13 +44,25 @@ class Facts:
 
     @property
     def types(self) -> dict[str, int]:
+        """Element types of tensors; values of other kinds (sequences, optionals) are not here."""
         return self._inferred[1]
 
+    @property
+    def non_tensors(self) -> set[str]:
+        """Values that are sequences, maps or optionals."""
+        return self._inferred[2]
+
     @functools.cached_property
-    def _inferred(self) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    def _inferred(self) -> tuple[dict[str, tuple[int, ...]], dict[str, int], set[str]]:
         copy = onnx.ModelProto()
         copy.CopyFrom(self._proto)
         bound = {name: shape for name, shape, _ in self._inputs}
+        weights = {t.name for t in copy.graph.initializer}
+        if any(value.name in weights for value in copy.graph.input):  # IR v3: inputs, so not constants
+            kept = [value for value in copy.graph.input if value.name not in weights]
+            del copy.graph.input[:]
+            copy.graph.input.extend(kept)
+            copy.ir_version = max(copy.ir_version, 4)
         for value in copy.graph.input:
             if value.name in bound:
                 for dim, size in zip(value.type.tensor_type.shape.dim, bound[value.name]):
@@ -58,12 +70,16 @@ class Facts:
                     dim.dim_value = size
         inferred = onnx.shape_inference.infer_shapes(copy)
         shapes, types = {}, {t.name: t.data_type for t in self._proto.graph.initializer}
+        others = set()
         for value in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+            if value.type.WhichOneof("value") not in (None, "tensor_type"):
+                others.add(value.name)
+                continue
             tensor = value.type.tensor_type
             types[value.name] = tensor.elem_type
             if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
                 shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
-        return shapes, types
+        return shapes, types, others
 
 
 def _resize_with_fractional_scales(node: onnx.NodeProto, facts: Facts) -> str | None:
@@ -265,9 +281,14 @@ RULES: dict[str, tuple[Callable[[onnx.NodeProto, Facts], str | None], ...]] = {
 }
 
 
-def _sequence_outputs(proto: onnx.ModelProto) -> list[str]:
-    return [f"graph output {value.name!r} is a sequence: relaxc returns tensors only"
-            for value in proto.graph.output if value.type.WhichOneof("value") != "tensor_type"]
+KINDS = {"sequence_type": "a sequence", "optional_type": "an optional", "map_type": "a map",
+         "sparse_tensor_type": "a sparse tensor"}
+
+
+def _sequence_values(proto: onnx.ModelProto) -> list[str]:
+    values = [("input", v) for v in proto.graph.input] + [("output", v) for v in proto.graph.output]
+    return [f"graph {role} {value.name!r} is {KINDS.get(kind, kind)}: relaxc takes and returns tensors only"
+            for role, value in values if (kind := value.type.WhichOneof("value")) not in (None, "tensor_type")]
 
 
 def _inexact_values(proto: onnx.ModelProto) -> list[str]:
@@ -277,14 +298,24 @@ def _inexact_values(proto: onnx.ModelProto) -> list[str]:
             for role, value in values if value.type.tensor_type.elem_type in INEXACT_TYPES]
 
 
-def refuse_inexact(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list[onnx.NodeProto]) -> None:
+def graph_problems(proto: onnx.ModelProto) -> list[str]:
+    """Why relaxc's program cannot take or return the graph's inputs and outputs as they are."""
+    return _sequence_values(proto) + _inexact_values(proto)
+
+
+def inexact_nodes(nodes: list[onnx.NodeProto], facts: Facts) -> dict[int, str]:
+    """Why each node of ``nodes`` that would compute wrongly would (``RULES``), by its index."""
+    return {index: f"{node.op_type} node {node.name or node.output[0]!r}: {why}"
+            for index, node in enumerate(nodes) if node.op_type in RULES and node.domain in ("", "ai.onnx")
+            for rule in RULES[node.op_type] for why in [rule(node, facts)] if why}
+
+
+def refuse_inexact(proto: onnx.ModelProto, inputs: list[TensorSpec], nodes: list[onnx.NodeProto],
+                   facts: Facts | None = None) -> None:
     """Raise UnsupportedOperatorError listing every node of ``nodes`` (the graph's and its
     subgraphs') that would compute wrongly (``RULES``), and every graph output relaxc cannot return."""
-    problems = _sequence_outputs(proto) + _inexact_values(proto)
-    checked = [node for node in nodes if node.op_type in RULES and node.domain in ("", "ai.onnx")]
-    if checked:
-        facts = Facts(proto, inputs, nodes)
-        problems += [f"{node.op_type} node {node.name or node.output[0]!r}: {why}" for node in checked
-                     for rule in RULES[node.op_type] for why in [rule(node, facts)] if why]
+    problems = graph_problems(proto)
+    if any(node.op_type in RULES for node in nodes):
+        problems += list(inexact_nodes(nodes, facts or Facts(proto, inputs, nodes)).values())
     if problems:
         raise UnsupportedOperatorError("; ".join(problems))

@@ -82,15 +82,16 @@ def out_of_range(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[
     return variants
 
 
-def check(model: onnx.ModelProto) -> Outcome:
-    """``compare(model)`` with the process's peak resident memory."""
-    outcome = compare(model)
+def check(model: onnx.ModelProto, backends: str = "replay") -> Outcome:
+    """``compare(model, backends)`` with the process's peak resident memory."""
+    outcome = compare(model, backends)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Outcome(outcome.kind, outcome.detail, round(peak, 1))
 
 
-def compare(model: onnx.ModelProto) -> Outcome:
-    """Compile ``model`` (no tuning), run it and onnxruntime on the same random inputs, compare."""
+def compare(model: onnx.ModelProto, backends: str = "replay") -> Outcome:
+    """Compile ``model`` (no tuning; ``backends``: relaxc's kernels only, or with the external
+    backends too, as users compile), run it and onnxruntime on the same random inputs, compare."""
     import relaxc as compiler
     from relaxc.benchmarks import reference
 
@@ -100,7 +101,7 @@ def compare(model: onnx.ModelProto) -> Outcome:
     except Exception as err:  # noqa: BLE001 - any failure of the reference is classified
         return Outcome("reference", _line(err))
     try:
-        art = compiler.compile(model, target="cpu", tuning="off")
+        art = compiler.compile(model, target="cpu", tuning="off", backends=backends)
     except compiler.UserError as err:
         return Outcome("refused", _line(err))
     except Exception as err:  # noqa: BLE001
@@ -156,11 +157,15 @@ def _where(err: BaseException) -> str:
 
 def worker() -> Isolated:
     """A worker process for ``check_in``, its memory capped at ``MEMORY_BYTES``."""
-    return Isolated(check, memory=MEMORY_BYTES)
+    return Isolated(_check_job, memory=MEMORY_BYTES)
 
 
-def check_in(worker: Isolated, model: onnx.ModelProto) -> Outcome:
+def _check_job(job: tuple[onnx.ModelProto, str]) -> Outcome:
+    return check(*job)
+
+
+def check_in(worker: Isolated, model: onnx.ModelProto, backends: str = "replay") -> Outcome:
     """``check`` in ``worker`` (``worker()``): a worker that dies is a ``crash``, one that gives no
     answer within ``TIMEOUT_S`` a ``hang``."""
-    outcome, why = worker.call(model, TIMEOUT_S)
+    outcome, why = worker.call((model, backends), TIMEOUT_S)
     return outcome if outcome is not None else Outcome("hang" if why.startswith(HUNG) else "crash", why)

@@ -1,4 +1,5 @@
-"""Random valid ONNX graphs from the operators relaxc claims to support (NNSmith-style).
+"""Random valid ONNX graphs from the operators relaxc claims to support, and one it hands to an
+external backend (NNSmith-style).
 
 A graph grows from one NCHW input: each step picks an operator whose shape rules accept a tensor
 already built, so every graph is valid by construction (``onnx.checker`` and shape inference
@@ -349,6 +350,15 @@ def gather(g: Graph, x: str) -> bool:
     return True
 
 
+@_operator()
+def external(g: Graph, x: str) -> bool:
+    """An operator TVM's importer does not convert (LpNormalization): relaxc hands it to an external
+    backend as a subgraph between its own kernels, so partitions and their boundaries get fuzzed."""
+    g.add("LpNormalization", [x], [g.shapes[x]], axis=int(g.rng.integers(-1, len(g.shapes[x]))),
+          p=int(g.rng.integers(1, 3)))
+    return True
+
+
 RESIZE_MODES = ["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"]
 
 
@@ -376,11 +386,11 @@ def resize(g: Graph, x: str) -> bool:
 OPERATORS: dict[str, Callable[[Graph], bool]] = {
     "conv": conv, "batch_norm": batch_norm, "pool": pool, "unary": unary, "binary": binary,
     "concat": concat, "split": split, "transpose": transpose, "reshape": reshape, "matmul": matmul,
-    "normalize": normalize, "reduce": reduce, "resize": resize, "gather": gather,
+    "normalize": normalize, "reduce": reduce, "resize": resize, "gather": gather, "external": external,
 }
 WEIGHTS = {"conv": 4, "batch_norm": 1, "pool": 2, "unary": 3, "binary": 3, "concat": 2, "split": 1,
            "transpose": 1, "reshape": 1, "matmul": 2, "normalize": 2, "reduce": 1, "resize": 1,
-           "gather": 1}
+           "gather": 1, "external": 1}
 
 
 def random_graph(seed: int, max_ops: int = 10) -> onnx.ModelProto:

@@ -1,0 +1,265 @@
+"""Which backend runs each part of a model: relaxc's own kernels, or an installed external library.
+
+Modes (``Options.backends``): ``relaxc`` uses relaxc's kernels only; ``fallback`` sends to the
+first installed external backend that runs their operators (onnxruntime, then OpenVINO) exactly
+the nodes relaxc cannot compile, and the whole model where TVM fails on relaxc's part;
+``replay`` does the same and applies the partition measured for this model on this CPU before
+(``<store>/backends.json``); ``measure`` measures it first where there is none.
+
+Measuring: the whole model on relaxc (with the fallback) and on each installed backend alone; the
+graph cut into segments where fewest values cross, each segment timed on each backend on the
+values the model really makes there; the cheapest assignment of segments to backends (a shortest
+path along the segments); that plan compiled and timed against the single-backend ones, in
+alternating blocks, the fastest kept. Segments not measured within ``measure_budget_s`` stay on
+relaxc. A decision is keyed by the model's structure and shapes (not its weights) and the
+backends' versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from tqdm import tqdm
+
+from relaxc import external, frontend
+from relaxc.frontend import exactness, partition
+from relaxc.options import Config
+from relaxc.runtime import Runner, random_inputs
+from relaxc.schedules.cache import BACKENDS_FILE, store_for
+from relaxc.schedules.dispatch import DispatchStore
+from relaxc.support import tvm_log
+from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError
+from relaxc.support.threads import pool_threads
+
+log = logging.getLogger("relaxc")
+
+SEGMENTS = 8  # units of the graph measured per backend
+CROSSING_MS = 0.01  # a boundary between backends: one call into the library, no copies
+BLOCK_SECONDS = 0.05  # one timed block of runs
+IDLE_S = 0.1  # before each block: the threads of the runtime timed before go idle
+
+Build = Callable[[frontend.Prepared, frontend.Partitioning], Runner]
+
+
+def partitioning(prepared: frontend.Prepared, config: Config, build: Build) -> tuple[frontend.Partitioning, dict]:
+    """The partition to compile ``prepared`` with, and how it was chosen (``report()["backends"]``)."""
+    cpu = config.target.kind.name == "llvm"
+    if config.backends == "relaxc" or not cpu:
+        if config.backend_overrides:
+            raise UserError("backend_overrides pin nodes to external backends, which run on CPU targets only: "
+                            "not with backends='relaxc' or a GPU target")
+        return frontend.Partitioning(), {} if cpu else {"why": "external backends run on CPU targets only"}
+    installed = {name: external.get(name) for name in external.installed()}
+    base = frontend.Partitioning(installed, dict(config.backend_overrides))
+    if config.backends == "fallback" or not installed:
+        return base, {}
+    store = DispatchStore(store_for(config.cache_dir, config.target), BACKENDS_FILE)
+    key = structure_key(prepared)
+    versions = {name: external.get(name).version() for name in installed}
+    entry = store.load().get(key)
+    if config.backends == "measure" and (entry is None or entry["versions"] != versions):
+        entry = measure(prepared, base, config.measure_budget_s, build) | {"versions": versions}
+        store.save(key, entry)
+    if entry is None:
+        return base, {"decision": "none stored for this model and CPU (compile with backends='measure')"}
+    usable = {partition.RELAXC} | {name for name in installed if entry["versions"].get(name) == versions[name]}
+    choice = entry["choice"]
+    if not set(_chosen(entry, choice, 1).values()) <= usable:
+        measured = {name: ms for name, ms in entry["ms"].items() if name in usable}
+        best = min(measured, key=measured.get)
+        log.warning("the stored decision for %s runs %s on a backend not installed here (or of another version "
+                    "than measured): the best installed choice measured, %s, runs it", prepared.name, choice, best)
+        choice = best
+    chosen = _chosen(entry, choice, len(prepared.proto.graph.node))
+    summary = {"decision": choice, "measured_ms": entry["ms"], "unmeasured_segments": entry.get("unmeasured", 0)}
+    return frontend.Partitioning(installed, dict(config.backend_overrides), chosen), summary
+
+
+def _chosen(entry: dict, choice: str, count: int) -> dict[int, str]:
+    if choice == "plan":
+        return {i: backend for (start, stop, backend) in entry["plan"] for i in range(start, stop)}
+    return {} if choice == partition.RELAXC else {i: choice for i in range(count)}
+
+
+def structure_key(prepared: frontend.Prepared) -> str:
+    """The model's structure and shapes, not its weights' values (the backends' versions are in
+    the entry: a decision replays only onto the versions it measured)."""
+    digest = hashlib.sha256()
+    number: dict[str, int] = {}
+    for name, shape, dtype in prepared.inputs:
+        number[name] = len(number)
+        digest.update(f"in {shape} {dtype};".encode())
+    for tensor in prepared.proto.graph.initializer:
+        number[tensor.name] = len(number)
+        digest.update(f"w {list(tensor.dims)} {tensor.data_type};".encode())
+    for node in prepared.proto.graph.node:
+        attrs = onnx.NodeProto(attribute=node.attribute).SerializeToString()
+        reads = [number.get(name, -1) for name in node.input]
+        for name in node.output:
+            number[name] = len(number)
+        digest.update(f"{node.domain}::{node.op_type} {reads};".encode() + attrs)
+    return digest.hexdigest()[:32]
+
+
+def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: float, build: Build) -> dict:
+    """Measure the partitions of ``prepared`` (see the module docstring); the store's entry."""
+    deadline = time.monotonic() + budget_s
+    count = len(prepared.proto.graph.node)
+    backends = list(base.external)
+    whole = {partition.RELAXC: base} | {
+        name: frontend.Partitioning(base.external, base.overrides, {i: name for i in range(count)}) for name in backends}
+    facts = exactness.Facts(prepared.proto, prepared.inputs, list(prepared.proto.graph.node))
+    parts = partition.segments(prepared.proto, SEGMENTS)
+    steps = len(whole) + len(parts) * (len(backends) + 1) + 1
+    with tqdm(total=steps, desc="[relaxc] measure backends", unit="build", file=tvm_log.console(),
+              dynamic_ncols=True) as bar:
+        runners = {}
+        for name, given in whole.items():
+            runners[name] = _built(build, prepared, given)
+            bar.update()
+        inputs = random_inputs(prepared.inputs, high=frontend.models.input_high(prepared.proto))
+        values = _values(prepared, facts, parts, inputs, backends[0])
+        costs, unmeasured = [], 0
+        for nodes in parts:
+            if time.monotonic() > deadline:
+                costs.append({partition.RELAXC: 0.0})
+                unmeasured += 1
+                bar.update(len(backends) + 1)
+                continue
+            costs.append(_segment_costs(prepared, facts, nodes, [partition.RELAXC, *backends], values, build, bar))
+        plan = _shortest(parts, costs)
+        if len({backend for _, _, backend in plan}) > 1:
+            chosen = {i: backend for start, stop, backend in plan for i in range(start, stop)}
+            runners["plan"] = _built(build, prepared, frontend.Partitioning(base.external, base.overrides, chosen))
+        bar.update()
+    ms = _compare({name: runner for name, runner in runners.items() if runner is not None}, inputs)
+    choice = min(ms, key=ms.get)
+    log.info("backends for %s: %s (%s)", prepared.name, choice, ", ".join(f"{n} {t:.3f} ms" for n, t in ms.items()))
+    return {"choice": choice, "ms": ms, "plan": plan, "unmeasured": unmeasured,
+            "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]}
+
+
+def _built(build: Build, prepared: frontend.Prepared, given: frontend.Partitioning) -> Runner | None:
+    try:
+        return build(prepared, given)
+    except UserError as err:
+        log.info("candidate not built: %s", err)
+        return None
+
+
+def _values(prepared: frontend.Prepared, facts: exactness.Facts, parts: list[list[int]],
+            inputs: dict[str, np.ndarray], backend: str) -> dict[str, np.ndarray]:
+    """The values the model makes at the segments' boundaries, on ``inputs`` (run by ``backend``)."""
+    names = [name for nodes in parts for name in partition.part(prepared.proto, facts, nodes, backend).inputs]
+    probe = partition.with_outputs(prepared.proto, facts, names)
+    session = external.get(backend).session(probe.SerializeToString(), 1)
+    outputs = [value.name for value in probe.graph.output]
+    made = session.run([inputs[name] for name, _, _ in prepared.inputs])
+    return {**inputs, **dict(zip(outputs, made))}
+
+
+def _segment_costs(prepared: frontend.Prepared, facts: exactness.Facts, nodes: list[int], backends: list[str],
+                   values: dict[str, np.ndarray], build: Build, bar: Any) -> dict[str, float]:
+    """Milliseconds of the segment on each backend that runs it (relaxc: compiled alone)."""
+    costs = {}
+    shapes = {name: tuple(array.shape) for name, array in values.items()}
+    for backend in backends:
+        sub = partition.part(prepared.proto, facts, nodes, backend, shapes)
+        arrays = [values[name] for name in sub.inputs]
+        try:
+            if backend == partition.RELAXC:
+                specs = [(name, tuple(a.shape), str(a.dtype)) for name, a in zip(sub.inputs, arrays)]
+                runner = build(frontend.Prepared(onnx.load_from_string(sub.model), "segment", {}, specs),
+                               frontend.Partitioning())
+                costs[backend] = _median_ms(lambda: runner.run(*arrays))
+            else:
+                session = external.get(backend).session(sub.model, pool_threads())
+                costs[backend] = _median_ms(lambda: session.run(arrays))
+        except Exception as err:  # noqa: BLE001 - a backend that cannot run it is no candidate
+            log.info("segment %d-%d not on %s: %s", nodes[0], nodes[-1], backend, err)
+        bar.update()
+    return costs
+
+
+def _shortest(parts: list[list[int]], costs: list[dict[str, float]]) -> list[tuple[int, int, str]]:
+    """The backend of each segment that minimises the summed times plus each crossing's cost."""
+    best: dict[str, tuple[float, list[str]]] = {name: (ms, [name]) for name, ms in costs[0].items()}
+    for segment in costs[1:]:
+        best = {name: min(((total + ms + (CROSSING_MS if path[-1] != name else 0.0), path + [name])
+                           for total, path in best.values()), key=lambda item: item[0])
+                for name, ms in segment.items()}
+    path = min(best.values(), key=lambda item: item[0])[1]
+    return [(nodes[0], nodes[-1] + 1, backend) for nodes, backend in zip(parts, path)]
+
+
+def _median_ms(call: Callable[[], Any], blocks: int = 5) -> float:
+    call()
+    start = time.perf_counter()
+    call()
+    number = max(1, int(BLOCK_SECONDS / max(time.perf_counter() - start, 1e-6)))
+    times = []
+    for _ in range(blocks):
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        times.append((time.perf_counter() - start) / number * 1e3)
+    return statistics.median(times)
+
+
+def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], rounds: int = 7) -> dict[str, float]:
+    """Median milliseconds of each runner, timed in alternating blocks (one runner's threads at a
+    time, after a pause), rounded to microseconds."""
+    for runner in runners.values():
+        runner.run(inputs)
+    number = {}
+    for name, runner in runners.items():
+        start = time.perf_counter()
+        runner.run(inputs)
+        number[name] = max(1, int(BLOCK_SECONDS / max(time.perf_counter() - start, 1e-6)))
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, runner in runners.items():
+            time.sleep(IDLE_S)
+            start = time.perf_counter()
+            for _ in range(number[name]):
+                runner.run(inputs)
+            times[name].append((time.perf_counter() - start) / number[name] * 1e3)
+    return {name: round(statistics.median(t), 3) for name, t in times.items()}
+
+
+def whole_model(prepared: frontend.Prepared, given: frontend.Partitioning,
+                err: Exception) -> frontend.Partitioning | None:
+    """The whole model on the first external backend, where TVM's importer failed on relaxc's part
+    (a form it cannot convert, an output shape it cannot make static) and one is installed; None
+    otherwise: a failure in a later phase is relaxc's to fix, never hidden."""
+    first = next(iter(given.external), None)
+    if first is None or not isinstance(err, (ImportFailure, DynamicOutputError)) \
+            or set(given.chosen.values()) == {first}:
+        return None
+    log.warning("TVM's importer cannot convert %s (%s); %s runs the whole model", prepared.name,
+                str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, first)
+    chosen = {index: first for index in range(len(prepared.proto.graph.node))}
+    return frontend.Partitioning(given.external, given.overrides, chosen)
+
+
+def describe(imported: frontend.ImportedModel, given: frontend.Partitioning, config: Config) -> dict:
+    """``report()["backends"]``: the mode, the installed backends with their versions, and each
+    external subgraph (backend, where it runs, ops, boundary bytes, why)."""
+    used = sorted({sub.backend for sub in imported.subgraphs})
+    return {
+        "mode": config.backends,
+        "installed": list(given.external),
+        "versions": {name: external.get(name).version() for name in used},
+        "overrides": dict(given.overrides),
+        "subgraphs": [{"backend": sub.backend, "placement": "tail" if sub.tail else "call",
+                       "function": sub.function, "nodes": len(sub.nodes), "ops": sub.ops,
+                       "inputs": sub.inputs, "outputs": [name for name, _, _ in sub.outputs],
+                       "boundary_bytes": sub.boundary_bytes(), "why": sub.why or "measured faster"}
+                      for sub in imported.subgraphs],
+    }

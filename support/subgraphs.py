@@ -1,0 +1,33 @@
+"""A subgraph an external backend runs, as the front end makes it and an artifact keeps it."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from relaxc.support.tensors import TensorSpec
+
+
+@dataclass
+class ExternalSubgraph:
+    """An ONNX slice of the model, the backend that runs it, and where: a call inside relaxc's
+    program, or the tail after it (outputs whose shapes depend on the data: shape None)."""
+
+    backend: str
+    inputs: list[str]
+    outputs: list[TensorSpec]
+    tail: bool
+    model: bytes
+
+    @property
+    def function(self) -> str:
+        """The packed function relaxc's program calls it by: one name per backend and slice."""
+        digest = hashlib.sha256(self.backend.encode() + b"\0" + self.model).hexdigest()[:20]
+        return f"relaxc.external.{digest}"
+
+    def boundary_bytes(self) -> int:
+        """Bytes of the outputs it hands back whose size is known before it runs."""
+        import numpy as np
+
+        return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for _, shape, dtype in self.outputs
+                   if shape is not None and dtype)

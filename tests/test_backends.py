@@ -1,0 +1,267 @@
+"""Subgraph backends: what relaxc cannot compile runs on onnxruntime or OpenVINO inside relaxc's
+program (a call) or after it (the tail, for outputs whose shapes depend on the data); partitions
+chosen by measurement are stored and replayed; artifacts with external subgraphs export and load."""
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import relaxc as compiler
+from relaxc import backend_choice, external
+from relaxc.frontend import partition
+from tests import reference
+
+pytest.importorskip("onnxruntime")
+
+
+def _model(nodes, inputs, outputs, initializers=()):
+    return reference._model(nodes, inputs, outputs, list(initializers), opset=17)
+
+
+def _det_between_convs():
+    """Conv -> Det (no TVM converter) -> Add: Det runs on onnxruntime, between relaxc's kernels."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32), "w")
+    two = numpy_helper.from_array(np.array(2, np.float32), "two")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], name="conv"),
+             helper.make_node("Det", ["a"], ["d"], name="det"),
+             helper.make_node("Add", ["d", "two"], ["y"], name="add")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 3])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [weight, two])
+
+
+def _nonzero_tail():
+    two = numpy_helper.from_array(np.array(2, np.float32), "two")
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("NonZero", ["a"], ["picked"], name="nonzero"),
+             helper.make_node("Add", ["x", "two"], ["y"], name="add")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                  [helper.make_tensor_value_info("picked", TensorProto.INT64, [2, None]),
+                   helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], [two])
+
+
+def _matches(art, model, seed=0):
+    inputs = reference.random_inputs(art.inputs, seed=seed)
+    outputs = art.run(inputs)
+    reference.assert_matches(outputs, reference.ort_run(model, inputs))
+    return inputs, outputs
+
+
+def test_an_operator_relaxc_cannot_import_runs_on_onnxruntime_inside_the_program():
+    model = _det_between_convs()
+    art = compiler.compile(model, tuning="off")
+    _matches(art, model)
+    backends = art.report()["backends"]
+    assert [(s["backend"], s["placement"], s["ops"]) for s in backends["subgraphs"]] == \
+        [("onnxruntime", "call", {"Det": 1})]
+    assert "TVM's importer does not convert it" in backends["subgraphs"][0]["why"]
+    assert "call_dps_packed" in art.ir("import") and "relaxc.external." in art.ir("import")
+
+
+def test_relaxc_only_refuses_what_it_cannot_compile():
+    with pytest.raises(compiler.UnsupportedOperatorError, match="Det"):
+        compiler.compile(_det_between_convs(), tuning="off", backends="relaxc")
+
+
+def test_a_data_dependent_output_runs_after_the_program():
+    model = _nonzero_tail()
+    art = compiler.compile(model, tuning="off")
+    _matches(art, model)
+    assert art.outputs[0] == ("picked", None, "int64")
+    (sub,) = art.report()["backends"]["subgraphs"]
+    assert (sub["placement"], sub["ops"]) == ("tail", {"NonZero": 1})
+
+
+def test_overrides_pin_nodes_to_a_backend():
+    pytest.importorskip("openvino")
+    model = _det_between_convs()
+    art = compiler.compile(model, tuning="off", backend_overrides={"conv": "openvino"})
+    _matches(art, model)
+    placed = sorted((s["backend"], tuple(s["ops"])) for s in art.report()["backends"]["subgraphs"])
+    assert placed == [("onnxruntime", ("Det",)), ("openvino", ("Conv",))]
+    with pytest.raises(compiler.UnsupportedOperatorError, match="cannot run on relaxc"):
+        compiler.compile(model, tuning="off", backend_overrides={"det": "relaxc"})
+    with pytest.raises(compiler.UserError, match="GLOB=BACKEND"):
+        compiler.compile(model, tuning="off", backend_overrides={"det": "tensorrt"})
+
+
+def test_an_operator_no_backend_runs_is_refused_naming_it():
+    nodes = [helper.make_node("Frobnicate", ["x"], ["y"], name="custom", domain="com.example")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    with pytest.raises(compiler.UnsupportedOperatorError, match="'custom'.*runs right on no installed backend"):
+        compiler.compile(model, tuning="off")
+
+
+def test_a_model_without_external_subgraphs_compiles_as_before():
+    art = compiler.compile(reference.small_cnn(), tuning="off")
+    assert art.report()["backends"]["subgraphs"] == []
+    assert art.program_outputs is None
+
+
+def test_export_and_load_keep_the_external_subgraphs(tmp_path):
+    model = _det_between_convs()
+    art = compiler.compile(model, tuning="off")
+    inputs, outputs = _matches(art, model)
+    path = str(tmp_path / "det.so")
+    manifest_path = art.export(path)
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    (entry,) = manifest["external"]
+    assert entry["backend"] == "onnxruntime" and os.path.isfile(tmp_path / entry["file"])
+    loaded = compiler.load(path)
+    np.testing.assert_array_equal(loaded.run(inputs)[0], outputs[0])
+
+    wrong_version = dict(manifest, external=[dict(entry, version="0.0.1")])
+    with open(manifest_path, "w") as f:
+        json.dump(wrong_version, f)
+    with pytest.raises(compiler.ExportError, match="compiled with onnxruntime 0.0.1"):
+        compiler.load(path)
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+    with open(tmp_path / entry["file"], "ab") as f:
+        f.write(b"x")
+    with pytest.raises(compiler.ExportError, match="does not match its manifest"):
+        compiler.load(path)
+
+
+def test_the_tail_exports_and_loads(tmp_path):
+    model = _nonzero_tail()
+    art = compiler.compile(model, tuning="off")
+    inputs, outputs = _matches(art, model)
+    art.export(str(tmp_path / "tail.so"))
+    loaded = compiler.load(str(tmp_path / "tail.so"))
+    for got, want in zip(loaded.run(inputs), outputs):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_concurrent_runs_with_an_external_call_are_identical():
+    model = _det_between_convs()
+    art = compiler.compile(model, tuning="off")
+    cases = [reference.random_inputs(art.inputs, seed=s) for s in range(8)]
+    expected = [art.run(c)[0] for c in cases]
+
+    def same_every_time(index):
+        return all(np.array_equal(art.run(cases[index])[0], expected[index]) for _ in range(50))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(same_every_time, range(8)))
+
+
+def test_bad_values_in_an_external_subgraph_are_input_errors():
+    data = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "table")
+    nodes = [helper.make_node("Det", ["m"], ["d"], name="det"),
+             helper.make_node("GatherElements", ["table", "i"], ["y"], name="gather")]
+    model = _model(nodes, [helper.make_tensor_value_info("m", TensorProto.FLOAT, [2, 2]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [4, 3])],
+                   [helper.make_tensor_value_info("d", TensorProto.FLOAT, []),
+                    helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])], [data])
+    art = compiler.compile(model, tuning="off", backend_overrides={"*": "onnxruntime"})
+    bad = {"m": np.eye(2, dtype=np.float32), "i": np.full((4, 3), 99, np.int64)}
+    with pytest.raises(compiler.InputError, match="onnxruntime subgraph refused its input"):
+        art.run(bad)
+
+
+def test_the_shortest_path_picks_each_segments_cheapest_backend_with_crossings():
+    parts = [[0, 1], [2], [3, 4]]
+    costs = [{"relaxc": 1.0, "onnxruntime": 2.0}, {"relaxc": 5.0, "onnxruntime": 1.0},
+             {"relaxc": 1.0, "onnxruntime": 1.005}]
+    assert backend_choice._shortest(parts, costs) == [(0, 2, "relaxc"), (2, 3, "onnxruntime"),
+                                                      (3, 5, "onnxruntime")]
+
+
+def test_segments_cut_where_fewest_values_cross():
+    from relaxc import frontend
+
+    prepared = frontend.prepare_model(reference.small_cnn())
+    parts = partition.segments(prepared.proto, 3)
+    assert [i for p in parts for i in p] == list(range(len(prepared.proto.graph.node)))
+    assert 1 < len(parts) <= 3
+
+
+def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
+    """The decision of a measurement that finds onnxruntime fastest (times replaced here: which
+    backend is faster is the machine's to say) compiles the model onto it and is replayed from
+    the store without measuring again."""
+    measured = {}
+
+    def compare(runners, inputs, rounds=7):
+        measured.update({name: runner for name, runner in runners.items()})
+        return {name: (1.0 if name == "onnxruntime" else 2.0) for name in runners}
+
+    monkeypatch.setattr(backend_choice, "_compare", compare)
+    model = reference.small_cnn()
+    art = compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
+    assert {"relaxc", "onnxruntime"} <= set(measured)
+    backends = art.report()["backends"]
+    assert backends["decision"] == "onnxruntime"
+    assert [s["backend"] for s in backends["subgraphs"]] == ["onnxruntime"]
+    _matches(art, model)
+
+    monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
+    replayed = compiler.compile(model, tuning="off", cache_dir=str(tmp_path))
+    assert replayed.report()["backends"]["decision"] == "onnxruntime"
+    assert compiler.compile(model, tuning="off", cache_dir=str(tmp_path), backends="fallback") \
+        .report()["backends"]["subgraphs"] == []
+
+
+def test_a_stored_choice_of_a_missing_backend_falls_back_to_the_best_installed(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, rounds=7:
+                        {name: (1.0 if name == "onnxruntime" else 2.0) for name in runners})
+    model = reference.small_cnn()
+    compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
+    installed = external.installed()
+    monkeypatch.setattr(external, "installed", lambda: [n for n in installed if n != "onnxruntime"])
+    art = compiler.compile(model, tuning="off", cache_dir=str(tmp_path))
+    assert "onnxruntime" not in [s["backend"] for s in art.report()["backends"]["subgraphs"]]
+    assert "not installed" in caplog.text
+
+
+def test_inspect_plan_prints_the_subgraphs(tmp_path):
+    from tests.helpers import relaxc as run_cli
+
+    path = tmp_path / "det.onnx"
+    path.write_bytes(_det_between_convs().SerializeToString())
+    proc = run_cli("inspect", str(path), "--plan", "--tuning", "off", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 external subgraph(s)" in proc.stdout and "onnxruntime call" in proc.stdout and "1 Det" in proc.stdout
+    proc = run_cli("inspect", str(path), "--backends", "relaxc", "--tuning", "off", "-q")
+    assert proc.returncode == 2 and "Det" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_detector_ending_in_non_max_suppression_compiles_exports_and_matches(tmp_path):
+    """torchvision's SSDlite with its post-processing (zoo light form, random weights): relaxc runs
+    the backbone and heads, onnxruntime the tail from the first data-dependent shape on. With random
+    weights the detections barely depend on the image, so the heads' outputs (the tail's inputs,
+    which do) are compared too."""
+    import onnx
+    from relaxc import frontend
+    from relaxc.frontend import exactness, models
+
+    spec = "zoo:ssdlite320_mobilenet_v3_large"
+    art = compiler.compile(spec, tuning="off", backends="replay")
+    (tail,) = art.report()["backends"]["subgraphs"]
+    assert tail["placement"] == "tail" and tail["ops"]["NonMaxSuppression"] == 1
+    proto = models.fill_light(onnx.load(models.bundled_path(spec)))
+    image = {"image": np.random.default_rng(0).random((1, 3, 320, 320), dtype=np.float32)}
+    outputs = art.run(image)
+    reference.assert_matches(outputs, reference.ort_run(proto, image))
+
+    values = art.program_values(image)
+    prepared = frontend.prepare_model(spec)
+    facts = exactness.Facts(prepared.proto, prepared.inputs, list(prepared.proto.graph.node))
+    probe = partition.with_outputs(prepared.proto, facts, list(values))
+    expected = dict(zip([v.name for v in probe.graph.output], reference.ort_run(probe, image)))
+    assert any(np.std(v) > 1e-3 for v in values.values())
+    reference.assert_matches(list(values.values()), [expected[name] for name in values])
+
+    art.export(str(tmp_path / "ssd.so"))
+    loaded = compiler.load(str(tmp_path / "ssd.so"))
+    for got, want in zip(loaded.run(image), outputs):
+        np.testing.assert_array_equal(got, want)
