@@ -6,7 +6,7 @@ Each model (default: the bundled ones) is compiled with ``backends="measure"`` (
 store of the run's own, so every decision is measured now), with ``backends="relaxc"`` (where
 relaxc compiles it whole), and loaded into onnxruntime and OpenVINO directly (2 threads each,
 OpenVINO in float32); the measured build is checked against onnxruntime, then all four take turns
-in blocks of runs (``benchmarks/turns.py``). The row gives the four medians, the plan, and the
+in blocks of runs (``support/turns.py``). The row gives the four medians, the plan, and the
 ratio of the measured build to the fastest of the three alone: the limit is 1.03x.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from relaxc.benchmarks import reference
 from relaxc.benchmarks.bench import merge_results, table_line, this_cpu
 from relaxc.benchmarks.harness import _load
-from relaxc.benchmarks.turns import alternate
+from relaxc.support.turns import alternate
 from relaxc.cli import run_command
 from relaxc.frontend import models
 from relaxc.runtime import random_inputs

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from relaxc.benchmarks import reference
-from relaxc.benchmarks.turns import alternate
+from relaxc.support.turns import alternate
 from relaxc.frontend import models
 from relaxc.runtime import random_inputs
 from relaxc.support import targets

@@ -110,7 +110,8 @@ class Artifact(Runner):
                 f.write(sub.model)
             entries.append({"file": name, "sha256": hashlib.sha256(sub.model).hexdigest(), "backend": sub.backend,
                             "version": versions[sub.backend], "inputs": sub.inputs,
-                            "outputs": [spec_json(s) for s in sub.outputs], "tail": sub.tail})
+                            "outputs": [spec_json(s) for s in sub.outputs], "tail": sub.tail,
+                            "alone": sub.alone})
         return entries
 
 

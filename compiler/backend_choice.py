@@ -36,13 +36,13 @@ from relaxc.schedules.dispatch import DispatchStore
 from relaxc.support import tvm_log
 from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError
 from relaxc.support.threads import pool_threads
+from relaxc.support.turns import alternate
 
 log = logging.getLogger("relaxc")
 
 SEGMENTS = 8  # units of the graph measured per backend
 CROSSING_MS = 0.01  # a boundary between backends: one call into the library, no copies
-BLOCK_SECONDS = 0.05  # one timed block of runs
-IDLE_S = 0.1  # before each block: the threads of the runtime timed before go idle
+BLOCK_SECONDS = 0.05  # one timed block of a segment's runs
 
 Build = Callable[[frontend.Prepared, frontend.Partitioning], Runner]
 
@@ -212,25 +212,11 @@ def _median_ms(call: Callable[[], Any], blocks: int = 5) -> float:
     return statistics.median(times)
 
 
-def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], rounds: int = 7) -> dict[str, float]:
-    """Median milliseconds of each runner, timed in alternating blocks (one runner's threads at a
-    time, after a pause), rounded to microseconds."""
-    for runner in runners.values():
-        runner.run(inputs)
-    number = {}
-    for name, runner in runners.items():
-        start = time.perf_counter()
-        runner.run(inputs)
-        number[name] = max(1, int(BLOCK_SECONDS / max(time.perf_counter() - start, 1e-6)))
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, runner in runners.items():
-            time.sleep(IDLE_S)
-            start = time.perf_counter()
-            for _ in range(number[name]):
-                runner.run(inputs)
-            times[name].append((time.perf_counter() - start) / number[name] * 1e3)
-    return {name: round(statistics.median(t), 3) for name, t in times.items()}
+def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: int = 20) -> dict[str, float]:
+    """Median milliseconds of each runner, the runners taking turns in blocks of runs (after a
+    pause, so the threads of the one before are idle), rounded to microseconds."""
+    ms = alternate({name: (lambda runner=runner: runner.run(inputs)) for name, runner in runners.items()}, repeat)
+    return {name: round(value, 3) for name, value in ms.items()}
 
 
 def whole_model(prepared: frontend.Prepared, given: frontend.Partitioning,

@@ -150,7 +150,12 @@ class Runner:
 
     def program_values(self, *arrays: Any) -> dict[str, np.ndarray]:
         """What relaxc's program returns, by name, before a tail of external subgraphs runs on it:
-        the model's outputs it makes and the tail's inputs (to check relaxc's part alone)."""
+        the model's outputs it makes and the tail's inputs (to check relaxc's part alone). A program
+        that only hands its inputs to the tail (a model one library runs whole) is not run."""
+        names = [name for name, _, _ in self.inputs]
+        if self._tail is not None and len(self.subgraphs) == 1 and set(self.program_outputs) <= set(names):
+            given = dict(zip(names, (self._check(spec, value) for spec, value in zip(self.inputs, self._order(arrays)))))
+            return {name: given[name] for name in self.program_outputs}
         return dict(zip(self.program_outputs or [name for name, _, _ in self.outputs], self._program(arrays)))
 
     def _program(self, arrays: Sequence[Any]) -> list[np.ndarray]:
@@ -273,7 +278,8 @@ def _subgraphs(folder: str, manifest: dict) -> list[ExternalSubgraph]:
         with open(os.path.join(folder, entry["file"]), "rb") as f:
             model = f.read()
         subgraphs.append(ExternalSubgraph(entry["backend"], entry["inputs"],
-                                          [spec_from_json(o) for o in entry["outputs"]], entry["tail"], model))
+                                          [spec_from_json(o) for o in entry["outputs"]], entry["tail"], model,
+                                          entry.get("alone", False)))
     return subgraphs
 
 

@@ -18,11 +18,12 @@ class ExternalSubgraph:
     outputs: list[TensorSpec]
     tail: bool
     model: bytes
+    alone: bool = False  # the whole model: no kernel of relaxc's runs beside it
 
     @property
     def function(self) -> str:
-        """The packed function relaxc's program calls it by: one name per backend and slice."""
-        digest = hashlib.sha256(self.backend.encode() + b"\0" + self.model).hexdigest()[:20]
+        """The packed function relaxc's program calls it by: one name per backend, slice and setting."""
+        digest = hashlib.sha256(f"{self.backend}\0{self.alone}\0".encode() + self.model).hexdigest()[:20]
         return f"relaxc.external.{digest}"
 
     def boundary_bytes(self) -> int:

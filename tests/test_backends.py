@@ -190,7 +190,7 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
     the store without measuring again."""
     measured = {}
 
-    def compare(runners, inputs, rounds=7):
+    def compare(runners, inputs, repeat=20):
         measured.update({name: runner for name, runner in runners.items()})
         return {name: (1.0 if name == "onnxruntime" else 2.0) for name in runners}
 
@@ -211,7 +211,7 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
 
 
 def test_a_stored_choice_of_a_missing_backend_falls_back_to_the_best_installed(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, rounds=7:
+    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
                         {name: (1.0 if name == "onnxruntime" else 2.0) for name in runners})
     model = reference.small_cnn()
     compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)

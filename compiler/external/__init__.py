@@ -56,7 +56,9 @@ class Backend:
     def version(self) -> str:
         return str(self.library().__version__)
 
-    def session(self, model: bytes, threads: int) -> Session:
+    def session(self, model: bytes, threads: int, alone: bool = False) -> Session:
+        """``model`` built to run on ``threads`` threads; ``alone``: no kernel of relaxc's runs beside
+        it, so its threads may wait for work spinning."""
         raise NotImplementedError
 
     def refuses(self, node: Any, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
@@ -126,7 +128,7 @@ def open_subgraph(subgraph: ExternalSubgraph, threads: int) -> Session:
             return _OPEN[name]
         backend = get(subgraph.backend)
         try:
-            session = backend.session(subgraph.model, threads)
+            session = backend.session(subgraph.model, threads, subgraph.alone)
         except UserError:
             raise
         except Exception as err:  # noqa: BLE001 - each library raises its own kinds

@@ -56,5 +56,5 @@ class OpenVino(Backend):
     def refuses(self, node: Any, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
         return known_wrong(node, shapes)
 
-    def session(self, model: bytes, threads: int) -> OpenVinoSession:
+    def session(self, model: bytes, threads: int, alone: bool = False) -> OpenVinoSession:
         return OpenVinoSession(model, threads, self.library())

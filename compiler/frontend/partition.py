@@ -30,6 +30,7 @@ from relaxc.support.tensors import TensorSpec
 RELAXC = "relaxc"
 # ops whose output shapes depend on input values: TVM has no static form of them
 DATA_DEPENDENT = frozenset({"NonZero", "Unique", "NonMaxSuppression", "Compress", "StringSplit"})
+RANDOM_PREFIXES = ("Random", "Bernoulli", "Multinomial")  # never computed ahead, never copied
 # element types relaxc's program and the libraries' Python bindings cannot pass each other
 UNBOUND_TYPES = frozenset({"bfloat16"})
 # ops that make or read sequences and optionals (shape inference, which finds those values, copies
@@ -160,6 +161,24 @@ class Graph:
                            for n in self.nodes]
         self.predecessors = [sorted({self.producer[name] for name in names if name in self.producer})
                              for names in self.reads]
+        weights = {t.name for t in proto.graph.initializer}
+        self.constant: set[int] = set()  # nodes computed from weights alone (a light model's weight fills)
+        for i, node in enumerate(self.nodes):
+            if not node.op_type.startswith(RANDOM_PREFIXES) and all(
+                    name in weights or self.producer.get(name) in self.constant for name in self.reads[i] if name):
+                self.constant.add(i)
+
+    def with_constants(self, part: set[int]) -> list[int]:
+        """``part`` with the weight computations it reads, which every subgraph gets a copy of: a
+        backend that got them as inputs could not prepare its weights ahead of the run."""
+        needed = set(part)
+        stack = [p for i in part for p in self.predecessors[i] if p in self.constant]
+        while stack:
+            node = stack.pop()
+            if node not in needed:
+                needed.add(node)
+                stack += [p for p in self.predecessors[node] if p in self.constant]
+        return sorted(needed)
 
     def reach(self, start: set[int], forward: bool) -> set[int]:
         edges = self.successors if forward else self.predecessors
@@ -218,8 +237,12 @@ def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Fact
         return [name for i in sorted(part) for name in graph.nodes[i].output if name and
                 (name in outputs or any(r not in part for r in graph.readers.get(name, [])))]
 
-    # the tail: every node after one whose leaving value has no static shape, or is no tensor
+    # the tail: every node after one whose leaving value has no static shape, or is no tensor; the
+    # whole model where one backend runs it all (no call into the library from relaxc's program)
     tail: set[int] = set()
+    if len({b for i, b in assignment.items() if i not in graph.constant} - {RELAXC}) == 1 and \
+            all(b != RELAXC for i, b in assignment.items() if i not in graph.constant):
+        tail = set(assignment)
     for part in _components(graph, assignment):
         for name in leaving(part):
             if name not in facts.shapes or name in facts.non_tensors:
@@ -241,6 +264,8 @@ def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Fact
         if unknown:  # cannot happen: such values start the tail
             raise AssertionError(f"call outputs {unknown} without a static shape")
     relaxc_nodes = [graph.nodes[i] for i in range(len(graph.nodes)) if assignment[i] == RELAXC and i not in tail]
+    if len(tail) == len(graph.nodes):
+        subgraphs[0].alone = True
     call_outputs = [spec for sub in subgraphs if not sub.tail for spec in sub.outputs]
     tail_inputs = subgraphs[-1].inputs if tail else []
     program_outputs = _unique([v.name for v in proto.graph.output if graph.producer.get(v.name) not in tail]
@@ -258,7 +283,7 @@ def _unique(names: list[str]) -> list[str]:
 def _subgraph(proto: onnx.ModelProto, graph: Graph, facts: exactness.Facts, part: set[int],
               assignment: dict[int, str], refused: Mapping[int, str], outputs: list[str], tail: bool,
               shapes: Mapping[str, tuple[int, ...]] | None = None) -> Subgraph:
-    nodes = sorted(part)
+    nodes = graph.with_constants(part)
     made = {name for i in nodes for name in graph.nodes[i].output}
     initializers = {t.name for t in proto.graph.initializer}
     graph_inputs = {v.name for v in proto.graph.input}
@@ -272,13 +297,13 @@ def _subgraph(proto: onnx.ModelProto, graph: Graph, facts: exactness.Facts, part
                     _dtype(facts.types.get(name, onnx.TensorProto.UNDEFINED))) for name in inputs]
     crossing = [name for name, _, dtype in input_specs + specs if dtype in UNBOUND_TYPES]
     if crossing:
-        raise UnsupportedOperatorError(f"values {crossing} would cross between relaxc and {assignment[nodes[0]]} "
+        raise UnsupportedOperatorError(f"values {crossing} would cross between relaxc and {assignment[min(part)]} "
                                        f"as {', '.join(sorted(UNBOUND_TYPES))}, which neither hands over")
     model = _model(proto, [graph.nodes[i] for i in nodes], input_specs, outputs, facts)
-    reasons = sorted({refused[i] for i in nodes if i in refused})
-    return Subgraph(assignment[nodes[0]], inputs, specs, tail, model.SerializeToString(), nodes,
-                    dict(collections.Counter(graph.nodes[i].op_type for i in nodes)),
-                    "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else ""))
+    reasons = sorted({refused[i] for i in part if i in refused})
+    return Subgraph(assignment[min(part)], inputs, specs, tail, model.SerializeToString(), nodes=sorted(part),
+                    ops=dict(collections.Counter(graph.nodes[i].op_type for i in part)),
+                    why="; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else ""))
 
 
 def _dtype(elem_type: int) -> str:

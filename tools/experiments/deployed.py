@@ -7,7 +7,7 @@
 
 Why: to measure on a machine that has no compiler (another CPU, a quieter host) what a deployment
 runs: the artifact loaded by TVM's runtime alone (``TVM_USE_RUNTIME_LIB=1``: no libtvm_compiler),
-nothing of relaxc imported (``import relaxc`` needs TVM's compiler library: ``benchmarks/turns.py`` and
+nothing of relaxc imported (``import relaxc`` needs TVM's compiler library: ``support/turns.py`` and
 ``benchmarks/reference.py`` are loaded by their paths). Each build and onnxruntime run with 2 threads,
 taking turns in blocks (``turns.alternate``: a pause, a warm-up run, then the timed runs); outputs are
 checked against onnxruntime first, with the project tolerance (``reference.assert_matches``). One table
@@ -24,12 +24,13 @@ import os
 import numpy as np
 import onnx
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "benchmarks")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
 
 
-def _standalone(name: str):
-    """``benchmarks/<name>.py`` loaded by its path, without running ``relaxc``'s ``__init__``."""
-    spec = importlib.util.spec_from_file_location(f"relaxc_benchmarks_{name}", os.path.join(BENCHMARKS, f"{name}.py"))
+def _standalone(path: str):
+    """``path`` (a module of the repository) loaded by its path, without running ``relaxc``'s ``__init__``."""
+    name = os.path.splitext(path)[0].replace(os.sep, "_")
+    spec = importlib.util.spec_from_file_location(f"relaxc_{name}", os.path.join(ROOT, path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -58,7 +59,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["TVM_NUM_THREADS"] = "2"
     os.environ.setdefault("TVM_BIND_THREADS", "0")
-    turns, reference = _standalone("turns"), _standalone("reference")
+    turns = _standalone(os.path.join("support", "turns.py"))
+    reference = _standalone(os.path.join("benchmarks", "reference.py"))
     model = onnx.load(args.model)
     session = reference.ort_session(model, threads=2)
     rng = np.random.default_rng(0)

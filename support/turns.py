@@ -1,7 +1,7 @@
 """Runtimes taking turns in blocks of timed runs: the timing every relaxc-against-onnxruntime
-benchmark shares (``benchmarks.harness``, as ``harness.alternate``; ``tools/experiments``). It imports
-nothing of relaxc, so ``tools/experiments/deployed.py`` loads it by its path where only TVM's runtime
-is installed."""
+benchmark shares (``benchmarks.harness``, as ``harness.alternate``; ``tools/experiments``), and the
+measured choice among backends (``compiler/backend_choice.py``). It imports nothing of relaxc, so
+``tools/experiments/deployed.py`` loads it by its path where only TVM's runtime is installed."""
 
 from __future__ import annotations
 
