@@ -59,8 +59,9 @@ def _plan(report: dict) -> str:
     subgraphs = backends.get("subgraphs", [])
     if not subgraphs:
         return "relaxc"
-    if backends.get("decision") in ("onnxruntime", "openvino"):
-        return f"{backends['decision']} (whole)"
+    if backends.get("decision", "").removesuffix("@export") in ("onnxruntime", "openvino"):
+        decision = backends["decision"]
+        return f"{decision.removesuffix('@export')} (whole{', as exported' if decision.endswith('@export') else ''})"
     return "relaxc + " + ", ".join(f"{s['backend']} {s['nodes']} nodes" for s in subgraphs)
 
 

@@ -45,10 +45,15 @@ CROSSING_MS = 0.01  # a boundary between backends: one call into the library, no
 BLOCK_SECONDS = 0.05  # one timed block of a segment's runs
 
 Build = Callable[[frontend.Prepared, frontend.Partitioning], Runner]
+EXPORT = "@export"  # a backend's name so marked: it runs the model as exported, not as relaxc prepared it
 
 
-def partitioning(prepared: frontend.Prepared, config: Config, build: Build) -> tuple[frontend.Partitioning, dict]:
-    """The partition to compile ``prepared`` with, and how it was chosen (``report()["backends"]``)."""
+def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
+                 export: Callable[[], bytes]) -> tuple[frontend.Partitioning, dict]:
+    """The partition to compile ``prepared`` with, and how it was chosen (``report()["backends"]``).
+    ``export``: the model as the user gave it (constants bound), for a library that runs it whole:
+    relaxc's folding can make it faster there (Swin-T on onnxruntime, 84.9 ms against 93.4) or
+    slower (MobileNetV2, 7.8 against 6.5: weights copied out of Identity nodes), so both are measured."""
     cpu = config.target.kind.name == "llvm"
     if config.backends == "relaxc" or not cpu:
         if config.backend_overrides:
@@ -64,27 +69,28 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build) -> t
     versions = {name: external.get(name).version() for name in installed}
     entry = store.load().get(key)
     if config.backends == "measure" and (entry is None or entry["versions"] != versions):
-        entry = measure(prepared, base, config.measure_budget_s, build) | {"versions": versions}
+        entry = measure(prepared, base, config.measure_budget_s, build, export) | {"versions": versions}
         store.save(key, entry)
     if entry is None:
         return base, {"decision": "none stored for this model and CPU (compile with backends='measure')"}
     usable = {partition.RELAXC} | {name for name in installed if entry["versions"].get(name) == versions[name]}
     choice = entry["choice"]
     if not set(_chosen(entry, choice, 1).values()) <= usable:
-        measured = {name: ms for name, ms in entry["ms"].items() if name in usable}
+        measured = {name: ms for name, ms in entry["ms"].items() if name.removesuffix(EXPORT) in usable}
         best = min(measured, key=measured.get)
         log.warning("the stored decision for %s runs %s on a backend not installed here (or of another version "
                     "than measured): the best installed choice measured, %s, runs it", prepared.name, choice, best)
         choice = best
     chosen = _chosen(entry, choice, len(prepared.proto.graph.node))
     summary = {"decision": choice, "measured_ms": entry["ms"], "unmeasured_segments": entry.get("unmeasured", 0)}
-    return frontend.Partitioning(installed, dict(config.backend_overrides), chosen), summary
+    return frontend.Partitioning(installed, dict(config.backend_overrides), chosen,
+                                 export() if choice.endswith(EXPORT) else None), summary
 
 
 def _chosen(entry: dict, choice: str, count: int) -> dict[int, str]:
     if choice == "plan":
         return {i: backend for (start, stop, backend) in entry["plan"] for i in range(start, stop)}
-    return {} if choice == partition.RELAXC else {i: choice for i in range(count)}
+    return {} if choice == partition.RELAXC else {i: choice.removesuffix(EXPORT) for i in range(count)}
 
 
 def structure_key(prepared: frontend.Prepared) -> str:
@@ -107,13 +113,18 @@ def structure_key(prepared: frontend.Prepared) -> str:
     return digest.hexdigest()[:32]
 
 
-def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: float, build: Build) -> dict:
+def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: float, build: Build,
+            export: Callable[[], bytes]) -> dict:
     """Measure the partitions of ``prepared`` (see the module docstring); the store's entry."""
     deadline = time.monotonic() + budget_s
     count = len(prepared.proto.graph.node)
     backends = list(base.external)
-    whole = {partition.RELAXC: base} | {
-        name: frontend.Partitioning(base.external, base.overrides, {i: name for i in range(count)}) for name in backends}
+    exported = export()
+    whole = {partition.RELAXC: base}
+    for name in backends:
+        everything = {i: name for i in range(count)}
+        whole[name] = frontend.Partitioning(base.external, base.overrides, everything)
+        whole[name + EXPORT] = frontend.Partitioning(base.external, base.overrides, everything, exported)
     facts = exactness.Facts(prepared.proto, prepared.inputs, list(prepared.proto.graph.node))
     parts = partition.segments(prepared.proto, SEGMENTS)
     steps = len(whole) + len(parts) * (len(backends) + 1) + 1

@@ -221,7 +221,8 @@ def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes:
                                 config.backends == "relaxc")
     warned, logged = diagnostics.translate(said)
     partitioning, choice = backend_choice.partitioning(
-        prepared, config, lambda part, given: _artifact(part, given, config, PhaseRecorder()))
+        prepared, config, lambda part, given: _artifact(part, given, config, PhaseRecorder()),
+        lambda: frontend.bind_constants(frontend.load_model(model)[0], constants).SerializeToString())
     return _artifact(prepared, partitioning, config, recorder, {"warnings": warned, "tvm_log": logged}, choice)
 
 

@@ -265,3 +265,18 @@ def test_a_detector_ending_in_non_max_suppression_compiles_exports_and_matches(t
     loaded = compiler.load(str(tmp_path / "ssd.so"))
     for got, want in zip(loaded.run(image), outputs):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_library_may_run_the_model_as_exported(tmp_path, monkeypatch):
+    """The whole model on a library is measured both as relaxc prepared it and as exported; the
+    export chosen (times replaced here) is what the library runs, and what replays."""
+    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
+                        {name: (1.0 if name == "onnxruntime@export" else 2.0) for name in runners})
+    model = reference.small_cnn()
+    art = compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
+    assert art.report()["backends"]["decision"] == "onnxruntime@export"
+    (sub,) = art.subgraphs
+    assert sub.alone and sub.model == model.SerializeToString()
+    _matches(art, model)
+    replayed = compiler.compile(model, tuning="off", cache_dir=str(tmp_path))
+    assert replayed.subgraphs[0].model == sub.model

@@ -66,6 +66,7 @@ class Partitioning:
     external: Mapping[str, partition.Capability] = dataclasses.field(default_factory=dict)
     overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     chosen: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    whole_from: bytes | None = None  # where one backend runs it all: this form of the model (the export)
 
 
 @dataclass
@@ -344,7 +345,12 @@ def convert(prepared: Prepared, partitioning: Partitioning = Partitioning()) -> 
             assignment = partition.assign(proto, refused, partitioning.external, facts, partitioning.overrides,
                                           partitioning.chosen)
             if set(assignment.values()) != {partition.RELAXC}:
-                return _convert_partitioned(prepared, partition.plan(proto, inputs, facts, assignment, refused))
+                plan = partition.plan(proto, inputs, facts, assignment, refused)
+                if partitioning.whole_from is not None and plan.subgraphs[0].alone:
+                    names = [name for name, _, _ in inputs]
+                    plan = dataclasses.replace(plan, program_outputs=names, subgraphs=[dataclasses.replace(
+                        plan.subgraphs[0], model=partitioning.whole_from, inputs=names)])
+                return _convert_partitioned(prepared, plan)
     check_operators(proto.graph)
     exactness.refuse_inexact(proto, inputs, nodes, facts)
     module, names = _from_onnx(proto, inputs)
