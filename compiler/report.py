@@ -75,7 +75,7 @@ def plan_summary(backends: dict) -> str:
     if "decision" in backends:
         lines.append(f"  decision: {backends['decision']}")
     for name, ms in backends.get("measured_ms", {}).items():
-        lines.append(f"    measured {name:11s} {ms:9.3f} ms")
+        lines.append(f"    measured {name:20s} {ms:9.3f} ms")
     if backends.get("unmeasured_segments"):
         lines.append(f"  {backends['unmeasured_segments']} segment(s) not measured within the budget: on relaxc")
     if backends.get("whole_model_because"):
