@@ -184,6 +184,14 @@ def test_segments_cut_where_fewest_values_cross():
     assert 1 < len(parts) <= 3
 
 
+@pytest.fixture
+def two_segments(monkeypatch):
+    """Measurements cut the graph in two segments: what is checked here is the decision and its
+    replay, not the segments (``_shortest`` and ``segments`` are tested alone)."""
+    monkeypatch.setattr(backend_choice, "SEGMENTS", 2)
+
+
+@pytest.mark.usefixtures("two_segments")
 def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
     """The decision of a measurement that finds onnxruntime fastest (times replaced here: which
     backend is faster is the machine's to say) compiles the model onto it and is replayed from
@@ -210,6 +218,7 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
         .report()["backends"]["subgraphs"] == []
 
 
+@pytest.mark.usefixtures("two_segments")
 def test_a_stored_choice_of_a_missing_backend_falls_back_to_the_best_installed(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
                         {name: (1.0 if name == "onnxruntime" else 2.0) for name in runners})
@@ -267,6 +276,7 @@ def test_a_detector_ending_in_non_max_suppression_compiles_exports_and_matches(t
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.usefixtures("two_segments")
 def test_a_library_may_run_the_model_as_exported(tmp_path, monkeypatch):
     """The whole model on a library is measured both as relaxc prepared it and as exported; the
     export chosen (times replaced here) is what the library runs, and what replays."""
