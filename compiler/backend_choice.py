@@ -66,13 +66,13 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
         return base, {}
     store = DispatchStore(store_for(config.cache_dir, config.target), BACKENDS_FILE)
     key = structure_key(prepared)
-    versions = {name: external.get(name).version() for name in installed}
     entry = store.load().get(key)
+    if entry is None and config.backends != "measure":  # the libraries are imported only when a plan uses them
+        return base, {"decision": "none stored for this model and CPU (compile with backends='measure')"}
+    versions = {name: external.get(name).version() for name in installed}
     if config.backends == "measure" and (entry is None or entry["versions"] != versions):
         entry = measure(prepared, base, config.measure_budget_s, build, export) | {"versions": versions}
         store.save(key, entry)
-    if entry is None:
-        return base, {"decision": "none stored for this model and CPU (compile with backends='measure')"}
     usable = {partition.RELAXC} | {name for name in installed if entry["versions"].get(name) == versions[name]}
     choice = entry["choice"]
     if not set(_chosen(entry, choice, 1).values()) <= usable:
