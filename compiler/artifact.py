@@ -7,7 +7,6 @@ nothing behind; ``compiler.load`` (``compiler/runtime.py``) reads them back with
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -106,9 +105,10 @@ class Artifact(Runner):
         entries = []
         for index, sub in enumerate(self.subgraphs):
             name = f"{os.path.splitext(os.path.basename(path))[0]}.external{index}.onnx"
-            with open(staging.path(os.path.join(os.path.dirname(path), name)), "wb") as f:
+            staged = staging.path(os.path.join(os.path.dirname(path), name))
+            with open(staged, "wb") as f:
                 f.write(sub.model)
-            entries.append({"file": name, "sha256": hashlib.sha256(sub.model).hexdigest(), "backend": sub.backend,
+            entries.append({"file": name, "sha256": file_sha256(staged), "backend": sub.backend,
                             "version": versions[sub.backend], "inputs": sub.inputs,
                             "outputs": [spec_json(s) for s in sub.outputs], "tail": sub.tail,
                             "alone": sub.alone})

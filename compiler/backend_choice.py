@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import statistics
 import time
 from typing import Any, Callable
 
@@ -30,6 +29,7 @@ from tqdm import tqdm
 from relaxc import external, frontend
 from relaxc.frontend import exactness, partition
 from relaxc.options import Config
+from relaxc.profile import time_call
 from relaxc.runtime import Runner, random_inputs
 from relaxc.schedules.cache import BACKENDS_FILE, store_for
 from relaxc.schedules.dispatch import DispatchStore
@@ -179,19 +179,19 @@ def _segment_costs(prepared: frontend.Prepared, facts: exactness.Facts, nodes: l
                    values: dict[str, np.ndarray], build: Build, bar: Any) -> dict[str, float]:
     """Milliseconds of the segment on each backend that runs it (relaxc: compiled alone)."""
     costs = {}
-    shapes = {name: tuple(array.shape) for name, array in values.items()}
+    sub = partition.part(prepared.proto, facts, nodes, partition.RELAXC,
+                         {name: tuple(array.shape) for name, array in values.items()})
+    arrays = [values[name] for name in sub.inputs]
     for backend in backends:
-        sub = partition.part(prepared.proto, facts, nodes, backend, shapes)
-        arrays = [values[name] for name in sub.inputs]
         try:
             if backend == partition.RELAXC:
                 specs = [(name, tuple(a.shape), str(a.dtype)) for name, a in zip(sub.inputs, arrays)]
                 runner = build(frontend.Prepared(onnx.load_from_string(sub.model), "segment", {}, specs),
                                frontend.Partitioning())
-                costs[backend] = _median_ms(lambda: runner.run(*arrays))
+                costs[backend] = time_call(lambda: runner.run(*arrays), BLOCK_SECONDS) * 1e3
             else:
                 session = external.get(backend).session(sub.model, pool_threads())
-                costs[backend] = _median_ms(lambda: session.run(arrays))
+                costs[backend] = time_call(lambda: session.run(arrays), BLOCK_SECONDS) * 1e3
         except Exception as err:  # noqa: BLE001 - a backend that cannot run it is no candidate
             log.info("segment %d-%d not on %s: %s", nodes[0], nodes[-1], backend, err)
         bar.update()
@@ -207,20 +207,6 @@ def _shortest(parts: list[list[int]], costs: list[dict[str, float]]) -> list[tup
                 for name, ms in segment.items()}
     path = min(best.values(), key=lambda item: item[0])[1]
     return [(nodes[0], nodes[-1] + 1, backend) for nodes, backend in zip(parts, path)]
-
-
-def _median_ms(call: Callable[[], Any], blocks: int = 5) -> float:
-    call()
-    start = time.perf_counter()
-    call()
-    number = max(1, int(BLOCK_SECONDS / max(time.perf_counter() - start, 1e-6)))
-    times = []
-    for _ in range(blocks):
-        start = time.perf_counter()
-        for _ in range(number):
-            call()
-        times.append((time.perf_counter() - start) / number * 1e3)
-    return statistics.median(times)
 
 
 def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: int = 20) -> dict[str, float]:

@@ -128,13 +128,13 @@ def _copy(arg: Any, device: tvm.runtime.Device) -> Any:
     return arg
 
 
-def _time_call(call: Callable[[], Any]) -> float:
-    """Median seconds of one call, over ``BLOCKS`` blocks of enough calls to last a while."""
+def time_call(call: Callable[[], Any], block_seconds: float = MIN_BLOCK_SECONDS) -> float:
+    """Median seconds of one call, over ``BLOCKS`` blocks of enough calls to last ``block_seconds``."""
     call()
     start = time.perf_counter()
     call()
     once = max(time.perf_counter() - start, 1e-7)
-    number = max(1, int(MIN_BLOCK_SECONDS / once))
+    number = max(1, int(block_seconds / once))
     blocks = []
     for _ in range(BLOCKS):
         start = time.perf_counter()
@@ -186,7 +186,7 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
     seconds: dict[str, float] = collections.defaultdict(float)
     counts: collections.Counter = collections.Counter()
     for symbol, func, copies in calls:
-        seconds[symbol] += _time_call(lambda: func(*copies))
+        seconds[symbol] += time_call(lambda: func(*copies))
         counts[symbol] += 1
     total = sum(seconds.values())
     rows = []
@@ -197,5 +197,5 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
                                s * 1e3, s / total if total else 0.0, cost.flops * counts[name],
                                cost.nbytes * counts[name], bound_ms))
     plain = relax.VirtualMachine(art.executable, device)
-    end_to_end = _time_call(lambda: plain["main"](*args))
+    end_to_end = time_call(lambda: plain["main"](*args))
     return Profile(rows, total * 1e3, end_to_end * 1e3, machine)

@@ -136,6 +136,9 @@ class Runner:
         self.outputs = outputs
         self.subgraphs = list(subgraphs)
         self.program_outputs = program_outputs  # what the program returns, where not the outputs
+        # a model one library runs whole: the program would only hand the inputs to its tail
+        self._hands_inputs_on = self._tail is not None and len(subgraphs) == 1 and \
+            set(program_outputs or ()) <= {name for name, _, _ in inputs}
         self.input_high = input_high or {}  # integer inputs' valid ranges, where the model declares them
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
@@ -152,9 +155,8 @@ class Runner:
         """What relaxc's program returns, by name, before a tail of external subgraphs runs on it:
         the model's outputs it makes and the tail's inputs (to check relaxc's part alone). A program
         that only hands its inputs to the tail (a model one library runs whole) is not run."""
-        names = [name for name, _, _ in self.inputs]
-        if self._tail is not None and len(self.subgraphs) == 1 and set(self.program_outputs) <= set(names):
-            given = dict(zip(names, (self._check(spec, value) for spec, value in zip(self.inputs, self._order(arrays)))))
+        if self._hands_inputs_on:
+            given = {spec[0]: self._check(spec, value) for spec, value in zip(self.inputs, self._order(arrays))}
             return {name: given[name] for name in self.program_outputs}
         return dict(zip(self.program_outputs or [name for name, _, _ in self.outputs], self._program(arrays)))
 

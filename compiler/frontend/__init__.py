@@ -247,9 +247,10 @@ def _output_specs(names: list[str], module: IRModule) -> list[TensorSpec]:
     shapes = [_static_shape(ty) for ty in fields]
     dynamic = [name for name, shape in zip(names, shapes) if shape is None]
     if dynamic:
-        raise DynamicOutputError(f"output(s) {dynamic} have no static shape after import: their shape depends on "
-                         f"input values (NonZero, Unique, Compress, or a shape computed from an input); "
-                         f"relaxc compiles static shapes only (constants= fixes shape-deciding inputs)")
+        raise DynamicOutputError(f"output(s) {dynamic} have no static shape after import: their shape depends "
+                                 f"on input values (NonZero, Unique, Compress, or a shape computed from an "
+                                 f"input); relaxc compiles static shapes only (constants= fixes shape-deciding "
+                                 f"inputs)")
     return [(name, shape, str(ty.dtype)) for name, shape, ty in zip(names, shapes, fields)]
 
 
@@ -354,7 +355,8 @@ def convert(prepared: Prepared, partitioning: Partitioning = Partitioning()) -> 
     check_operators(proto.graph)
     exactness.refuse_inexact(proto, inputs, nodes, facts)
     module, names = _from_onnx(proto, inputs)
-    return ImportedModel(prepared.name, module, inputs, _output_specs([v.name for v in proto.graph.output], module), prepared.ops,
+    outputs = _output_specs([value.name for value in proto.graph.output], module)
+    return ImportedModel(prepared.name, module, inputs, outputs, prepared.ops,
                          {new: old for old, new in names.items() if new != old}, models.input_high(proto),
                          {names[n]: nodes for n, nodes in _index_readers(proto.graph).items() if n in names})
 
@@ -387,5 +389,5 @@ def _from_onnx(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> tuple[IRModu
                                dtype_dict={names[n]: d for n, _, d in inputs}, keep_params_in_input=False)
         except Exception as err:  # the importer raises bare Python errors for unconvertible nodes
             raise ImportFailure(f"TVM's ONNX importer cannot convert this model: "
-                                           f"{type(err).__name__}: {_first_line(err)}") from err
+                                f"{type(err).__name__}: {_first_line(err)}") from err
     return module, names

@@ -63,14 +63,13 @@ def refused_nodes(proto: onnx.ModelProto, facts: exactness.Facts, converted: set
     """Why relaxc cannot run each node it cannot, by index in the graph: an operator TVM's importer
     does not convert (at any depth of its branches), a form it would convert wrongly, an output
     shape that depends on the data, a value that is not a tensor."""
-    nodes = list(proto.graph.node)
-    sequences = any(n.op_type.startswith(SEQUENCE_PREFIXES) for n in nodes for n in _with_branches(n))
+    nested = [_with_branches(node) for node in proto.graph.node]
+    sequences = any(inner.op_type.startswith(SEQUENCE_PREFIXES) for found in nested for inner in found)
     refused: dict[int, str] = {}
-    for index, node in enumerate(nodes):
+    for index, (node, found) in enumerate(zip(proto.graph.node, nested)):
         missing = sorted({n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-                          for n in _with_branches(node)
-                          if n.domain not in ("", "ai.onnx") or n.op_type not in converted})
-        inexact = list(exactness.inexact_nodes(_with_branches(node), facts).values())
+                          for n in found if n.domain not in ("", "ai.onnx") or n.op_type not in converted})
+        inexact = list(exactness.inexact_nodes(found, facts).values())
         if missing:
             refused[index] = f"{', '.join(missing)}: TVM's importer does not convert it"
         elif inexact:
@@ -239,10 +238,8 @@ def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Fact
 
     # the tail: every node after one whose leaving value has no static shape, or is no tensor; the
     # whole model where one backend runs it all (no call into the library from relaxc's program)
-    tail: set[int] = set()
-    if len({b for i, b in assignment.items() if i not in graph.constant} - {RELAXC}) == 1 and \
-            all(b != RELAXC for i, b in assignment.items() if i not in graph.constant):
-        tail = set(assignment)
+    placed = {b for i, b in assignment.items() if i not in graph.constant}
+    tail: set[int] = set(assignment) if len(placed) == 1 and RELAXC not in placed else set()
     for part in _components(graph, assignment):
         for name in leaving(part):
             if name not in facts.shapes or name in facts.non_tensors:
@@ -259,10 +256,6 @@ def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Fact
     if tail:
         tail_outputs = [v.name for v in proto.graph.output if graph.producer.get(v.name) in tail]
         subgraphs.append(_subgraph(proto, graph, facts, tail, assignment, refused, tail_outputs, True))
-    for sub in subgraphs[:len(calls)]:
-        unknown = [name for name, shape, _ in sub.outputs if shape is None]
-        if unknown:  # cannot happen: such values start the tail
-            raise AssertionError(f"call outputs {unknown} without a static shape")
     relaxc_nodes = [graph.nodes[i] for i in range(len(graph.nodes)) if assignment[i] == RELAXC and i not in tail]
     if len(tail) == len(graph.nodes):
         subgraphs[0].alone = True
