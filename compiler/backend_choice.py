@@ -36,13 +36,15 @@ from relaxc.schedules.dispatch import DispatchStore
 from relaxc.support import tvm_log
 from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError
 from relaxc.support.threads import pool_threads
-from relaxc.support.turns import alternate
+from relaxc.support.turns import alternate, block
 
 log = logging.getLogger("relaxc")
 
 SEGMENTS = 8  # units of the graph measured per backend
 CROSSING_MS = 0.01  # a boundary between backends: one call into the library, no copies
 BLOCK_SECONDS = 0.05  # one timed block of a segment's runs
+COMPARE_SECONDS = 0.4  # timed runs of each whole-model candidate, at least
+SLOWER = 2.0  # a whole-model candidate this much slower than the fastest in one run is not timed further
 
 Build = Callable[[frontend.Prepared, frontend.Partitioning], Runner]
 EXPORT = "@export"  # a backend's name so marked: it runs the model as exported, not as relaxc prepared it
@@ -82,9 +84,20 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
                     "than measured): the best installed choice measured, %s, runs it", prepared.name, choice, best)
         choice = best
     chosen = _chosen(entry, choice, len(prepared.proto.graph.node))
-    summary = {"decision": choice, "measured_ms": entry["ms"], "unmeasured_segments": entry.get("unmeasured", 0)}
+    summary = {"decision": choice, "measured_ms": entry["ms"], "unmeasured_segments": entry.get("unmeasured", 0),
+               "segments": entry.get("segments", []), "segment_sums": segment_sums(entry.get("segments", []))}
     return frontend.Partitioning(installed, dict(config.backend_overrides), chosen,
                                  export() if choice.endswith(EXPORT) else None), summary
+
+
+def segment_sums(segments: list[dict]) -> dict[str, float]:
+    """The measured segments' summed milliseconds per backend that ran them all, and of the
+    cheapest backend of each (``mix``, crossings not counted): what a mixed plan could save."""
+    if not segments:
+        return {}
+    everywhere = set.intersection(*(set(segment["ms"]) for segment in segments))
+    sums = {name: sum(segment["ms"][name] for segment in segments) for name in sorted(everywhere)}
+    return sums | {"mix": sum(min(segment["ms"].values()) for segment in segments)}
 
 
 def _chosen(entry: dict, choice: str, count: int) -> dict[int, str]:
@@ -211,8 +224,15 @@ def _shortest(parts: list[list[int]], costs: list[dict[str, float]]) -> list[tup
 
 def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: int = 20) -> dict[str, float]:
     """Median milliseconds of each runner, the runners taking turns in blocks of runs (after a
-    pause, so the threads of the one before are idle), rounded to microseconds."""
-    ms = alternate({name: (lambda runner=runner: runner.run(inputs)) for name, runner in runners.items()}, repeat)
+    pause, so the threads of the one before are idle), rounded to microseconds: at least
+    ``repeat`` runs each, and enough to last ``COMPARE_SECONDS`` (two libraries 3 % apart on a
+    0.5 ms model swapped places over 20 runs). A runner whose first run takes over ``SLOWER``
+    times the fastest first run keeps that time: a cliff in one kernel costs one run of it."""
+    calls = {name: (lambda runner=runner: runner.run(inputs)) for name, runner in runners.items()}
+    first = {name: block(call, 1)[0] for name, call in calls.items()}
+    fastest = min(first.values())
+    runs = max(repeat, int(COMPARE_SECONDS * 1e3 / fastest))
+    ms = first | alternate({name: call for name, call in calls.items() if first[name] <= SLOWER * fastest}, runs)
     return {name: round(value, 3) for name, value in ms.items()}
 
 

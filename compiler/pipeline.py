@@ -73,11 +73,13 @@ log = logging.getLogger("relaxc")
 @dataclass
 class Compilation:
     """What the phases of one compile share: the resolved options, the imported model, and the
-    parts of the report the reporting passes have written so far."""
+    parts of the report the reporting passes have written so far; the external subgraphs' sessions,
+    held until the artifact's runner holds them."""
 
     config: Config
     model: frontend.ImportedModel
     report: dict = field(default_factory=dict)
+    sessions: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -256,10 +258,9 @@ def _compile(prepared: frontend.Prepared, partitioning: frontend.Partitioning, c
              recorder: PhaseRecorder) -> tuple[Compilation, relax.VMExecutable]:
     """relaxc's part of the model through every phase; its external subgraphs opened first."""
     imported = recorder.run("import", frontend.convert, prepared, partitioning)
-    for sub in imported.subgraphs:
-        external.open_subgraph(sub, pool_threads())
+    sessions = [external.open_subgraph(sub, pool_threads()) for sub in imported.subgraphs]
     recorder.snapshots["import"] = imported.module
-    compilation = Compilation(config, imported)
+    compilation = Compilation(config, imported, sessions=sessions)
     compilation.report["backends"] = backend_choice.describe(imported, partitioning, config)
     mod = imported.module
     with config.target, remote.measuring_on(config.tracker):

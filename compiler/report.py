@@ -76,6 +76,13 @@ def plan_summary(backends: dict) -> str:
         lines.append(f"  decision: {backends['decision']}")
     for name, ms in backends.get("measured_ms", {}).items():
         lines.append(f"    measured {name:20s} {ms:9.3f} ms")
+    for segment in backends.get("segments", []):
+        first, stop = segment["nodes"]
+        times = "  ".join(f"{name} {ms:.3f}" for name, ms in segment["ms"].items())
+        lines.append(f"    segment nodes {first:4d}-{stop - 1:<4d} alone (ms): {times}")
+    if backends.get("segment_sums"):
+        sums = backends["segment_sums"]
+        lines.append("    segments summed (ms): " + "  ".join(f"{name} {ms:.3f}" for name, ms in sums.items()))
     if backends.get("unmeasured_segments"):
         lines.append(f"  {backends['unmeasured_segments']} segment(s) not measured within the budget: on relaxc")
     if backends.get("whole_model_because"):

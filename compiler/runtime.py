@@ -128,6 +128,7 @@ class Runner:
                  program_outputs: list[str] | None = None) -> None:
         # external subgraphs first: the program calls them by name
         sessions = [external.open_subgraph(sub, pool_threads()) for sub in subgraphs] if device else []
+        self._sessions = sessions  # held here: the process keeps them only while a runner does
         self._tail = next(((sub, session) for sub, session in zip(subgraphs, sessions) if sub.tail), None)
         self._pool = VMPool(program, device, default_concurrency() if concurrency is None else concurrency) \
             if device else None
@@ -140,6 +141,10 @@ class Runner:
         self._hands_inputs_on = self._tail is not None and len(subgraphs) == 1 and \
             set(program_outputs or ()) <= {name for name, _, _ in inputs}
         self.input_high = input_high or {}  # integer inputs' valid ranges, where the model declares them
+        # per call, the checks run beside a library's threads spinning between runs, where each
+        # bytecode costs several times its price: what can be, is worked out here
+        self._names = [name for name, _, _ in inputs]
+        self._expected = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in inputs]
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
@@ -156,7 +161,7 @@ class Runner:
         the model's outputs it makes and the tail's inputs (to check relaxc's part alone). A program
         that only hands its inputs to the tail (a model one library runs whole) is not run."""
         if self._hands_inputs_on:
-            given = {spec[0]: self._check(spec, value) for spec, value in zip(self.inputs, self._order(arrays))}
+            given = dict(zip(self._names, self._checked(arrays)))
             return {name: given[name] for name in self.program_outputs}
         return dict(zip(self.program_outputs or [name for name, _, _ in self.outputs], self._program(arrays)))
 
@@ -164,7 +169,7 @@ class Runner:
         if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
-        ordered = [self._check(spec, value) for spec, value in zip(self.inputs, self._order(arrays))]
+        ordered = self._checked(arrays)
         args = [tvm.runtime.tensor(value, self._device) for value in ordered]
         with self._pool.vm() as vm:
             try:
@@ -173,8 +178,15 @@ class Runner:
                 named = {name: value for (name, _, _), value in zip(self.inputs, ordered)}
                 raise InputError(index_checks.with_offending_value(str(err), named)) from None
 
+    def _checked(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        """The inputs in order, checked against the signature."""
+        return [self._check(spec, value) for spec, value in zip(self._expected, self._order(arrays))]
+
     def _order(self, arrays: Sequence[Any]) -> list[Any]:
-        names = [name for name, _, _ in self.inputs]
+        names = self._names
+        if len(arrays) == 1 and type(arrays[0]) is dict and len(arrays[0]) == len(names) \
+                and all(name in arrays[0] for name in names):
+            return [arrays[0][name] for name in names]
         if len(arrays) == 1 and isinstance(arrays[0], Mapping):
             given = arrays[0]
             unknown = [k for k in given if k not in names]
@@ -188,15 +200,17 @@ class Runner:
         return list(arrays)
 
     @staticmethod
-    def _check(spec: TensorSpec, value: Any) -> np.ndarray:
+    def _check(spec: tuple[str, tuple[int, ...], np.dtype], value: Any) -> np.ndarray:
         name, shape, dtype = spec
-        array = np.asarray(value)
-        if array.dtype != np.dtype(dtype) and array.dtype.newbyteorder("=") == np.dtype(dtype):
+        array = value if type(value) is np.ndarray else np.asarray(value)
+        if array.dtype != dtype and array.dtype.newbyteorder("=") == dtype:
             array = array.astype(dtype)  # the same type in the other byte order (a big-endian file's)
-        if array.dtype != np.dtype(dtype):
+        if array.dtype != dtype:
             raise InputError(f"input {name!r}: expected dtype {dtype}, got {array.dtype}")
-        if tuple(array.shape) != tuple(shape):
-            raise InputError(f"input {name!r}: expected shape {tuple(shape)}, got {tuple(array.shape)}")
+        if array.shape != shape:
+            raise InputError(f"input {name!r}: expected shape {shape}, got {tuple(array.shape)}")
+        if array.flags.c_contiguous:
+            return array
         return np.require(array, requirements="C")  # ascontiguousarray would make 0-d arrays 1-d
 
 

@@ -8,8 +8,10 @@ depend on the data, run after relaxc's program). A third backend is one more mod
 in ``BACKENDS``. The libraries are optional extras and imported only when a plan uses them.
 
 A subgraph inside the program is a packed function the compiled code calls by name
-(``relaxc.external.<digest>``); ``install`` registers it in this process, at compile time and again
-when an exported artifact is loaded.
+(``relaxc.external.<digest>``); ``open_subgraph`` registers it in this process, at compile time and
+again when an exported artifact is loaded. A session lives as long as something that runs it (a
+``Runner``, a compile in progress) holds it: the candidates a measured choice built and dropped
+free their libraries' memory and threads.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import threading
+import weakref
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -112,20 +115,22 @@ def installed() -> list[str]:
     return [name for name, backend in backends().items() if backend.installed()]
 
 
-_OPEN: dict[str, Session] = {}
+_OPEN: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 
 
 def open_subgraph(subgraph: ExternalSubgraph, threads: int) -> Session:
-    """The subgraph's session, built once per process. A call's is registered as the packed
-    function relaxc's program calls (one name per backend and slice, so one registration serves
-    every artifact of the process holding that slice)."""
+    """The subgraph's session, one per process while something holds it (the caller must: the
+    process keeps only a weak reference). A call's is registered as the packed function relaxc's
+    program calls (one name per backend and slice, so one registration serves every artifact of
+    the process holding that slice)."""
     import tvm_ffi
 
     name = subgraph.function
     with _LOCK:
-        if name in _OPEN:
-            return _OPEN[name]
+        session = _OPEN.get(name)
+        if session is not None:
+            return session
         backend = get(subgraph.backend)
         try:
             session = backend.session(subgraph.model, threads, subgraph.alone)
@@ -137,10 +142,14 @@ def open_subgraph(subgraph: ExternalSubgraph, threads: int) -> Session:
                                            f"{text[0] if text else type(err).__name__}") from None
         if not subgraph.tail:
             count = len(subgraph.inputs)
+            held = weakref.ref(session)
 
             def run(*tensors: Any) -> None:
+                live = held()
+                if live is None:
+                    raise RuntimeError(f"{name} runs after every artifact holding its session was dropped")
                 arrays = [np.from_dlpack(t) for t in tensors]
-                session.run(arrays[:count], arrays[count:])
+                live.run(arrays[:count], arrays[count:])
 
             tvm_ffi.register_global_func(name, run, override=True)
         _OPEN[name] = session

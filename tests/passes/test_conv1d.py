@@ -30,7 +30,7 @@ def _conv1d(c_in: int, c_out: int, length: int, kernel: int, stride: int, pad: i
     (1, 32, 400, 10, 5, 0, 1, 1),  # an audio front end's first convolution
     (16, 24, 99, 3, 2, 1, 1, 1),
     (48, 48, 49, 32, 1, 16, 16, 1),  # a grouped positional convolution with a long kernel
-    (8, 8, 60, 3, 1, 2, 8, 2),  # depthwise, dilated
+    (16, 16, 60, 3, 1, 2, 16, 2),  # depthwise, dilated (16 channels: one whole block on AVX-512 too)
 ])
 def test_conv1d_takes_the_blocked_convolution_path(c_in, c_out, length, kernel, stride, pad, group, dilation):
     model = _conv1d(c_in, c_out, length, kernel, stride, pad, group, dilation)
