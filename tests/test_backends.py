@@ -336,8 +336,9 @@ def _conv_pair():
 @pytest.mark.usefixtures("two_segments")
 def test_measure_moves_what_relaxc_runs_slowly_to_the_library(tmp_path, monkeypatch):
     """Real timings: with relaxc's convolutions unscheduled, ``measure`` puts them on onnxruntime,
-    and the model runs within 1.05x of onnxruntime alone: the best median of six alternating
-    blocks each, as a neighbour's burst on a shared VM slows whole blocks by up to 50 %."""
+    and the model runs within 1.05x of onnxruntime alone: the median over six rounds of the
+    ratio of the two blocks' medians in the round, as a neighbour's burst on a shared VM slows
+    whole blocks by up to 50 %."""
     monkeypatch.setattr(default, "RULES", (("unscheduled", _UnscheduledConvs), *default.RULES))
     monkeypatch.setattr(external, "installed", lambda: ["onnxruntime"])
     model = _conv_pair()
@@ -353,4 +354,5 @@ def test_measure_moves_what_relaxc_runs_slowly_to_the_library(tmp_path, monkeypa
     for _ in range(6):
         for name, run in runs.items():
             blocks[name].append(statistics.median(block(run, 30)))
-    assert min(blocks["measured"]) <= 1.05 * min(blocks["onnxruntime"]), blocks
+    ratios = [measured / alone for measured, alone in zip(blocks["measured"], blocks["onnxruntime"])]
+    assert statistics.median(ratios) <= 1.05, blocks

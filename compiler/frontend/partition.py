@@ -327,7 +327,9 @@ def _model(proto: onnx.ModelProto, nodes: list[onnx.NodeProto], inputs: list[Ten
 
 def segments(proto: onnx.ModelProto, count: int) -> list[list[int]]:
     """The graph's nodes cut into about ``count`` runs of consecutive nodes, each cut where the
-    fewest values cross it within a window around the even split: the units measured per backend."""
+    fewest values cross it within a window around the even split: the units measured per backend.
+    Weight computations cross no cut (each segment gets its copy, ``part``) and form no segment
+    alone: one of ResNet-50's light weight fills measured 4.9 ms a run, all of it copying out weights."""
     graph = Graph(proto)
     total = len(graph.nodes)
     outputs = {value.name for value in proto.graph.output}
@@ -338,7 +340,7 @@ def segments(proto: onnx.ModelProto, count: int) -> list[list[int]]:
         live -= ends[k]
         crossing[k] = live
         for name in node.output:
-            if name and (name in outputs or last_read.get(name, -1) > k):
+            if name and (name in outputs or (k not in graph.constant and last_read.get(name, -1) > k)):
                 live += 1
                 ends[total + 1 if name in outputs else last_read[name] + 1] += 1
     count = max(1, min(count, total))
@@ -350,7 +352,13 @@ def segments(proto: onnx.ModelProto, count: int) -> list[list[int]]:
         if candidates:
             cuts.append(min(candidates, key=lambda k: (crossing[k], abs(k - ideal))))
     cuts.append(total)
-    return [list(range(a, b)) for a, b in zip(cuts, cuts[1:]) if b > a]
+    spans: list[list[int]] = []
+    for a, b in zip(cuts, cuts[1:]):
+        if spans and all(i in graph.constant for i in spans[-1]):
+            spans[-1] += range(a, b)
+        elif b > a:
+            spans.append(list(range(a, b)))
+    return spans
 
 
 def part(proto: onnx.ModelProto, facts: exactness.Facts, nodes: list[int], backend: str,
@@ -360,8 +368,8 @@ def part(proto: onnx.ModelProto, facts: exactness.Facts, nodes: list[int], backe
     graph = Graph(proto)
     chosen = set(nodes)
     outputs = {value.name for value in proto.graph.output}
-    leaving = [name for i in nodes for name in graph.nodes[i].output if name and
-               (name in outputs or any(r not in chosen for r in graph.readers.get(name, [])))]
+    leaving = [name for i in nodes for name in graph.nodes[i].output if name and (name in outputs or (
+        i not in graph.constant and any(r not in chosen for r in graph.readers.get(name, []))))]
     return _subgraph(proto, graph, facts, chosen, {i: backend for i in nodes}, {}, leaving, False, shapes)
 
 
