@@ -36,7 +36,7 @@ from relaxc.schedules.dispatch import DispatchStore
 from relaxc.support import tvm_log
 from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError
 from relaxc.support.threads import pool_threads
-from relaxc.support.turns import alternate, block
+from relaxc.support.turns import block, paired
 
 log = logging.getLogger("relaxc")
 
@@ -223,8 +223,9 @@ def _shortest(parts: list[list[int]], costs: list[dict[str, float]]) -> list[tup
 
 
 def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: int = 20) -> dict[str, float]:
-    """Median milliseconds of each runner, the runners taking turns in blocks of runs (after a
-    pause, so the threads of the one before are idle), rounded to microseconds: at least
+    """Milliseconds of each runner, the runners taking turns in blocks of runs (after a pause, so
+    the threads of the one before are idle), each block against the fastest's in its round
+    (``support.turns.paired``), rounded to microseconds: at least
     ``repeat`` runs each, and enough to last ``COMPARE_SECONDS`` (two libraries 3 % apart on a
     0.5 ms model swapped places over 20 runs). A runner whose first run takes over ``SLOWER``
     times the fastest first run keeps that time: a cliff in one kernel costs one run of it."""
@@ -232,7 +233,8 @@ def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: 
     first = {name: block(call, 1)[0] for name, call in calls.items()}
     fastest = min(first.values())
     runs = max(repeat, int(COMPARE_SECONDS * 1e3 / fastest))
-    ms = first | alternate({name: call for name, call in calls.items() if first[name] <= SLOWER * fastest}, runs)
+    timed = sorted((name for name in calls if first[name] <= SLOWER * fastest), key=first.get)
+    ms = first | paired({name: calls[name] for name in timed}, runs)
     return {name: round(value, 3) for name, value in ms.items()}
 
 

@@ -1,6 +1,6 @@
 """Runtimes taking turns in blocks of timed runs: the timing every relaxc-against-onnxruntime
-benchmark shares (``benchmarks.harness``, as ``harness.alternate``; ``tools/experiments``), and the
-measured choice among backends (``compiler/backend_choice.py``). It imports nothing of relaxc, so
+benchmark shares (``benchmarks.harness``, as ``harness.alternate``; ``tools/experiments``), and,
+paired round by round, the measured choice among backends (``compiler/backend_choice.py``). It imports nothing of relaxc, so
 ``tools/experiments/deployed.py`` loads it by its path where only TVM's runtime is installed."""
 
 from __future__ import annotations
@@ -35,3 +35,20 @@ def alternate(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, f
         for name, fn in runs.items():
             times[name] += block(fn, count)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def paired(runs: dict[str, Callable[[], object]], repeat: int, rounds: int = 6) -> dict[str, float]:
+    """Milliseconds of each function as its ratio to the first one, block against block within each
+    of ``rounds`` rounds (median over rounds), times the first one's median: a neighbour's burst
+    that slows one round slows every function in it, and a burst across a few blocks moves one
+    ratio of ``rounds``. ``alternate``'s medians of all runs let it decide between two builds 25 %
+    apart the wrong way (ShuffleNetV2 on a shared Cascade Lake VM)."""
+    medians: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(rounds):
+        count = max(1, repeat // rounds + (round_ < repeat % rounds))
+        for name, fn in runs.items():
+            medians[name].append(statistics.median(block(fn, count)))
+    base = next(iter(runs))
+    scale = statistics.median(medians[base])
+    return {name: scale * statistics.median(m / b for m, b in zip(values, medians[base]))
+            for name, values in medians.items()}

@@ -17,6 +17,7 @@ import relaxc as compiler
 from relaxc import backend_choice, external
 from relaxc.frontend import partition
 from relaxc.schedules import default
+from relaxc.support import turns
 from relaxc.support.turns import block
 from tests import reference
 from tvm import s_tir
@@ -308,6 +309,15 @@ def test_a_library_may_run_the_model_as_exported(tmp_path, monkeypatch):
     _matches(art, model)
     replayed = compiler.compile(model, tuning="off", cache_dir=str(tmp_path))
     assert replayed.subgraphs[0].model == sub.model
+
+
+def test_paired_times_cancel_slow_rounds_and_a_burst_in_one_block(monkeypatch):
+    """Block medians by round: three rounds slower for both, one block of b's slowed alone; b's
+    time keeps its ratio to a in each round, 2x."""
+    blocks = {"a": iter([1.0, 1.0, 1.5, 1.5, 1.5, 1.0]), "b": iter([2.0, 9.0, 3.0, 3.0, 3.0, 2.0])}
+    monkeypatch.setattr(turns, "block", lambda fn, count: [fn()])
+    ms = turns.paired({name: (lambda name=name: next(blocks[name])) for name in blocks}, repeat=6)
+    assert ms == {"a": 1.25, "b": 2.5}
 
 
 class _UnscheduledConvs(dl.ScheduleRule):
