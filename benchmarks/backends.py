@@ -95,7 +95,7 @@ def bench_one(spec: str, repeat: int, threads: int, budget_s: float) -> list[str
     cell = lambda name: f"{ms[name]:.2f}" if name in ms else "refused"  # noqa: E731
     report = measured.report()
     print(f"{spec}: timed while compiling, ms: " + ", ".join(
-        f"{name} {ms:.2f}" for name, ms in report["backends"].get("measured_ms", {}).items()), file=sys.stderr)
+        f"{name} {value:.2f}" for name, value in report["backends"].get("measured_ms", {}).items()), file=sys.stderr)
     sums = ", ".join(f"{name} {value:.1f}" for name, value in report["backends"].get("segment_sums", {}).items())
     return [spec, cell("relaxc"), cell("onnxruntime"), cell("openvino"), cell("measured"),
             _plan(report), f"{ms['measured'] / fastest:.2f}x", sums or "not measured",

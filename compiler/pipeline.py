@@ -79,7 +79,7 @@ class Compilation:
     config: Config
     model: frontend.ImportedModel
     report: dict = field(default_factory=dict)
-    sessions: list = field(default_factory=list)
+    sessions: list[external.Session] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

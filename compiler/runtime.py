@@ -184,9 +184,6 @@ class Runner:
 
     def _order(self, arrays: Sequence[Any]) -> list[Any]:
         names = self._names
-        if len(arrays) == 1 and type(arrays[0]) is dict and len(arrays[0]) == len(names) \
-                and all(name in arrays[0] for name in names):
-            return [arrays[0][name] for name in names]
         if len(arrays) == 1 and isinstance(arrays[0], Mapping):
             given = arrays[0]
             unknown = [k for k in given if k not in names]
@@ -202,7 +199,7 @@ class Runner:
     @staticmethod
     def _check(spec: tuple[str, tuple[int, ...], np.dtype], value: Any) -> np.ndarray:
         name, shape, dtype = spec
-        array = value if type(value) is np.ndarray else np.asarray(value)
+        array = np.asarray(value)
         if array.dtype != dtype and array.dtype.newbyteorder("=") == dtype:
             array = array.astype(dtype)  # the same type in the other byte order (a big-endian file's)
         if array.dtype != dtype:

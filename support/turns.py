@@ -1,7 +1,8 @@
 """Runtimes taking turns in blocks of timed runs: the timing every relaxc-against-onnxruntime
 benchmark shares (``benchmarks.harness``, as ``harness.alternate``; ``tools/experiments``), and,
-paired round by round, the measured choice among backends (``compiler/backend_choice.py``). It imports nothing of relaxc, so
-``tools/experiments/deployed.py`` loads it by its path where only TVM's runtime is installed."""
+paired round by round, the measured choice among backends (``compiler/backend_choice.py``). It
+imports nothing of relaxc, so ``tools/experiments/deployed.py`` loads it by its path where only
+TVM's runtime is installed."""
 
 from __future__ import annotations
 
@@ -26,29 +27,31 @@ def block(fn: Callable[[], object], runs: int) -> list[float]:
     return times
 
 
+def rounds_of_blocks(runs: dict[str, Callable[[], object]], repeat: int, rounds: int) -> dict[str, list[list[float]]]:
+    """Each function's timed runs (milliseconds), block by block: ``repeat`` calls in all, the
+    functions taking turns in ``rounds`` blocks each."""
+    blocks: dict[str, list[list[float]]] = {name: [] for name in runs}
+    for round_ in range(rounds):
+        count = repeat // rounds + (round_ < repeat % rounds)
+        for name, fn in runs.items():
+            blocks[name].append(block(fn, count))
+    return blocks
+
+
 def alternate(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
     """Median milliseconds of ``repeat`` calls of each function, the functions taking turns in
     ``ROUNDS`` blocks (one after another per call measured thread-pool contention instead)."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for round_ in range(ROUNDS):
-        count = repeat // ROUNDS + (round_ < repeat % ROUNDS)
-        for name, fn in runs.items():
-            times[name] += block(fn, count)
-    return {name: statistics.median(t) for name, t in times.items()}
+    blocks = rounds_of_blocks(runs, repeat, ROUNDS)
+    return {name: statistics.median(t for times in each for t in times) for name, each in blocks.items()}
 
 
 def paired(runs: dict[str, Callable[[], object]], repeat: int, rounds: int = 6) -> dict[str, float]:
     """Milliseconds of each function as its ratio to the first one, block against block within each
     of ``rounds`` rounds (median over rounds), times the first one's median: a neighbour's burst
-    that slows one round slows every function in it, and a burst across a few blocks moves one
-    ratio of ``rounds``. ``alternate``'s medians of all runs let it decide between two builds 25 %
-    apart the wrong way (ShuffleNetV2 on a shared Cascade Lake VM)."""
-    medians: dict[str, list[float]] = {name: [] for name in runs}
-    for round_ in range(rounds):
-        count = max(1, repeat // rounds + (round_ < repeat % rounds))
-        for name, fn in runs.items():
-            medians[name].append(statistics.median(block(fn, count)))
-    base = next(iter(runs))
-    scale = statistics.median(medians[base])
-    return {name: scale * statistics.median(m / b for m, b in zip(values, medians[base]))
-            for name, values in medians.items()}
+    that slows one round slows every function in it, and one that slows a few blocks moves a few
+    of the ``rounds`` ratios, not the median."""
+    medians = {name: [statistics.median(times) for times in each]
+               for name, each in rounds_of_blocks(runs, max(repeat, rounds), rounds).items()}
+    base = medians[next(iter(runs))]
+    scale = statistics.median(base)
+    return {name: scale * statistics.median(m / b for m, b in zip(values, base)) for name, values in medians.items()}
