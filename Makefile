@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/relaxc run onnx:resnet50 --repeat 10 --report
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 
 # The full ONNX backend node conformance run (about a minute on 2 cores; docs/conformance.md).
 conformance: $(STAMP)

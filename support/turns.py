@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 ROUNDS = 4  # blocks per runtime
-IDLE_S = 0.25  # pause before each block: onnxruntime's workers spin about 50 ms after their last task
+IDLE_S = 0.1  # pause before each block: onnxruntime's workers spin about 50 ms after their last task
 
 
 def block(fn: Callable[[], object], runs: int) -> list[float]:

@@ -134,12 +134,12 @@ def _instantiate(node: onnx.NodeProto, function: onnx.FunctionProto, defaults: d
     given = {**defaults, **{a.name: a for a in function.attribute_proto}, **{a.name: a for a in node.attribute}}
     rename = lambda name: names.get(name, prefix + name) if name else ""  # noqa: E731
     nodes = []
-    for inner in function.node:
+    for index, inner in enumerate(function.node):
         copy = onnx.NodeProto()
         copy.CopyFrom(inner)
         copy.input[:] = [rename(n) for n in inner.input]
         copy.output[:] = [rename(n) for n in inner.output]
-        copy.name = prefix + (inner.name or inner.op_type)
+        copy.name = f"{prefix}{index}_{inner.name or inner.op_type}"  # unique: onnxruntime refuses repeated names
         del copy.attribute[:]
         for attribute in inner.attribute:
             if not attribute.ref_attr_name:
