@@ -11,7 +11,7 @@ registers, the best of a few vector widths and accumulator counts, on every thre
 the bandwidth is a vectorised parallel sum over buffers from 16 KiB a thread to 512 MiB, so a
 kernel whose bytes fit a cache is held to that cache's bandwidth (``relaxc profile`` replays each
 kernel with the caches warm, as most kernels run in the model). Measured once per CPU, core count
-and thread count, in about three seconds, and kept in the record store (``machine.json``).
+and thread count, in about four seconds, and kept in the record store (``machine.json``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ PER_THREAD_LEVELS = (16 << 10, 256 << 10, 2 << 20)  # in L1, in L2, in a share o
 MEMORY_BYTES = 512 << 20  # past every last-level cache a VM shows
 STREAM_SECONDS = 2e-3  # a bandwidth call lasts about this long (its parallel launch then costs little)
 RUNS = 5
+PEAK_SECONDS = 1.5  # the FMA shapes timed in turn at least this long: a VM's slow phases last seconds
+# (a peak taken in 0.15 s read 177 GFLOP/s on a Cascade Lake VM where a matmul then ran at 262)
 
 
 @dataclass(frozen=True)
@@ -116,12 +118,13 @@ def measure(target: Target, threads: int) -> Machine:
     kernels["stream"] = _stream_kernel(threads)
     lib = tvm.compile(tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in kernels.items()}),
                       target=target)
-    peak = 0.0
-    for lanes, accs in FMA_SHAPES:
-        out = tvm.runtime.empty((threads, lanes * accs), "float32")
-        steps = int(FMA_FLOPS_PER_THREAD / (2 * lanes * accs))
-        seconds = _best_seconds(lambda: lib[f"fma_{lanes}x{accs}"](out, steps))
-        peak = max(peak, 2 * threads * steps * lanes * accs / seconds / 1e9)
+    peak, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < PEAK_SECONDS:
+        for lanes, accs in FMA_SHAPES:
+            out = tvm.runtime.empty((threads, lanes * accs), "float32")
+            steps = int(FMA_FLOPS_PER_THREAD / (2 * lanes * accs))
+            seconds = _best_seconds(lambda: lib[f"fma_{lanes}x{accs}"](out, steps))
+            peak = max(peak, 2 * threads * steps * lanes * accs / seconds / 1e9)
     sizes = [size * threads for size in PER_THREAD_LEVELS] + [max(MEMORY_BYTES, 16 * PER_THREAD_LEVELS[-1] * threads)]
     stream, out = lib["stream"], tvm.runtime.empty((threads, STREAM_LANES), "float32")
     bandwidth = []

@@ -1,4 +1,4 @@
-"""GPU targets: every bundled model cross-compiles and exports for CUDA and ROCm here (no GPU needed),
+"""GPU targets: the bundled models cross-compile and export for CUDA and ROCm here (no GPU needed),
 with device code in the artifact; execution on a GPU runs only where one is visible."""
 
 import json
@@ -58,11 +58,14 @@ def test_presets_and_fingerprints():
         compiler.compile(reference.small_cnn(), target="cuda", memory_planner="arena")
 
 
-ROCM_MODELS = ("squeezenet", "resnet50", "inception_v1")  # convolutions, pools, concats, dense: ROCm shares CUDA's rules
+# Every operator form of the bundled models: DenseNet-121 and Inception v2 add none (convolutions,
+# batch norms, pools, concats) and took 85 s and 47 s of the test run's 28 minutes.
+CUDA_MODELS = tuple(name for name in models.BUNDLED if name not in ("densenet121", "inception_v2"))
+ROCM_MODELS = ("squeezenet", "resnet50")  # convolutions, pools, concats, dense: ROCm shares CUDA's rules
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, kind", [(name, "cuda") for name in models.BUNDLED] +
+@pytest.mark.parametrize("name, kind", [(name, "cuda") for name in CUDA_MODELS] +
                          [(name, "rocm") for name in ROCM_MODELS])
 def test_bundled_model_exports_with_device_code(name, kind, tmp_path):
     art = compiler.compile(f"onnx:{name}", target=kind)
