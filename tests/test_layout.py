@@ -21,7 +21,7 @@ from relaxc.passes.layout_algebra import (block_constant, blocked, input_block, 
 from relaxc.passes.ir import static_shape
 from relaxc.passes.legalize import legalize_ops
 from relaxc.support import targets
-from tests import reference
+from tests import helpers, reference
 
 RNG = np.random.default_rng(0)
 
@@ -435,8 +435,7 @@ def test_a_split_along_channels_stays_blocked_and_its_concat_vectorises(splits):
         script = func.script()
         if "T.vectorized" not in script and f"T.parallel(T.int64({blocks * lanes}))" in script:
             continue  # channel by channel
-        llvm_ir = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target=art.target).mod \
-            .inspect_source("ll")
+        llvm_ir = helpers.kernel_llvm_ir(func, art.target)
         assert re.search(r"<\d+ x float>", llvm_ir), name  # a loop scalarised by a per-lane guard has no vector at all
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
