@@ -97,12 +97,14 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
 
 def segment_sums(segments: list[dict]) -> dict[str, float]:
     """The measured segments' summed milliseconds per backend that ran them all, and of the
-    cheapest backend of each (``mix``, crossings not counted): what a mixed plan could save."""
-    if not segments:
+    cheapest backend of each (``mix``, crossings not counted): what a mixed plan could save. A
+    segment not measured within the budget has no times."""
+    measured = [segment["ms"] for segment in segments if segment["ms"]]
+    if not measured:
         return {}
-    everywhere = set.intersection(*(set(segment["ms"]) for segment in segments))
-    sums = {name: sum(segment["ms"][name] for segment in segments) for name in sorted(everywhere)}
-    return sums | {"mix": sum(min(segment["ms"].values()) for segment in segments)}
+    everywhere = set.intersection(*(set(ms) for ms in measured))
+    sums = {name: sum(ms[name] for ms in measured) for name in sorted(everywhere)}
+    return sums | {"mix": sum(min(ms.values()) for ms in measured)}
 
 
 def _chosen(entry: dict, choice: str, count: int) -> dict[int, str]:
@@ -154,11 +156,11 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
             bar.update()
         inputs = random_inputs(prepared.inputs, high=frontend.models.input_high(prepared.proto))
         values = _values(prepared, facts, parts, inputs, backends[0])
-        costs, unmeasured = [], 0
-        for nodes in parts:
+        costs, unmeasured = [], set()
+        for index, nodes in enumerate(parts):
             if time.monotonic() > deadline:
-                costs.append({partition.RELAXC: 0.0})
-                unmeasured += 1
+                costs.append({partition.RELAXC: 0.0})  # no other choice: relaxc's kernels run it
+                unmeasured.add(index)
                 bar.update(len(backends) + 1)
                 continue
             costs.append(_segment_costs(prepared, facts, nodes, [partition.RELAXC, *backends], values, build, bar))
@@ -172,8 +174,9 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
     ms = _compare({name: runner for name, runner in built.items() if name not in rejected}, inputs)
     choice = min(ms, key=ms.get)
     log.info("backends for %s: %s (%s)", prepared.name, choice, ", ".join(f"{n} {t:.3f} ms" for n, t in ms.items()))
-    return {"choice": choice, "ms": ms, "plan": plan, "unmeasured": unmeasured, "rejected": rejected,
-            "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]}
+    return {"choice": choice, "ms": ms, "plan": plan, "unmeasured": len(unmeasured), "rejected": rejected,
+            "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": {} if index in unmeasured else c}
+                         for index, (nodes, c) in enumerate(zip(parts, costs))]}
 
 
 def _disagreeing(runners: dict[str, Runner], inputs: dict[str, np.ndarray]) -> dict[str, str]:

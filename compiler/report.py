@@ -78,7 +78,7 @@ def plan_summary(backends: dict) -> str:
         lines.append(f"    measured {name:20s} {ms:9.3f} ms")
     for segment in backends.get("segments", []):
         first, stop = segment["nodes"]
-        times = "  ".join(f"{name} {ms:.3f}" for name, ms in segment["ms"].items())
+        times = "  ".join(f"{name} {ms:.3f}" for name, ms in segment["ms"].items()) or "not measured (budget)"
         lines.append(f"    segment nodes {first:4d}-{stop - 1:<4d} alone (ms): {times}")
     if backends.get("segment_sums"):
         sums = backends["segment_sums"]

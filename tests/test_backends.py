@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import relaxc as compiler
 from relaxc import backend_choice, external
 from relaxc.frontend import partition
+from relaxc.report import plan_summary
 from relaxc.schedules import default
 from relaxc.support import turns
 from tests import reference
@@ -246,6 +247,18 @@ def test_a_stored_choice_of_a_missing_backend_falls_back_to_the_best_installed(t
     art = compiler.compile(model, tuning="off", cache_dir=str(tmp_path))
     assert "onnxruntime" not in [s["backend"] for s in art.report()["backends"]["subgraphs"]]
     assert "not installed" in caplog.text
+
+
+@pytest.mark.usefixtures("two_segments")
+def test_segments_past_the_budget_stay_on_relaxc_and_show_no_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
+                        {name: (1.0 if name == "relaxc" else 2.0) for name in runners})
+    art = compiler.compile(reference.small_cnn(), tuning="off", backends="measure", cache_dir=str(tmp_path),
+                           measure_budget_s=1e-6)
+    backends = art.report()["backends"]
+    assert backends["unmeasured_segments"] == len(backends["segments"]) == 2
+    assert all(segment["ms"] == {} for segment in backends["segments"]) and backends["segment_sums"] == {}
+    assert plan_summary(backends).count("alone (ms): not measured (budget)") == 2
 
 
 def test_inspect_plan_prints_the_subgraphs(tmp_path):
