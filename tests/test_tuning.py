@@ -359,8 +359,8 @@ def test_measured_kernels_get_indices_in_range():
 
 def test_a_rerun_resumes_instead_of_starting_over(tuned):
     log_dir, first = tuned
-    again = compiler.tune(reference.small_cnn(), trials=6, trials_per_task=2, cache_dir=str(log_dir))
-    assert again["records_before"] == first["records_after"]
+    again = compiler.tune(reference.small_cnn(), trials=2, trials_per_task=2, cache_dir=str(log_dir))
+    assert again["records_before"] == first["records_after"] < again["records_after"]
     assert again["tasks_tuned"] < first["tasks_tuned"]  # kernels with their 2 records are not tuned again
 
 
@@ -466,7 +466,7 @@ def test_kill_minus_9_loses_no_measured_record(model_file, tmp_path):
 
 
 def test_two_tuners_on_one_directory_do_not_corrupt_it(model_file, tmp_path):
-    cmd = _tune_cli(model_file, tmp_path, "--trials", "4", "--trials-per-task", "2")
+    cmd = _tune_cli(model_file, tmp_path, "--trials", "2", "--trials-per-task", "2")
     procs = [subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in procs]
