@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/relaxc run onnx:resnet50 --repeat 10 --report
 
+# Two test processes share the cores (20 minutes on 2 cores instead of 27; a file's tests stay in
+# one, for its fixtures); the tests that time code against a bound or a peer run alone afterwards.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=20 tests
+	$(PY) -m pytest -q --durations=20 -n 2 --dist loadfile -m "not timing" tests
+	$(PY) -m pytest -q --durations=5 -m timing tests
 
 # The full ONNX backend node conformance run (about a minute on 2 cores; docs/conformance.md).
 conformance: $(STAMP)

@@ -370,6 +370,7 @@ def _conv_pair():
 
 
 @pytest.mark.usefixtures("two_segments")
+@pytest.mark.timing
 def test_measure_moves_what_relaxc_runs_slowly_to_the_library(tmp_path, monkeypatch):
     """Real timings: with relaxc's convolutions unscheduled, ``measure`` puts them on onnxruntime,
     and the model runs within 1.05x of onnxruntime alone: the median over 48 rounds of the ratio

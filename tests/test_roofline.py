@@ -59,6 +59,7 @@ def test_the_bound_is_the_slower_of_compute_and_the_memory_level_the_bytes_fit()
     assert machine.bound_s(0, 1 << 29) == pytest.approx((1 << 29) / 10e9)  # memory bound
 
 
+@pytest.mark.timing
 def test_the_machine_is_measured_once_and_kept_in_the_store(tmp_path, monkeypatch):
     target = resolve("cpu")
     measured = roofline.machine(target, str(tmp_path))
@@ -74,6 +75,7 @@ def test_the_machine_is_measured_once_and_kept_in_the_store(tmp_path, monkeypatc
     assert roofline.machine(target, str(tmp_path)) == measured
 
 
+@pytest.mark.timing
 def test_a_matmul_reaches_a_fair_share_of_the_peak_and_never_much_more():
     """The peak is not underestimated (no kernel runs well above it) and a dense matmul is no cliff."""
     art = compiler.compile(_matmul_model(), tuning="off")
