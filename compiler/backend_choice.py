@@ -47,7 +47,7 @@ BLOCK_SECONDS = 0.05  # one timed block of a segment's runs
 COMPARE_SECONDS = 0.4  # timed runs of each whole-model candidate, at least
 SLOWER = 2.0  # a whole-model candidate this much slower than the fastest in one run is not timed further
 # candidates within this of the fastest after the first rounds are timed again, longer: six short
-# rounds put ResNet-18's relaxc build at 1.17x OpenVINO's and MobileNetViT-XS's at 1.22x, which
+# rounds put ResNet-18's relaxc build at 1.17x OpenVINO's and MobileViT-XS's at 1.22x, which
 # then timed 0.78x and 0.90x of it over 24 rounds
 CLOSE = 1.5
 AGREE_RTOL, AGREE_ATOL = 1e-3, 1e-4  # a candidate answers as relaxc does within the project's float32 tolerance
@@ -159,15 +159,15 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
             bar.update()
         inputs = random_inputs(prepared.inputs, high=frontend.models.input_high(prepared.proto))
         values = _values(prepared, facts, parts, inputs, backends[0])
-        costs, unmeasured = [], set()
-        for index, nodes in enumerate(parts):
+        costs, unmeasured = [], 0
+        for nodes in parts:
             if time.monotonic() > deadline:
-                costs.append({partition.RELAXC: 0.0})  # no other choice: relaxc's kernels run it
-                unmeasured.add(index)
+                costs.append({})  # no times: relaxc's kernels run it
+                unmeasured += 1
                 bar.update(len(backends) + 1)
                 continue
             costs.append(_segment_costs(prepared, facts, nodes, [partition.RELAXC, *backends], values, build, bar))
-        plan = _shortest(parts, costs)
+        plan = _shortest(parts, [c or {partition.RELAXC: 0.0} for c in costs])
         if len({backend for _, _, backend in plan}) > 1:
             chosen = {i: backend for start, stop, backend in plan for i in range(start, stop)}
             runners["plan"] = _built(build, prepared, frontend.Partitioning(base.external, base.overrides, chosen))
@@ -177,9 +177,8 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
     ms = _compare({name: runner for name, runner in built.items() if name not in rejected}, inputs)
     choice = min(ms, key=ms.get)
     log.info("backends for %s: %s (%s)", prepared.name, choice, ", ".join(f"{n} {t:.3f} ms" for n, t in ms.items()))
-    return {"choice": choice, "ms": ms, "plan": plan, "unmeasured": len(unmeasured), "rejected": rejected,
-            "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": {} if index in unmeasured else c}
-                         for index, (nodes, c) in enumerate(zip(parts, costs))]}
+    return {"choice": choice, "ms": ms, "plan": plan, "unmeasured": unmeasured, "rejected": rejected,
+            "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]}
 
 
 def _disagreeing(runners: dict[str, Runner], inputs: dict[str, np.ndarray]) -> dict[str, str]:
