@@ -153,10 +153,14 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
     steps = len(whole) + len(parts) * (len(backends) + 1) + 1
     with tqdm(total=steps, desc="[relaxc] measure backends", unit="build", file=tvm_log.console(),
               dynamic_ncols=True) as bar:
-        runners = {}
+        runners: dict[str, Runner] = {}
+        rejected: dict[str, str] = {}
         for name, given in whole.items():
-            runners[name] = _built(build, prepared, given)
+            _build_into(runners, rejected, name, build, prepared, given)
             bar.update()
+        if not runners:
+            raise UserError(f"no backend compiles {prepared.name}: "
+                            + "; ".join(f"{name}: {why}" for name, why in rejected.items()))
         inputs = random_inputs(prepared.inputs, high=frontend.models.input_high(prepared.proto))
         values = _values(prepared, facts, parts, inputs, backends[0])
         costs, unmeasured = [], 0
@@ -170,11 +174,11 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
         plan = _shortest(parts, [c or {partition.RELAXC: 0.0} for c in costs])
         if len({backend for _, _, backend in plan}) > 1:
             chosen = {i: backend for start, stop, backend in plan for i in range(start, stop)}
-            runners["plan"] = _built(build, prepared, frontend.Partitioning(base.external, base.overrides, chosen))
+            _build_into(runners, rejected, "plan", build, prepared,
+                        frontend.Partitioning(base.external, base.overrides, chosen))
         bar.update()
-    built = {name: runner for name, runner in runners.items() if runner is not None}
-    rejected = _disagreeing(built, inputs)
-    ms = _compare({name: runner for name, runner in built.items() if name not in rejected}, inputs)
+    rejected |= _disagreeing(runners, inputs)
+    ms = _compare({name: runner for name, runner in runners.items() if name not in rejected}, inputs)
     choice = min(ms, key=ms.get)
     log.info("backends for %s: %s (%s)", prepared.name, choice, ", ".join(f"{n} {t:.3f} ms" for n, t in ms.items()))
     return {"choice": choice, "ms": ms, "plan": plan, "unmeasured": unmeasured, "rejected": rejected,
@@ -198,12 +202,17 @@ def _disagreeing(runners: dict[str, Runner], inputs: dict[str, np.ndarray]) -> d
     return rejected
 
 
-def _built(build: Build, prepared: frontend.Prepared, given: frontend.Partitioning) -> Runner | None:
+def _build_into(runners: dict[str, Runner], rejected: dict[str, str], name: str, build: Build,
+                prepared: frontend.Prepared, given: frontend.Partitioning) -> None:
+    """The candidate ``name`` built into ``runners``, or why not into ``rejected``: a partition
+    relaxc cannot compile (TVM failing on a cut its importer never sees whole) is no candidate,
+    never the end of the compile."""
     try:
-        return build(prepared, given)
-    except UserError as err:
-        log.info("candidate not built: %s", err)
-        return None
+        runners[name] = build(prepared, given)
+    except Exception as err:  # noqa: BLE001 - any failure drops this candidate only, named in the report
+        lines = str(err).strip().splitlines()
+        rejected[name] = f"not built: {type(err).__name__}: {lines[0] if lines else ''}"
+        log.warning("%s is no candidate for this model: %s", name, rejected[name])
 
 
 def _values(prepared: frontend.Prepared, facts: exactness.Facts, parts: list[list[int]],
@@ -279,10 +288,10 @@ def whole_model(prepared: frontend.Prepared, given: frontend.Partitioning,
                 err: Exception) -> frontend.Partitioning | None:
     """The whole model on the first external backend, where TVM's importer failed on relaxc's part
     (a form it cannot convert, an output shape it cannot make static) and one is installed; None
-    otherwise: a failure in a later phase is relaxc's to fix, never hidden."""
+    otherwise: a failure in a later phase is relaxc's to fix, never hidden, and a measured
+    partition is compiled as it is or not at all."""
     first = next(iter(given.external), None)
-    if first is None or not isinstance(err, (ImportFailure, DynamicOutputError)) \
-            or set(given.chosen.values()) == {first}:
+    if first is None or not isinstance(err, (ImportFailure, DynamicOutputError)) or given.chosen:
         return None
     log.warning("TVM's importer cannot convert %s (%s); %s runs the whole model", prepared.name,
                 str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, first)

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc as compiler
-from relaxc import backend_choice, external
+from relaxc import backend_choice, external, pipeline
 from relaxc.frontend import partition
 from relaxc.report import plan_summary
 from relaxc.schedules import default
@@ -105,6 +105,22 @@ def test_overrides_pin_nodes_to_a_backend():
         compiler.compile(model, tuning="off", backend_overrides={"det": "relaxc"})
     with pytest.raises(compiler.UserError, match="GLOB=BACKEND"):
         compiler.compile(model, tuning="off", backend_overrides={"det": "tensorrt"})
+
+
+def test_a_constant_read_across_a_boundary_is_copied_not_passed():
+    """A Constant node placed on onnxruntime whose value relaxc's Reshape reads as its shape: each
+    part gets its own copy (a shape passed as a runtime tensor is no shape TVM's importer takes)."""
+    shape = helper.make_tensor("shape_value", TensorProto.INT64, [2], [4, 3])
+    nodes = [helper.make_node("Constant", [], ["shape"], name="shape_const", value=shape),
+             helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Reshape", ["a", "shape"], ["y"], name="reshape")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])])
+    art = compiler.compile(model, tuning="off", backend_overrides={"shape_const": "onnxruntime", "relu": "onnxruntime"})
+    _matches(art, model)
+    backends = art.report()["backends"]
+    assert "whole_model_because" not in backends
+    assert [(s["backend"], s["ops"]) for s in backends["subgraphs"]] == [("onnxruntime", {"Relu": 1})]
 
 
 def test_an_operator_no_backend_runs_is_refused_naming_it():
@@ -259,6 +275,29 @@ def test_segments_past_the_budget_stay_on_relaxc_and_show_no_time(tmp_path, monk
     assert backends["unmeasured_segments"] == len(backends["segments"]) == 2
     assert all(segment["ms"] == {} for segment in backends["segments"]) and backends["segment_sums"] == {}
     assert plan_summary(backends).count("alone (ms): not measured (budget)") == 2
+
+
+@pytest.mark.usefixtures("two_segments")
+def test_a_candidate_that_fails_to_build_is_dropped_with_its_reason(tmp_path, monkeypatch):
+    """TVM failing on one candidate's partition (an assertion deep in a pass) ends that candidate,
+    named in the report, not the compile."""
+    pytest.importorskip("openvino")
+    artifact = pipeline._artifact
+
+    def failing_on_openvino(prepared, given, *args, **kwargs):
+        if set(given.chosen.values()) == {"openvino"}:
+            raise AssertionError("emit_te now only supports Tensor that has ShapeExpr shape")
+        return artifact(prepared, given, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_artifact", failing_on_openvino)
+    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
+                        {name: (1.0 if name == "relaxc" else 2.0) for name in runners})
+    art = compiler.compile(reference.small_cnn(), tuning="off", backends="measure", cache_dir=str(tmp_path),
+                           measure_budget_s=5)
+    rejected = art.report()["backends"]["rejected"]
+    assert rejected["openvino"] == "not built: AssertionError: emit_te now only supports Tensor that has " \
+        "ShapeExpr shape"
+    assert "onnxruntime" not in rejected and art.report()["backends"]["decision"] == "relaxc"
 
 
 def test_inspect_plan_prints_the_subgraphs(tmp_path):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Collection, Mapping, Protocol
 
 import onnx
 
@@ -148,7 +148,7 @@ def _refusal(node: onnx.NodeProto, capability: Capability, facts: exactness.Fact
 class Graph:
     """Producers and readers of the prepared graph's values, node by index."""
 
-    def __init__(self, proto: onnx.ModelProto) -> None:
+    def __init__(self, proto: onnx.ModelProto, refused: Collection[int] = ()) -> None:
         self.nodes = list(proto.graph.node)
         self.reads = [set(n.input) | prepare.subgraph_inputs(n) for n in self.nodes]
         self.producer = {name: i for i, n in enumerate(self.nodes) for name in n.output if name}
@@ -162,8 +162,8 @@ class Graph:
                              for names in self.reads]
         weights = {t.name for t in proto.graph.initializer}
         self.constant: set[int] = set()  # nodes computed from weights alone (a light model's weight fills)
-        for i, node in enumerate(self.nodes):
-            if not node.op_type.startswith(RANDOM_PREFIXES) and all(
+        for i, node in enumerate(self.nodes):  # a node relaxc refuses is no copy it could take
+            if i not in refused and not node.op_type.startswith(RANDOM_PREFIXES) and all(
                     name in weights or self.producer.get(name) in self.constant for name in self.reads[i] if name):
                 self.constant.add(i)
 
@@ -227,14 +227,14 @@ def _make_convex(graph: Graph, assignment: dict[int, str]) -> None:
 def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Facts,
          assignment: dict[int, str], refused: Mapping[int, str]) -> Plan:
     """The subgraphs of ``assignment`` made convex, the tail split off, each as an ONNX model."""
-    graph = Graph(proto)
+    graph = Graph(proto, refused)
     assignment = dict(assignment)
     _make_convex(graph, assignment)
     outputs = {value.name for value in proto.graph.output}
 
-    def leaving(part: set[int]) -> list[str]:
-        return [name for i in sorted(part) for name in graph.nodes[i].output if name and
-                (name in outputs or any(r not in part for r in graph.readers.get(name, [])))]
+    def leaving(part: set[int]) -> list[str]:  # weight computations cross no boundary: each part has its copy
+        return [name for i in sorted(part) for name in graph.nodes[i].output if name and (name in outputs or (
+            i not in graph.constant and any(r not in part for r in graph.readers.get(name, []))))]
 
     # the tail: every node after one whose leaving value has no static shape, or is no tensor; the
     # whole model where one backend runs it all (no call into the library from relaxc's program)
@@ -250,13 +250,14 @@ def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Fact
         for node in tail:  # the calls left stay convex: nothing after the tail comes back
             assignment[node] = backend
     calls = [part for part in _components(graph, {i: b for i, b in assignment.items() if i not in tail})
-             if part]
+             if leaving(part)]
     calls.sort(key=min)
     subgraphs = [_subgraph(proto, graph, facts, part, assignment, refused, leaving(part), False) for part in calls]
     if tail:
         tail_outputs = [v.name for v in proto.graph.output if graph.producer.get(v.name) in tail]
         subgraphs.append(_subgraph(proto, graph, facts, tail, assignment, refused, tail_outputs, True))
-    relaxc_nodes = [graph.nodes[i] for i in range(len(graph.nodes)) if assignment[i] == RELAXC and i not in tail]
+    relaxc_nodes = [graph.nodes[i] for i in graph.with_constants(
+        {i for i, backend in assignment.items() if backend == RELAXC and i not in tail})]
     if len(tail) == len(graph.nodes):
         subgraphs[0].alone = True
     call_outputs = [spec for sub in subgraphs if not sub.tail for spec in sub.outputs]
