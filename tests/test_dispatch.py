@@ -72,9 +72,11 @@ def test_replay_without_a_decision_uses_the_rule_and_strict_refuses(tmp_path):
         compiler.compile(model, tuning="strict", cache_dir=str(tmp_path))
 
 
-def test_rule_keeps_direct_for_few_input_channels_and_off_everywhere():
+def test_rule_keeps_direct_for_few_channels_f2_for_small_outputs_and_off_everywhere():
     narrow = compiler.compile(reference.conv3x3(3, 16, 8, 8, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
     assert narrow["choices"] == {DIRECT: 1}
+    small = compiler.compile(reference.conv3x3(16, 16, 7, 7, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
+    assert small["choices"] == {WINOGRAD[2]: 1}  # a 7x7 output: F(4x4) would cover 8x8 with 4x the weights
     off = compiler.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", dispatch="off").report()["dispatch"]
     assert off["choices"] == {DIRECT: 1} and off["sources"] == {"off": 1}
 
