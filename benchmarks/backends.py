@@ -47,7 +47,8 @@ a mix (its external subgraphs listed). Segments summed: the model cut into 8 seg
 alone on each backend on the values the model makes there, summed per backend, and `mix` the sum of
 each segment's cheapest: a mixed plan can save at most the gap between `mix` and the best single
 sum, less a call per crossing and the fusion lost at each cut, so a mix is chosen only where it
-measures faster whole. One section per CPU and target. Do not edit by hand."""
+measures faster whole (`mixed plan timed`: that mix, built and timed whole while compiling; why it
+loses: docs/backends.md, "Why mixed plans lose"). One section per CPU and target. Do not edit by hand."""
 LIMIT = 1.03
 
 
@@ -101,6 +102,8 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
     print(f"{spec}: timed while compiling, ms: " + ", ".join(
         f"{name} {value:.2f}" for name, value in report["backends"].get("measured_ms", {}).items()), file=sys.stderr)
     sums = ", ".join(f"{name} {value:.1f}" for name, value in report["backends"].get("segment_sums", {}).items())
+    if "plan" in report["backends"].get("measured_ms", {}):  # the mix, built and timed whole while compiling
+        sums += f"; mixed plan timed {report['backends']['measured_ms']['plan']:.1f}"
     return [spec, cell("relaxc"), cell("onnxruntime"), cell("openvino"), cell("measured"),
             _plan(report), f"{ms['measured'] / fastest:.2f}x", sums or "not measured",
             datetime.date.today().isoformat()]
