@@ -9,6 +9,10 @@ kernels run with the caches warm from their previous block, as most of them are 
 ``end_to_end_ms`` is measured without the hook, so the gap between it and the kernels' sum is what
 the VM itself costs (allocation, builtins, calls).
 
+External subgraphs (``docs/backends.md``) are rows too, of kind ``external`` with their backend as
+schedule: a call from relaxc's program replayed alone on its copies as a kernel is, the tail run
+alone on what the program returned; end to end then includes the tail. They have no roofline bound.
+
 Given the machine's limits (``roofline.py``), each kernel also gets its FLOPs and compulsory bytes
 (from its TIR before scheduling), the rates it reached, and its roofline fraction: the least time
 those FLOPs and bytes can take here over the time it took. ``table(worst=True)`` sorts by the time
@@ -27,10 +31,12 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
 
+from relaxc import external
 from relaxc.artifact import Artifact
 from relaxc.roofline import Cost, Machine, kernel_cost
 from relaxc.schedules.cpu.rows import is_product_sum
 from relaxc.schedules.default import schedule_kind
+from relaxc.support.threads import pool_threads
 
 SLOW_SHARE, SLOW_FRACTION = 0.05, 0.10  # a kernel over this share of the time, under this fraction of its bound, is a cliff
 MIN_BLOCK_SECONDS = 2e-4  # a timed block lasts at least this long: timer and call overhead stay small
@@ -41,8 +47,8 @@ Call = tuple[str, Any, list[Any]]  # a VM call: the callee's symbol, the callee,
 @dataclass
 class KernelTime:
     name: str
-    schedule: str  # the rule that scheduled it ("tiled", "basic", ...), "tuned", or "none"
-    kind: str  # what it computes: "matmul/conv", "reduction", "elementwise" or "data movement"
+    schedule: str  # the rule that scheduled it ("tiled", "basic", ...), "tuned", "none", or an external backend
+    kind: str  # what it computes: "matmul/conv", "reduction", "elementwise", "data movement" or "external"
     calls: int
     ms: float  # total of its calls in one inference
     share: float  # of the kernels' total
@@ -57,7 +63,8 @@ class KernelTime:
 
     @property
     def lost_ms(self) -> float:
-        return self.ms - self.bound_ms
+        """Time over the bound; none for an external subgraph, which has no bound."""
+        return 0.0 if self.kind == "external" else self.ms - self.bound_ms
 
     def is_cliff(self) -> bool:
         return self.bound_ms > 0 and self.share > SLOW_SHARE and self.roofline < SLOW_FRACTION
@@ -89,16 +96,17 @@ class Profile:
         for rank, k in enumerate(kernels[:top] if top else kernels, 1):
             cumulative += k.share
             rates = (f"  {k.flops / k.ms / 1e6:7.1f}  {k.nbytes / k.ms / 1e6:6.1f}  {k.roofline:5.1%}  {k.lost_ms:7.3f}"
-                     if self.machine else "")
+                     if self.machine and k.kind != "external" else f"  {'':>7}  {'':>6}  {'':>5}  {'':>7}" if self.machine else "")
             lines.append(f"{rank:>3}  {k.ms:8.3f}  {k.share:6.1%}  {cumulative:6.1%}  {k.calls:>5}{rates}  "
                          f"{k.schedule:<9} {k.kind:<13} {k.name}{'  <- cliff' if k.is_cliff() else ''}")
         if top and len(kernels) > top:
             lines.append(f"     ... {len(kernels) - top} more kernels")
-        lines.append(f"kernels {self.kernels_ms:.3f} ms, end to end {self.end_to_end_ms:.3f} ms "
-                     f"(the rest: VM calls, allocation, builtins)")
+        outside = sum(k.ms for k in self.kernels if k.kind == "external")
+        lines.append(f"kernels {self.kernels_ms:.3f} ms" + (f" ({outside:.3f} of them external subgraphs)" if outside else "")
+                     + f", end to end {self.end_to_end_ms:.3f} ms (the rest: VM calls, allocation, builtins)")
         if self.machine:
-            bound = sum(k.bound_ms for k in self.kernels)
-            lines.append(f"roofline: the kernels' bound is {bound:.3f} ms ({bound / self.kernels_ms:.1%} of their time); "
+            bound, own = sum(k.bound_ms for k in self.kernels), self.kernels_ms - outside
+            lines.append(f"roofline: relaxc's kernels' bound is {bound:.3f} ms ({bound / own if own else 0.0:.1%} of their time); "
                          f"{len(self.cliffs())} cliffs (over {SLOW_SHARE:.0%} of the time, under "
                          f"{SLOW_FRACTION:.0%} of their bound)")
             lines.append(f"machine: {self.machine.summary()}")
@@ -171,11 +179,12 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
     ``machine``, each kernel's distance from its roofline bound too."""
     kernels = _prim_funcs(art.module("final"))
     unscheduled = {**kernels, **_prim_funcs(art.module("fuse"))}
+    backends = {sub.function: sub.backend for sub in art.subgraphs}
     device = tvm.cpu()
     calls: list[Call] = []
 
     def instrument(func, symbol, before_run, _ret, *args):
-        if before_run and symbol in kernels:
+        if before_run and (symbol in kernels or symbol in backends):
             calls.append((symbol, func, [_copy(a, device) for a in args]))
         return 0  # VMInstrumentReturnKind.NO_OP
 
@@ -188,14 +197,23 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
     for symbol, func, copies in calls:
         seconds[symbol] += time_call(lambda: func(*copies))
         counts[symbol] += 1
+    tail = next((sub for sub in art.subgraphs if sub.tail), None)
+    if tail is not None:
+        session = external.open_subgraph(tail, pool_threads())  # the artifact's own: one per process
+        values = art.program_values(inputs)
+        seconds[tail.function] = time_call(lambda: session.run([values[name] for name in tail.inputs]))
+        counts[tail.function] = 1
     total = sum(seconds.values())
     rows = []
     for name, s in sorted(seconds.items(), key=lambda item: -item[1]):
+        if name in backends:
+            rows.append(KernelTime(name, backends[name], "external", counts[name], s * 1e3, s / total if total else 0.0))
+            continue
         cost = kernel_cost(unscheduled[name]) if machine else Cost(0.0, 0)
         bound_ms = machine.bound_s(cost.flops, cost.nbytes) * 1e3 * counts[name] if machine else 0.0
         rows.append(KernelTime(name, schedule_kind(kernels[name]), kernel_kind(kernels[name]), counts[name],
                                s * 1e3, s / total if total else 0.0, cost.flops * counts[name],
                                cost.nbytes * counts[name], bound_ms))
     plain = relax.VirtualMachine(art.executable, device)
-    end_to_end = time_call(lambda: plain["main"](*args))
+    end_to_end = time_call(lambda: art.run(inputs)) if tail else time_call(lambda: plain["main"](*args))
     return Profile(rows, total * 1e3, end_to_end * 1e3, machine)

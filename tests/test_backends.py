@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc as compiler
-from relaxc import backend_choice, external, pipeline
+from relaxc import backend_choice, external, pipeline, profile
 from relaxc.frontend import partition
 from relaxc.report import plan_summary
 from relaxc.schedules import default
@@ -67,6 +67,20 @@ def test_an_operator_relaxc_cannot_import_runs_on_onnxruntime_inside_the_program
         [("onnxruntime", "call", {"Det": 1})]
     assert "TVM's importer does not convert it" in backends["subgraphs"][0]["why"]
     assert "call_dps_packed" in art.ir("import") and "relaxc.external." in art.ir("import")
+
+
+def test_profile_lists_external_calls_and_the_tail():
+    """A call into a library and the tail are rows of the profile (kind external, the backend as
+    schedule), timed alone as kernels are; the tail counts in end to end."""
+    art = compiler.compile(_det_between_convs(), tuning="off")
+    found = profile.profile(art, reference.random_inputs(art.inputs))
+    (row,) = [k for k in found.kernels if k.kind == "external"]
+    assert row.schedule == "onnxruntime" and row.ms > 0 and row.lost_ms == 0.0
+    assert any(k.kind != "external" for k in found.kernels)
+    assert "of them external subgraphs" in found.table()
+    tail = compiler.compile(_nonzero_tail(), tuning="off")
+    (row,) = [k for k in profile.profile(tail, reference.random_inputs(tail.inputs)).kernels if k.kind == "external"]
+    assert row.name == tail.subgraphs[0].function and row.calls == 1
 
 
 def test_a_dropped_artifact_frees_its_sessions():
