@@ -14,7 +14,8 @@ later compile replays the decision (docs/design.md, "The ideas relaxc is built o
 - ``heuristic``: the rule only, the store is not read: Winograd wherever a whole vector of input
   channels feeds it (measured 1.4-3.7x faster than the direct convolution on every ResNet/VGG 3x3
   shape of 14x14 and more), F(4x4, 3x3) where the output is at least 8 a side, F(2x2, 3x3) on
-  smaller ones; the direct convolution otherwise.
+  smaller ones; the direct convolution otherwise, and everywhere under ``strategy="memory"``
+  (Winograd's transformed weights and intermediates are larger).
 
 A measurement builds each candidate alone (the convolution with its real weights, the pipeline's
 phases from legalisation on, tuning records replayed as in the model), then times the candidates in
@@ -158,7 +159,7 @@ class Chooser:
                 raise UserError(f"tuning='strict': no dispatch decision for {key} in "
                                 f"{self.store.path if self.store else 'the store'}; compile once with "
                                 "dispatch='measure' (or run `relaxc tune`) on this CPU")
-            return heuristic(workload, options), {"source": "rule"}
+            return (DIRECT if self.strategy == "memory" else heuristic(workload, options)), {"source": "rule"}
         how = {"source": source, "candidates": entry["candidates"]}
         if "in_sequence" in entry:  # decided in a model's sequence: the times that decided it
             how["in_sequence"] = entry["in_sequence"]

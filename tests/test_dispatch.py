@@ -77,6 +77,8 @@ def test_rule_keeps_direct_for_few_channels_f2_for_small_outputs_and_off_everywh
     assert narrow["choices"] == {DIRECT: 1}
     small = compiler.compile(reference.conv3x3(16, 16, 7, 7, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
     assert small["choices"] == {WINOGRAD[2]: 1}  # a 7x7 output: F(4x4) would cover 8x8 with 4x the weights
+    lean = compiler.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", strategy="memory").report()["dispatch"]
+    assert lean["choices"] == {DIRECT: 1} and lean["sources"] == {"rule": 1}  # no transformed weights
     off = compiler.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", dispatch="off").report()["dispatch"]
     assert off["choices"] == {DIRECT: 1} and off["sources"] == {"off": 1}
 
