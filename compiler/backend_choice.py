@@ -10,13 +10,20 @@ Measuring: the whole model on relaxc (with the fallback) and on each installed b
 graph cut into segments where fewest values cross, each segment timed on each backend on the
 values the model really makes there; the cheapest assignment of segments to backends (a shortest
 path along the segments); that plan compiled and timed against the single-backend ones, in
-alternating blocks, the fastest kept. Segments not measured within ``measure_budget_s`` stay on
-relaxc. A decision is keyed by the model's structure and shapes (not its weights) and the
-backends' versions.
+alternating blocks. Segments not measured within ``measure_budget_s`` stay on relaxc. Each
+candidate's memory is measured too: the resident memory the process gives back when it is freed
+after the timing (garbage collected and freed heap returned to the OS before each reading), so what
+a library or TVM sets up once per process is charged to none. The strategy (``Options.strategy``)
+picks: ``latency`` the fastest, ``memory`` the smallest (those within ``SAME_MEMORY`` of it: the
+fastest). A measurement is keyed by the model's structure and shapes (not its weights) and the
+strategy (under ``memory`` relaxc's convolutions are other builds), with the backends' versions.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import hashlib
 import logging
 import math
@@ -25,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx
+import psutil
 from tqdm import tqdm
 
 from relaxc import external, frontend
@@ -53,6 +61,19 @@ CLOSE = 1.5
 AGREE_RTOL, AGREE_ATOL = 1e-3, 1e-4  # a candidate answers as relaxc does within the project's float32 tolerance
 CLOSE_ROUNDS = 24  # rounds of that second comparison, one block of at least BLOCK_SECONDS each
 
+SAME_MEMORY = 1.05  # candidates within this of the smallest count as equally small: resident memory is noisy
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (freed heap handed back to the OS), None where there is none."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+_TRIM = _malloc_trim()
+
 Build = Callable[[frontend.Prepared, frontend.Partitioning], Runner]
 EXPORT = "@export"  # a backend's name so marked: it runs the model as exported, not as relaxc prepared it
 
@@ -74,7 +95,7 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
     if config.backends == "fallback" or not installed:
         return base, {}
     store = DispatchStore(store_for(config.cache_dir, config.target), BACKENDS_FILE)
-    key = structure_key(prepared)
+    key = structure_key(prepared) + ("" if config.strategy == "latency" else f"-{config.strategy}")
     entry = store.load().get(key)
     if entry is None and config.backends != "measure":  # the libraries are imported only when a plan uses them
         return base, {"decision": "none stored for this model and CPU (compile with backends='measure')"}
@@ -83,19 +104,34 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
         entry = measure(prepared, base, config.measure_budget_s, build, export) | {"versions": versions}
         store.save(key, entry)
     usable = {partition.RELAXC} | {name for name in installed if entry["versions"].get(name) == versions[name]}
-    choice = entry["choice"]
+    choice = decide(entry, config.strategy)
     if not set(_chosen(entry, choice, 1).values()) <= usable:
-        measured = {name: ms for name, ms in entry["ms"].items() if name.removesuffix(EXPORT) in usable}
-        best = min(measured, key=measured.get)
+        installed_here = {name for name in entry["ms"] if name.removesuffix(EXPORT) in usable}
+        if not installed_here:
+            raise UserError(f"the stored measurement for {prepared.name} has no candidate installed here: "
+                            "compile with backends='measure' to measure again")
+        best = decide(entry, config.strategy, installed_here)
         log.warning("the stored decision for %s runs %s on a backend not installed here (or of another version "
                     "than measured): the best installed choice measured, %s, runs it", prepared.name, choice, best)
         choice = best
     chosen = _chosen(entry, choice, len(prepared.proto.graph.node))
-    summary = {"decision": choice, "measured_ms": entry["ms"], "rejected": entry.get("rejected", {}),
+    summary = {"decision": choice, "strategy": config.strategy, "measured_ms": entry["ms"],
+               "measured_memory_bytes": entry.get("memory", {}), "rejected": entry.get("rejected", {}),
                "unmeasured_segments": entry.get("unmeasured", 0),
                "segments": entry.get("segments", []), "segment_sums": segment_sums(entry.get("segments", []))}
     return frontend.Partitioning(installed, dict(config.backend_overrides), chosen,
                                  export() if choice.endswith(EXPORT) else None), summary
+
+
+def decide(entry: dict, strategy: str, among: set[str] | None = None) -> str:
+    """The candidate a measurement picks under ``strategy`` (among ``among``, default all timed):
+    the fastest, or (``memory``) the fastest of those within ``SAME_MEMORY`` of the smallest."""
+    ms = {name: t for name, t in entry["ms"].items() if among is None or name in among}
+    if strategy == "memory":
+        memory = entry["memory"]
+        least = min(memory[name] for name in ms)
+        ms = {name: t for name, t in ms.items() if memory[name] <= SAME_MEMORY * least}
+    return min(ms, key=ms.get)
 
 
 def segment_sums(segments: list[dict]) -> dict[str, float]:
@@ -153,15 +189,14 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
     steps = len(whole) + len(parts) * (len(backends) + 1) + 1
     with tqdm(total=steps, desc="[relaxc] measure backends", unit="build", file=tvm_log.console(),
               dynamic_ncols=True) as bar:
-        runners: dict[str, Runner] = {}
-        rejected: dict[str, str] = {}
-        for name, given in whole.items():
-            _build_into(runners, rejected, name, build, prepared, given)
-            bar.update()
-        if not runners:
-            raise UserError(f"no backend compiles {prepared.name}: "
-                            + "; ".join(f"{name}: {why}" for name, why in rejected.items()))
         inputs = random_inputs(prepared.inputs, high=frontend.models.input_high(prepared.proto))
+        built = Built(inputs)
+        for name, given in whole.items():
+            built.add(name, build, prepared, given)
+            bar.update()
+        if not built.runners:
+            raise UserError(f"no backend compiles {prepared.name}: "
+                            + "; ".join(f"{name}: {why}" for name, why in built.rejected.items()))
         values = _values(prepared, facts, parts, inputs, backends[0])
         costs, unmeasured = [], 0
         for nodes in parts:
@@ -174,14 +209,15 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
         plan = _shortest(parts, [c or {partition.RELAXC: 0.0} for c in costs])
         if len({backend for _, _, backend in plan}) > 1:
             chosen = {i: backend for start, stop, backend in plan for i in range(start, stop)}
-            _build_into(runners, rejected, "plan", build, prepared,
-                        frontend.Partitioning(base.external, base.overrides, chosen))
+            built.add("plan", build, prepared, frontend.Partitioning(base.external, base.overrides, chosen))
         bar.update()
-    rejected |= _disagreeing(runners, inputs)
-    ms = _compare({name: runner for name, runner in runners.items() if name not in rejected}, inputs)
-    choice = min(ms, key=ms.get)
-    log.info("backends for %s: %s (%s)", prepared.name, choice, ", ".join(f"{n} {t:.3f} ms" for n, t in ms.items()))
-    return {"choice": choice, "ms": ms, "plan": plan, "unmeasured": unmeasured, "rejected": rejected,
+    rejected = built.rejected | _disagreeing(built.runners, inputs)
+    ms = _compare({name: runner for name, runner in built.runners.items() if name not in rejected}, inputs)
+    memory = {name: grew for name, grew in built.released().items() if name in ms}
+    log.info("backends for %s: %s", prepared.name, ", ".join(
+        f"{n} {t:.3f} ms {memory[n] / 2**20:.1f} MiB" for n, t in ms.items()))
+    return {"choice": min(ms, key=ms.get), "ms": ms, "memory": memory, "plan": plan, "unmeasured": unmeasured,
+            "rejected": rejected,
             "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]}
 
 
@@ -202,17 +238,45 @@ def _disagreeing(runners: dict[str, Runner], inputs: dict[str, np.ndarray]) -> d
     return rejected
 
 
-def _build_into(runners: dict[str, Runner], rejected: dict[str, str], name: str, build: Build,
-                prepared: frontend.Prepared, given: frontend.Partitioning) -> None:
-    """The candidate ``name`` built into ``runners``, or why not into ``rejected``: a partition
-    relaxc cannot compile (TVM failing on a cut its importer never sees whole) is no candidate,
-    never the end of the compile."""
-    try:
-        runners[name] = build(prepared, given)
-    except Exception as err:  # noqa: BLE001 - any failure drops this candidate only, named in the report
-        lines = str(err).strip().splitlines()
-        rejected[name] = f"not built: {type(err).__name__}: {lines[0] if lines else ''}"
-        log.warning("%s is no candidate for this model: %s", name, rejected[name])
+class Built:
+    """The candidates built, each run once on ``inputs``, and why others were not."""
+
+    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
+        self.inputs = inputs
+        self.runners: dict[str, Runner] = {}
+        self.rejected: dict[str, str] = {}
+
+    def add(self, name: str, build: Build, prepared: frontend.Prepared, given: frontend.Partitioning) -> None:
+        """Build and run the candidate ``name``, or say why not: a partition relaxc cannot compile
+        (TVM failing on a cut its importer never sees whole) is no candidate, never the end of the
+        compile."""
+        try:
+            runner = build(prepared, given)
+            runner.run(self.inputs)  # arenas and a library's buffers exist after a first run
+        except Exception as err:  # noqa: BLE001 - any failure drops this candidate only, named in the report
+            lines = str(err).strip().splitlines()
+            self.rejected[name] = f"not built: {type(err).__name__}: {lines[0] if lines else ''}"
+            log.warning("%s is no candidate for this model: %s", name, self.rejected[name])
+            return
+        self.runners[name] = runner
+
+    def released(self) -> dict[str, int]:
+        """Free the candidates one by one: the resident bytes each gave back (all of them freed)."""
+        memory = {}
+        for name in list(self.runners):
+            before = resident_bytes()
+            del self.runners[name]
+            memory[name] = max(0, before - resident_bytes())
+        return memory
+
+
+def resident_bytes() -> int:
+    """The process's resident memory, after collecting garbage and handing freed heap back to the
+    OS (glibc's ``malloc_trim``, where there is one): what the live objects hold."""
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM(0)
+    return psutil.Process().memory_info().rss
 
 
 def _values(prepared: frontend.Prepared, facts: exactness.Facts, parts: list[list[int]],

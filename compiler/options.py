@@ -76,7 +76,8 @@ class Options:
                             "none (replay); measure the missing ones first and store them (measure); by the "
                             "rule only (heuristic); or direct everywhere (off)", choices=DISPATCH_MODES,
                             flag="--dispatch-mode")  # `relaxc inspect --dispatch` prints the choices
-    strategy: str = _option("latency", "what dispatch minimises: time (latency) or intermediate memory (memory)",
+    strategy: str = _option("latency", "what dispatch and the measured backend choice minimise: time (latency) or "
+                            "memory (memory: a convolution's intermediates; a backend's measured footprint)",
                             choices=STRATEGIES)
     layouts: str = _option("rule", "each op's layout: the target's block wherever an op can run in it (rule); or "
                            "the graph-level choice among NCHW and two blocks, converters included, from times "

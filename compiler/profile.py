@@ -214,6 +214,9 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
         rows.append(KernelTime(name, schedule_kind(kernels[name]), kernel_kind(kernels[name]), counts[name],
                                s * 1e3, s / total if total else 0.0, cost.flops * counts[name],
                                cost.nbytes * counts[name], bound_ms))
-    plain = relax.VirtualMachine(art.executable, device)
-    end_to_end = time_call(lambda: art.run(inputs)) if tail else time_call(lambda: plain["main"](*args))
+    if tail is not None:
+        end_to_end = time_call(lambda: art.run(inputs))
+    else:
+        plain = relax.VirtualMachine(art.executable, device)
+        end_to_end = time_call(lambda: plain["main"](*args))
     return Profile(rows, total * 1e3, end_to_end * 1e3, machine)

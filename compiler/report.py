@@ -73,9 +73,12 @@ def plan_summary(backends: dict) -> str:
         lines.append(f"  {index}: {sub['backend']:11s} {sub['placement']:4s} {sub['nodes']:4d} nodes ({ops}); "
                      f"{sub['boundary_bytes']} bytes out; {sub['why']}")
     if "decision" in backends:
-        lines.append(f"  decision: {backends['decision']}")
+        lines.append(f"  decision: {backends['decision']}"
+                     + (f" (strategy {backends['strategy']})" if "strategy" in backends else ""))
+    memory = backends.get("measured_memory_bytes", {})
     for name, ms in backends.get("measured_ms", {}).items():
-        lines.append(f"    measured {name:20s} {ms:9.3f} ms")
+        grew = f" {memory[name] / 2**20:8.1f} MiB" if name in memory else ""
+        lines.append(f"    measured {name:20s} {ms:9.3f} ms{grew}")
     for segment in backends.get("segments", []):
         first, stop = segment["nodes"]
         times = "  ".join(f"{name} {ms:.3f}" for name, ms in segment["ms"].items()) or "not measured (budget)"

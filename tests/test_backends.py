@@ -129,7 +129,8 @@ def test_a_constant_read_across_a_boundary_is_copied_not_passed():
              helper.make_node("Relu", ["x"], ["a"], name="relu"),
              helper.make_node("Reshape", ["a", "shape"], ["y"], name="reshape")]
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])])
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
+                    helper.make_tensor_value_info("shape", TensorProto.INT64, [2])])  # returned too
     art = compiler.compile(model, tuning="off", backend_overrides={"shape_const": "onnxruntime", "relu": "onnxruntime"})
     _matches(art, model)
     backends = art.report()["backends"]
@@ -312,6 +313,55 @@ def test_a_candidate_that_fails_to_build_is_dropped_with_its_reason(tmp_path, mo
     assert rejected["openvino"] == "not built: AssertionError: emit_te now only supports Tensor that has " \
         "ShapeExpr shape"
     assert "onnxruntime" not in rejected and art.report()["backends"]["decision"] == "relaxc"
+
+
+def test_the_strategy_picks_the_fastest_or_the_smallest_candidate():
+    entry = {"ms": {"relaxc": 2.0, "onnxruntime": 1.0, "openvino": 1.5},
+             "memory": {"relaxc": 100 << 20, "onnxruntime": 200 << 20, "openvino": 104 << 20}}
+    assert backend_choice.decide(entry, "latency") == "onnxruntime"
+    assert backend_choice.decide(entry, "memory") == "openvino"  # within 5 % of relaxc's, and faster
+    assert backend_choice.decide(entry, "memory", {"relaxc", "onnxruntime"}) == "relaxc"
+
+
+@pytest.mark.usefixtures("two_segments")
+def test_each_strategy_is_measured_and_replayed_on_its_own(tmp_path, monkeypatch):
+    """relaxc fastest, onnxruntime smallest (both replaced here: which is which is the machine's to
+    say): ``memory`` picks onnxruntime and replays it unmeasured; ``latency`` has a measurement of
+    its own (relaxc's convolutions are other builds under each)."""
+    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
+                        {name: (1.0 if name == "relaxc" else 2.0) for name in runners})
+    monkeypatch.setattr(backend_choice.Built, "released", lambda self:
+                        {name: (1 if name == "onnxruntime" else 50) << 20 for name in self.runners})
+    model = reference.small_cnn()
+    options = dict(tuning="off", cache_dir=str(tmp_path), measure_budget_s=5)
+    small = compiler.compile(model, backends="measure", strategy="memory", **options)
+    assert small.report()["backends"]["decision"] == "onnxruntime"
+    assert small.report()["backends"]["measured_memory_bytes"]["onnxruntime"] == 1 << 20
+    assert "(strategy memory)" in plan_summary(small.report()["backends"])
+    assert "none stored" in compiler.compile(model, **options).report()["backends"]["decision"]
+    assert compiler.compile(model, backends="measure", **options).report()["backends"]["decision"] == "relaxc"
+    monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert compiler.compile(model, strategy="memory", **options).report()["backends"]["decision"] == "onnxruntime"
+
+
+def test_a_candidates_memory_is_what_freeing_it_gives_back():
+    """64 MiB a candidate holds in 1 KiB pieces count (freed small blocks stay in the heap unless
+    handed back to the OS), and what one was built with and dropped does not."""
+    class Holding:
+        def __init__(self, pieces):
+            self.held = [np.ones(256, np.float32) for _ in range(pieces)]
+
+        def run(self, inputs):
+            return []
+
+    built = backend_choice.Built({})
+    built.add("holds", lambda prepared, pieces: Holding(pieces), None, 64 << 10)
+    built.add("light", lambda prepared, pieces: Holding(pieces), None, 0)
+    garbage = [np.ones(256, np.float32) for _ in range(64 << 10)]
+    del garbage
+    memory = built.released()
+    assert (48 << 20) <= memory["holds"] < (96 << 20) and memory["light"] < (8 << 20)
+    assert built.runners == {}
 
 
 def test_inspect_plan_prints_the_subgraphs(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import fnmatch
+import functools
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, Protocol
 
@@ -179,6 +180,12 @@ class Graph:
                 stack += [p for p in self.predecessors[node] if p in self.constant]
         return sorted(needed)
 
+    def leaving(self, part: set[int], outputs: set[str]) -> list[str]:
+        """The values ``part`` makes that the model returns or a node outside it reads; never a
+        weight computation's (each part has its own copy)."""
+        return [name for i in sorted(part) if i not in self.constant for name in self.nodes[i].output
+                if name and (name in outputs or any(r not in part for r in self.readers.get(name, [])))]
+
     def reach(self, start: set[int], forward: bool) -> set[int]:
         edges = self.successors if forward else self.predecessors
         seen, stack = set(), list(start)
@@ -231,10 +238,7 @@ def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Fact
     assignment = dict(assignment)
     _make_convex(graph, assignment)
     outputs = {value.name for value in proto.graph.output}
-
-    def leaving(part: set[int]) -> list[str]:  # weight computations cross no boundary: each part has its copy
-        return [name for i in sorted(part) for name in graph.nodes[i].output if name and (name in outputs or (
-            i not in graph.constant and any(r not in part for r in graph.readers.get(name, []))))]
+    leaving = functools.partial(graph.leaving, outputs=outputs)
 
     # the tail: every node after one whose leaving value has no static shape, or is no tensor; the
     # whole model where one backend runs it all (no call into the library from relaxc's program)
@@ -256,8 +260,10 @@ def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Fact
     if tail:
         tail_outputs = [v.name for v in proto.graph.output if graph.producer.get(v.name) in tail]
         subgraphs.append(_subgraph(proto, graph, facts, tail, assignment, refused, tail_outputs, True))
-    relaxc_nodes = [graph.nodes[i] for i in graph.with_constants(
-        {i for i, backend in assignment.items() if backend == RELAXC and i not in tail})]
+    own = {i for i, backend in assignment.items() if backend == RELAXC and i not in tail}
+    own |= {graph.producer[v.name] for v in proto.graph.output  # weight computations the model returns
+            if graph.producer.get(v.name) in graph.constant and graph.producer[v.name] not in tail}
+    relaxc_nodes = [graph.nodes[i] for i in graph.with_constants(own)]
     if len(tail) == len(graph.nodes):
         subgraphs[0].alone = True
     call_outputs = [spec for sub in subgraphs if not sub.tail for spec in sub.outputs]
@@ -368,9 +374,7 @@ def part(proto: onnx.ModelProto, facts: exactness.Facts, nodes: list[int], backe
     (of ``shapes``, where given), outputs what is read after them."""
     graph = Graph(proto)
     chosen = set(nodes)
-    outputs = {value.name for value in proto.graph.output}
-    leaving = [name for i in nodes for name in graph.nodes[i].output if name and (name in outputs or (
-        i not in graph.constant and any(r not in chosen for r in graph.readers.get(name, []))))]
+    leaving = graph.leaving(chosen, {value.name for value in proto.graph.output})
     return _subgraph(proto, graph, facts, chosen, {i: backend for i in nodes}, {}, leaving, False, shapes)
 
 
