@@ -8,6 +8,7 @@ import onnx
 import pytest
 
 import relaxc as compiler
+from relaxc.passes import check_indices
 from tests import reference
 from tests.helpers import relaxc
 
@@ -113,7 +114,7 @@ def test_profile_lists_kernels_sorted_with_schedule_kind_and_roofline():
     assert len(rows) == 5
     lost = [float(row[8]) for row in rows]
     assert lost == sorted(lost, reverse=True)  # --worst: by time lost against the roofline bound
-    assert {row[9] for row in rows} <= {"dense", "rows", "tiled", "basic", "tuned"}
+    assert {row[9] for row in rows} <= {"dense", "rows", "tiled", "basic", "tuned", check_indices.LABEL}
     assert any(row[10] == "matmul/conv" for row in rows)
     assert "more kernels" in proc.stdout and "end to end" in proc.stdout
     assert "by time lost against the roofline" in proc.stdout and "machine: " in proc.stdout
