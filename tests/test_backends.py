@@ -338,6 +338,7 @@ def test_each_strategy_is_measured_and_replayed_on_its_own(tmp_path, monkeypatch
     assert small.report()["backends"]["decision"] == "onnxruntime"
     assert small.report()["backends"]["measured_memory_bytes"]["onnxruntime"] == 1 << 20
     assert "(strategy memory)" in plan_summary(small.report()["backends"])
+    assert [s["why"] for s in small.report()["backends"]["subgraphs"]] == ["measured smaller"]
     assert "none stored" in compiler.compile(model, **options).report()["backends"]["decision"]
     assert compiler.compile(model, backends="measure", **options).report()["backends"]["decision"] == "relaxc"
     monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
