@@ -211,62 +211,66 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
             chosen = {i: backend for start, stop, backend in plan for i in range(start, stop)}
             built.add("plan", build, prepared, frontend.Partitioning(base.external, base.overrides, chosen))
         bar.update()
-    rejected = built.rejected | _disagreeing(built.runners, inputs)
-    ms = _compare({name: runner for name, runner in built.runners.items() if name not in rejected}, inputs)
-    memory = {name: grew for name, grew in built.released().items() if name in ms}
+    ms = _compare(built.runners, inputs)
+    memory = built.released()
     log.info("backends for %s: %s", prepared.name, ", ".join(
         f"{n} {t:.3f} ms {memory[n] / 2**20:.1f} MiB" for n, t in ms.items()))
+    # "choice" (the fastest) is what relaxc before the strategies read from a shared store
     return {"choice": min(ms, key=ms.get), "ms": ms, "memory": memory, "plan": plan, "unmeasured": unmeasured,
-            "rejected": rejected,
+            "rejected": built.rejected,
             "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]}
 
 
-def _disagreeing(runners: dict[str, Runner], inputs: dict[str, np.ndarray]) -> dict[str, str]:
-    """Why each candidate whose outputs on ``inputs`` differ from the first's (relaxc's kernels with
-    the fallback) beyond the project's float32 tolerance is no candidate: SSDlite with random
-    weights gets other boxes from OpenVINO than from onnxruntime."""
-    answers = {name: [np.array(out) for out in runner.run(inputs)] for name, runner in runners.items()}
-    first, reference = next(iter(answers.items()))
-    rejected = {}
-    for name, outputs in answers.items():
-        for index, (got, want) in enumerate(zip(outputs, reference)):
-            atol = AGREE_ATOL * max(1.0, float(np.abs(want).max(initial=0.0)))
-            if got.shape != want.shape or not np.allclose(got, want, rtol=AGREE_RTOL, atol=atol, equal_nan=True):
-                rejected[name] = f"output {index} differs from {first}'s"
-                log.warning("%s is no candidate for this model: its %s", name, rejected[name])
-                break
-    return rejected
+def _differs(outputs: list[np.ndarray], reference: list[np.ndarray]) -> int | None:
+    """The first output that differs from ``reference``'s beyond the project's float32 tolerance
+    (or in shape), None if none does."""
+    for index, (got, want) in enumerate(zip(outputs, reference)):
+        atol = AGREE_ATOL * max(1.0, float(np.abs(want).max(initial=0.0)))
+        if got.shape != want.shape or not np.allclose(got, want, rtol=AGREE_RTOL, atol=atol, equal_nan=True):
+            return index
+    return None
 
 
 class Built:
-    """The candidates built, each run once on ``inputs``, and why others were not."""
+    """The candidates built and run once on ``inputs``, and why others are none: a build that
+    fails, or outputs that differ from the first candidate's (relaxc's kernels with the fallback;
+    SSDlite with random weights gets other boxes from OpenVINO than from onnxruntime)."""
 
     def __init__(self, inputs: dict[str, np.ndarray]) -> None:
         self.inputs = inputs
         self.runners: dict[str, Runner] = {}
         self.rejected: dict[str, str] = {}
+        self._reference: tuple[str, list[np.ndarray]] | None = None
 
     def add(self, name: str, build: Build, prepared: frontend.Prepared, given: frontend.Partitioning) -> None:
-        """Build and run the candidate ``name``, or say why not: a partition relaxc cannot compile
-        (TVM failing on a cut its importer never sees whole) is no candidate, never the end of the
-        compile."""
+        """Build and run the candidate ``name``, or say why it is none: a partition relaxc cannot
+        compile (TVM failing on a cut its importer never sees whole) ends this candidate only."""
         try:
             runner = build(prepared, given)
-            runner.run(self.inputs)  # arenas and a library's buffers exist after a first run
+            outputs = [np.array(out) for out in runner.run(self.inputs)]  # arenas and buffers exist after it
         except Exception as err:  # noqa: BLE001 - any failure drops this candidate only, named in the report
             lines = str(err).strip().splitlines()
-            self.rejected[name] = f"not built: {type(err).__name__}: {lines[0] if lines else ''}"
-            log.warning("%s is no candidate for this model: %s", name, self.rejected[name])
+            self._reject(name, f"not built: {type(err).__name__}: {lines[0] if lines else ''}")
+            return
+        if self._reference is None:
+            self._reference = (name, outputs)
+        elif (index := _differs(outputs, self._reference[1])) is not None:
+            self._reject(name, f"its output {index} differs from {self._reference[0]}'s")
             return
         self.runners[name] = runner
+
+    def _reject(self, name: str, why: str) -> None:
+        self.rejected[name] = why
+        log.warning("%s is no candidate for this model: %s", name, why)
 
     def released(self) -> dict[str, int]:
         """Free the candidates one by one: the resident bytes each gave back (all of them freed)."""
         memory = {}
+        before = resident_bytes()
         for name in list(self.runners):
-            before = resident_bytes()
             del self.runners[name]
-            memory[name] = max(0, before - resident_bytes())
+            after = resident_bytes()
+            memory[name], before = max(0, before - after), after
         return memory
 
 

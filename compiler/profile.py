@@ -95,8 +95,8 @@ class Profile:
         cumulative = 0.0
         for rank, k in enumerate(kernels[:top] if top else kernels, 1):
             cumulative += k.share
-            rates = (f"  {k.flops / k.ms / 1e6:7.1f}  {k.nbytes / k.ms / 1e6:6.1f}  {k.roofline:5.1%}  {k.lost_ms:7.3f}"
-                     if self.machine and k.kind != "external" else f"  {'':>7}  {'':>6}  {'':>5}  {'':>7}" if self.machine else "")
+            rates = " " * len(roof) if not self.machine or k.kind == "external" else \
+                f"  {k.flops / k.ms / 1e6:7.1f}  {k.nbytes / k.ms / 1e6:6.1f}  {k.roofline:5.1%}  {k.lost_ms:7.3f}"
             lines.append(f"{rank:>3}  {k.ms:8.3f}  {k.share:6.1%}  {cumulative:6.1%}  {k.calls:>5}{rates}  "
                          f"{k.schedule:<9} {k.kind:<13} {k.name}{'  <- cliff' if k.is_cliff() else ''}")
         if top and len(kernels) > top:

@@ -71,12 +71,15 @@ def forcing(choices: dict[str, str]) -> Iterator[None]:
         _FORCED.reset(token)
 
 
-def heuristic(workload: ConvWorkload, options: list[str]) -> str:
+def heuristic(workload: ConvWorkload, options: list[str], strategy: str = "latency") -> str:
     """The fixed rule: Winograd when at least a vector of input channels feeds it, F(4x4) where
     the output holds two whole 4x4 tiles a side, F(2x2) below. On 7x7 outputs F(4x4) reads
     weights transformed to 4x their size for 4 tiles: the stores of five CPUs measured it at up
     to 1.7x F(2x2), and F(4x4) everywhere at 1.01-1.14x the fastest candidate on average (66-69
-    workloads per CPU) against 1.00-1.04x for this rule."""
+    workloads per CPU) against 1.00-1.04x for this rule. Under ``memory`` the direct convolution,
+    whose weights are not transformed and which has no intermediates."""
+    if strategy == "memory":
+        return DIRECT
     _, outer, height, width, block = workload.data
     top, left, bottom, right = workload.padding
     smaller = min(height + top + bottom, width + left + right) - 2  # the output's shorter side (stride 1)
@@ -159,7 +162,7 @@ class Chooser:
                 raise UserError(f"tuning='strict': no dispatch decision for {key} in "
                                 f"{self.store.path if self.store else 'the store'}; compile once with "
                                 "dispatch='measure' (or run `relaxc tune`) on this CPU")
-            return (DIRECT if self.strategy == "memory" else heuristic(workload, options)), {"source": "rule"}
+            return heuristic(workload, options, self.strategy), {"source": "rule"}
         how = {"source": source, "candidates": entry["candidates"]}
         if "in_sequence" in entry:  # decided in a model's sequence: the times that decided it
             how["in_sequence"] = entry["in_sequence"]

@@ -436,9 +436,12 @@ def test_a_candidate_answering_otherwise_than_relaxc_is_no_candidate():
         def run(self, inputs):
             return [self.output]
 
-    runners = {"relaxc": Answers(np.ones(4)), "close": Answers(np.ones(4) + 1e-6),
-               "off": Answers(np.array([1.0, 1.0, 1.0, 1.01])), "shape": Answers(np.ones(3))}
-    assert set(backend_choice._disagreeing(runners, {})) == {"off", "shape"}
+    built = backend_choice.Built({})
+    for name, output in {"relaxc": np.ones(4), "close": np.ones(4) + 1e-6, "off": np.array([1.0, 1.0, 1.0, 1.01]),
+                         "shape": np.ones(3)}.items():
+        built.add(name, lambda prepared, given: Answers(given), None, output)
+    assert set(built.rejected) == {"off", "shape"} and set(built.runners) == {"relaxc", "close"}
+    assert built.rejected["off"] == "its output 0 differs from relaxc's"
 
 
 def test_paired_times_cancel_slow_rounds_and_a_burst_in_one_block(monkeypatch):

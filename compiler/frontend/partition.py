@@ -253,10 +253,9 @@ def plan(proto: onnx.ModelProto, inputs: list[TensorSpec], facts: exactness.Fact
         backend = assignment[min(i for i in tail if assignment[i] != RELAXC)]
         for node in tail:  # the calls left stay convex: nothing after the tail comes back
             assignment[node] = backend
-    calls = [part for part in _components(graph, {i: b for i, b in assignment.items() if i not in tail})
-             if leaving(part)]
-    calls.sort(key=min)
-    subgraphs = [_subgraph(proto, graph, facts, part, assignment, refused, leaving(part), False) for part in calls]
+    calls = sorted(((part, made) for part in _components(graph, {i: b for i, b in assignment.items() if i not in tail})
+                    if (made := leaving(part))), key=lambda call: min(call[0]))
+    subgraphs = [_subgraph(proto, graph, facts, part, assignment, refused, made, False) for part, made in calls]
     if tail:
         tail_outputs = [v.name for v in proto.graph.output if graph.producer.get(v.name) in tail]
         subgraphs.append(_subgraph(proto, graph, facts, tail, assignment, refused, tail_outputs, True))
