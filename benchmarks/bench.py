@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     parser.add_argument("--markdown", metavar="PATH",
                         help="then update this CPU's section of a results file such as docs/results.md")
+    parser.add_argument("--quantized", action="store_true",
+                        help="quantize each model (QDQ int8, onnxruntime's tool) and compare int8 and float "
+                             "builds of both runtimes (benchmarks/quantized.py; default model zoo:resnet18)")
     add_option_args(parser, Options)
     return parser
 
@@ -144,6 +147,11 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UserError("--repeat and --threads must be at least 1")
     if args.markdown and not os.path.isdir(os.path.dirname(os.path.abspath(args.markdown))):  # said before, not after, the benchmark
         raise UserError(f"cannot write {args.markdown}: its directory does not exist")
+    if args.quantized:
+        from relaxc.benchmarks import quantized
+
+        return quantized.run(args.models or ["zoo:resnet18"], args.repeat, quantized.ROUNDS, args.threads,
+                             args.markdown)
     rows = harness.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
                        print_fn=lambda line: print(line, flush=True), **option_values(args, Options))
     if args.markdown:

@@ -3,7 +3,8 @@
     import     compiler/frontend/          validate the ONNX model, expand function operators, fold shape
                                            computations, rewrite ignored attributes, refuse inexact
                                            forms, convert to Relax
-    simplify   passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
+    simplify   passes/quantized.py         quantized (QDQ) convolutions and additions to integer arithmetic
+               passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
                passes/cse.py               canonicalize, CSE (weights compared by object), dead code
     layout     passes/layout_choice.py     (layouts="measure"/"replay") each op's layout, converters costed
                passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
@@ -58,6 +59,7 @@ from relaxc.passes import layout_choice
 from relaxc.passes.layout import LayoutPass
 from relaxc.passes.layout_algebra import STANDARD, blocked
 from relaxc.passes.legalize import legalize_ops
+from relaxc.passes.quantized import IntegerConvolutions
 from relaxc.passes.memory import ArenaPlan
 from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords
@@ -99,6 +101,7 @@ class Phase:
 def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
     return [
         AccumulateHalfInFloat32(),
+        IntegerConvolutions(),  # before folding: it reads the int8 weights under their dequantize
         FoldConstantsNumpy(),  # materialise fills first: FoldBatchnormToConv2D needs constants
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),

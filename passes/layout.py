@@ -81,11 +81,12 @@ def _same_map(index_map: tvm.tirx.IndexMap, func: Callable) -> bool:
 
 _ALIAS = object()  # a handler's answer: the var is another name of a value already tracked
 _UNARY = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.nn.silu",
-          "relax.nn.leakyrelu"}
+          "relax.nn.leakyrelu", "relax.astype", "relax.round"}
 # Binary pointwise ops and the value padded channels of a constant operand get.
 _BINARY = {"relax.add": 0.0, "relax.subtract": 0.0, "relax.multiply": 0.0, "relax.maximum": 0.0,
            "relax.minimum": 0.0, "relax.divide": 1.0}
-ELEMENTWISE = frozenset(_UNARY) | frozenset(_BINARY)  # fused into their producer: cost nothing of their own
+_QUANTIZE = {"relax.quantize", "relax.dequantize"}  # pointwise where the scale and zero point are one each
+ELEMENTWISE = frozenset(_UNARY) | frozenset(_BINARY) | frozenset(_QUANTIZE)  # fused into their producer: cost nothing of their own
 _POOLS = {"relax.nn.max_pool2d": relax.op.nn.max_pool2d, "relax.nn.avg_pool2d": relax.op.nn.avg_pool2d,
           "relax.nn.adaptive_avg_pool2d": relax.op.nn.adaptive_avg_pool2d}
 _SPATIAL_REDUCTIONS = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max,
@@ -106,6 +107,7 @@ class _Rewriter(relax.PyExprMutator):
                          "relax.strided_slice": self._strided_slice, "relax.take": self._take,
                          "relax.nn.layer_norm": self._layer_norm, "relax.image.resize2d": self._resize2d}
         self.handlers.update({op: self._unary for op in _UNARY})
+        self.handlers.update({op: self._quantize for op in _QUANTIZE})
         self.handlers.update({op: self._binary for op in _BINARY})
         self.handlers.update({op: self._pool for op in _POOLS})
         self.handlers.update({op: self._spatial_reduction for op in _SPATIAL_REDUCTIONS})
@@ -230,7 +232,8 @@ class _Rewriter(relax.PyExprMutator):
         if value is None or array is None or out.standard:
             return None
         # blocked input: read in the conv's own layout (the cost the layout choice assumes)
-        in_layout = out if not value.home.standard else blocked(input_block(value.channels, out.block))
+        depth = 4 if str(data.ty.dtype) in ("uint8", "int8") else 1
+        in_layout = out if not value.home.standard else blocked(input_block(value.channels, out.block, depth))
         packed = pack_conv_weight(array, int(attrs.groups), in_layout.block, out.block)
         if packed is None:
             return self._windowed_conv2d(call, value, array, in_layout, out)
@@ -288,6 +291,11 @@ class _Rewriter(relax.PyExprMutator):
             return None
         args = [self._get(call.args[0], layout)] + [self.visit_expr(a) for a in call.args[1:]]
         return self._rebuilt(call, args), layout, value.channels
+
+    def _quantize(self, call: relax.Call, var: relax.Var):
+        if any(static_shape(arg) not in ((), (1,)) for arg in call.args[1:]):
+            return None  # per channel: its axis would index the blocks
+        return self._unary(call, var)
 
     def _binary(self, call: relax.Call, var: relax.Var):
         shape, layout = static_shape(call), self._target(var, call.args)

@@ -38,7 +38,7 @@ class Layout:
 
     def from_standard(self, x: relax.Expr) -> relax.Expr:
         """NCHW to this layout; the channels missing from the last block are zeros."""
-        return relax.op.layout_transform(x, self.from_standard_map(), pad_value=0.0)
+        return relax.op.layout_transform(x, self.from_standard_map(), pad_value=0)
 
     def to_standard(self, x: relax.Expr, channels: int) -> relax.Expr:
         """This layout to NCHW, slicing the padded channels off."""
@@ -153,15 +153,16 @@ def merge_groups(weight: np.ndarray, groups: int, factor: int) -> tuple[np.ndarr
     return merged, merged_groups
 
 
-def input_block(channels: int, block: int) -> int:
+def input_block(channels: int, block: int, multiple: int = 1) -> int:
     """Block of a convolution's input: ``block``, or all the channels in one block when they are
     few (at most half a block): an RGB stem's input is then its 3 channels at each pixel, unpadded.
 
     Padded to ``block`` lanes a 3-channel stem would do 16/3 of the work, padded to a 4-lane block
     4/3: ResNet-50's 7x7 stem took 1.09-1.35 ms that way and 0.83-1.01 ms on 3 channels (in the
-    model, 2 cores). The convolution still writes ``block``-wide output vectors.
+    model, 2 cores). The convolution still writes ``block``-wide output vectors. 8-bit data takes
+    a ``multiple`` of 4 channels, the depth of VNNI's dot products.
     """
-    return channels if channels <= block // 2 else block
+    return -(-channels // multiple) * multiple if channels <= block // 2 else block
 
 
 def block_constant(value: np.ndarray, channels: int, layout: Layout, pad_value: float) -> np.ndarray | None:

@@ -24,7 +24,7 @@ STAGE_ATTR = "relaxc.stage"  # on a TE block that schedules keep as a stage of i
 
 
 def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, groups: int,
-                 window: tuple[int, int] | None = None) -> te.Tensor:
+                 window: tuple[int, int] | None = None, out_dtype: str | None = None) -> te.Tensor:
     """Convolution of NCHW{b}c data with an OIHW{i}i{o}o kernel (OIHW1i{b}o for depthwise).
 
     ``window`` = (input, output) channels per group of a grouped conv whose groups do not align
@@ -32,9 +32,14 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     kernel's I input blocks from the one holding its first group's first channel (moved back where
     that would run past the last block), and the kernel is zero outside its groups
     (``passes/layout.py``, ``pack_windowed_conv_weight``).
+
+    8-bit data sums in ``out_dtype`` (int32); its kernel may be packed ``OIHW{i/4}i{o}o4i``
+    (``kernel_4i``), four input channels' bytes of each output lane together, as VNNI's
+    ``vpdpbusd`` reads them (``schedules/cpu/vnni.py``).
     """
     batch, data_outer, height, width, block = (int(d) for d in data.shape)
-    out_outer, in_outer, kh, kw, in_block, out_block = (int(d) for d in kernel.shape)
+    out_outer, in_outer, kh, kw = (int(d) for d in kernel.shape[:4])
+    in_block, out_block = int(kernel.shape[4]) * (4 if len(kernel.shape) == 7 else 1), int(kernel.shape[5])
     sh, sw = (int(s) for s in strides)
     dh, dw = (int(d) for d in dilation)
     top, left, bottom, right = (int(p) for p in padding)
@@ -45,9 +50,10 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
     shape = (batch, out_outer, out_h, out_w, out_block)
+    summed = (lambda v: v.astype(out_dtype)) if out_dtype not in (None, data.dtype) else (lambda v: v)  # noqa: E731
     if in_outer == 1 and in_block == 1 and groups == out_outer * out_block:  # depthwise
         return te.compute(shape, lambda n, o, y, x, i: te.sum(
-            data[n, o, y * sh + rh * dh, x * sw + rw * dw, i] * kernel[o, 0, rh, rw, 0, i],
+            summed(data[n, o, y * sh + rh * dh, x * sw + rw * dw, i]) * summed(kernel[o, 0, rh, rw, 0, i]),
             axis=[rh, rw]), name="conv2d_NCHWc")
     if window is not None:
         in_per_group, out_per_group = window
@@ -58,9 +64,19 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
         first = lambda _o: 0  # noqa: E731
     ric = te.reduce_axis((0, in_outer), name="ric")
     rib = te.reduce_axis((0, block), name="rib")
+    weight = lambda o, c, y, x, b, i: kernel[o, c, y, x, b, i]  # noqa: E731
+    if len(kernel.shape) == 7:  # OIHW{i/4}i{o}o4i
+        weight = lambda o, c, y, x, b, i: kernel[o, c, y, x, b // 4, i, b % 4]  # noqa: E731
     return te.compute(shape, lambda n, o, y, x, i: te.sum(
-        data[n, first(o) + ric, y * sh + rh * dh, x * sw + rw * dw, rib] * kernel[o, ric, rh, rw, rib, i],
+        summed(data[n, first(o) + ric, y * sh + rh * dh, x * sw + rw * dw, rib]) * summed(weight(o, ric, rh, rw, rib, i)),
         axis=[ric, rh, rw, rib]), name="conv2d_NCHWc")
+
+
+def kernel_4i(kernel: te.Tensor) -> te.Tensor:
+    """An OIHW{i}i{o}o kernel packed OIHW{i/4}i{o}o4i."""
+    o, i, kh, kw, ib, ob = kernel.shape
+    return te.compute((o, i, kh, kw, ib // 4, ob, 4), lambda a, b, y, x, g, j, l: kernel[a, b, y, x, g * 4 + l, j],
+                      name="kernel_4i")
 
 
 def channel_tables(channels: list[int], source: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -103,8 +119,12 @@ def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     if not attrs.data_layout.endswith("c"):  # plain layouts: TVM's own legalisation
         return _DEFAULT_CONV2D(bb, call)
-    return bb.call_te(conv2d_nchwc, call.args[0], call.args[1], attrs.strides, attrs.padding,
-                      attrs.dilation, int(attrs.groups), primfunc_name_hint="conv2d_NCHWc")
+    out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None
+    kernel = call.args[1]
+    if str(kernel.ty.dtype) == "int8" and int(static_shape(kernel)[4]) % 4 == 0:  # a constant: folded
+        kernel = bb.emit_te(kernel_4i, kernel, primfunc_name_hint="kernel_4i")
+    return bb.call_te(conv2d_nchwc, call.args[0], kernel, attrs.strides, attrs.padding,
+                      attrs.dilation, int(attrs.groups), None, out_dtype, primfunc_name_hint="conv2d_NCHWc")
 
 
 def cumsum(data: te.Tensor, axis: int, dtype: str, exclusive: bool) -> te.Tensor:

@@ -181,7 +181,7 @@ def _row_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> tuple[int,
     return before, width
 
 
-def _schedule_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> None:
+def schedule_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> None:
     """A padding stage in parallel vectors; one of ``_row_padding``'s runs rows in parallel, each in
     three parts, the padding before, the copied middle as one vector, the padding after, so the
     middle tests no bound that differs between its lanes (a vector across a padded row scalarised
@@ -447,7 +447,7 @@ def _tiled(func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
             apart = apart or anchor is not None
             schedule_spatial(sch, block, lanes)
     for pad in (p for p in pads if sch.get(p.block_rv).writes[0].source.scope() != "local"):
-        _schedule_padding(sch, pad, lanes)  # a padded copy of the whole input, before its conv
+        schedule_padding(sch, pad, lanes)  # a padded copy of the whole input, before its conv
     if epilogue and not apart:
         sch.compute_inline(write_back)  # the epilogue reads the accumulators: no output-sized buffer
     return sch

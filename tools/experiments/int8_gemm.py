@@ -7,9 +7,8 @@ against onnxruntime's ``MatMulInteger`` and its float32 ``MatMul`` on the same s
 Why: int8 kernels must beat onnxruntime's int8; this measures what one register-tiled schedule
 reaches before anything is built into the pipeline. Weights are packed ``[N/16, K/4, 16, 4]`` (16
 output lanes, 4 bytes deep: one ``vpdpbusd`` multiplies a broadcast 4-byte group of a row into 16
-lanes); ``MB`` rows by ``NB`` 16-lane blocks of accumulators stay in registers. TVM 0.27's own
-``dot_16x4_vnni`` intrinsic does not build with its LLVM (``vpdpbusd.512`` now takes
-``<64 x i8>`` operands, the intrinsic passes ``<16 x i32>``): the one here does.
+lanes); ``MB`` rows by ``NB`` 16-lane blocks of accumulators stay in registers (the intrinsic of
+``schedules/cpu/vnni.py``, which the integer convolutions use).
 """
 
 from __future__ import annotations
@@ -22,30 +21,11 @@ import numpy as np
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import s_tir
-from tvm.s_tir import TensorIntrin
-from tvm.s_tir.tensor_intrin.x86 import dot_product_16x4_u8i8i32_desc
 from tvm.script import tirx as T
 
+from relaxc.schedules.cpu.vnni import INTRIN
 from relaxc.support import targets
 from relaxc.support.threads import configure_threads
-
-INTRIN = "relaxc_experiment_dot_16x4_vnni"
-
-
-@T.prim_func(s_tir=True)
-def _vnni(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
-          C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        group = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype="int32x16"),
-            T.reinterpret(T.broadcast(group, 16), dtype="int8x64"), B.vload([0, 0], dtype="int8x64"),
-            dtype="int32x16")
-
-
-TensorIntrin.register(INTRIN, dot_product_16x4_u8i8i32_desc, _vnni)
 
 
 def product(M: int, N: int, K: int) -> tvm.tirx.PrimFunc:
@@ -76,7 +56,9 @@ def schedule(M: int, N: int, K: int) -> tvm.IRModule:
     ko, ki = sch.split(k, [None, 4])
     kt, ko = sch.split(ko, [None, max(d for d in range(1, 65) if (K // 4) % d == 0)])
     sch.reorder(jo, io, kt, ko, ii, jb, ji, ki)
-    sch.parallel(sch.fuse(jo, io))
+    parallel = sch.fuse(jo, io)
+    sch.parallel(parallel)
+    sch.reverse_compute_at(sch.cache_write(block, 0, "local"), parallel)
     sch.decompose_reduction(block, kt)
     sch.tensorize(ji, INTRIN)
     sch.unroll(jb)
