@@ -33,7 +33,7 @@ from tvm import relax, s_tir, tirx
 
 from relaxc import external
 from relaxc.artifact import Artifact
-from relaxc.roofline import Cost, Machine, kernel_cost
+from relaxc.roofline import VNNI_SPEEDUP, Cost, Machine, kernel_cost
 from relaxc.schedules.cpu.rows import is_product_sum
 from relaxc.schedules.default import schedule_kind
 from relaxc.support.threads import pool_threads
@@ -210,8 +210,10 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
             rows.append(KernelTime(name, backends[name], "external", counts[name], s * 1e3, s / total if total else 0.0))
             continue
         cost = kernel_cost(unscheduled[name]) if machine else Cost(0.0, 0)
-        bound_ms = machine.bound_s(cost.flops, cost.nbytes) * 1e3 * counts[name] if machine else 0.0
-        rows.append(KernelTime(name, schedule_kind(kernels[name]), kernel_kind(kernels[name]), counts[name],
+        label = schedule_kind(kernels[name])
+        speedup = VNNI_SPEEDUP if label == "vnni" else 1.0  # 8-bit products, 4 to an fp32 FMA
+        bound_ms = machine.bound_s(cost.flops, cost.nbytes, speedup) * 1e3 * counts[name] if machine else 0.0
+        rows.append(KernelTime(name, label, kernel_kind(kernels[name]), counts[name],
                                s * 1e3, s / total if total else 0.0, cost.flops * counts[name],
                                cost.nbytes * counts[name], bound_ms))
     if tail is not None:
