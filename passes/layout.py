@@ -81,7 +81,7 @@ def _same_map(index_map: tvm.tirx.IndexMap, func: Callable) -> bool:
 
 _ALIAS = object()  # a handler's answer: the var is another name of a value already tracked
 _UNARY = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.nn.silu",
-          "relax.nn.leakyrelu", "relax.astype", "relax.round"}
+          "relax.nn.leakyrelu", "relax.astype"}
 # Binary pointwise ops and the value padded channels of a constant operand get.
 _BINARY = {"relax.add": 0.0, "relax.subtract": 0.0, "relax.multiply": 0.0, "relax.maximum": 0.0,
            "relax.minimum": 0.0, "relax.divide": 1.0}
@@ -265,8 +265,15 @@ class _Rewriter(relax.PyExprMutator):
     def _take(self, call: relax.Call, var: relax.Var):
         """Constant channels taken from blocked data (a channel shuffle): a blocked gather; from a
         concat along C, a gather from its parts (ShuffleNetV2's halves of a shuffled concat: the
-        concat itself is then dead, one pass over the feature map fewer)."""
+        concat itself is then dead, one pass over the feature map fewer). A lookup in a constant
+        table is pointwise: it takes its indices' layout."""
         data, indices = call.args
+        table = constant_array(data)
+        if table is not None and table.ndim == 1:  # a lookup table (passes/quantized.py): pointwise
+            value, layout = self._value(indices), self._target(var, [indices])
+            if value is None or layout is None:
+                return None
+            return relax.Call(call.op, [data, self._get(indices, layout)], call.attrs), layout, value.channels
         array = constant_array(indices)
         layout = self._target(var, [data])
         if call.attrs.axis is None or int(call.attrs.axis) % 4 != 1 or array is None or array.ndim != 1 \

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import tvm
@@ -31,6 +32,10 @@ from tvm import relax
 from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
 
 _ACTIVATIONS = ("relax.nn.relu", "relax.clip")
+# sums of integers below this are exact in float32: a depthwise convolution's few uint8 x int8
+# products (at most 255 x 128 each) are summed in float, one FMA a tap, where int32 lanes take a
+# two-uop multiply and an add (MobileNetV2 int8 ran 1.73x slower so), and the sum stays in float
+FLOAT_EXACT = 1 << 24
 
 
 def _scalar(expr: relax.Expr) -> float | None:
@@ -74,6 +79,27 @@ class _Moved:
     data: relax.Expr
 
 
+@dataclass
+class _Table:
+    """A uint8 ``quantize`` of pointwise arithmetic on one uint8 tensor (a sigmoid, a SiLU's
+    product): one of 256 values for each of its values, computed now; the tensor becomes a lookup
+    (onnxruntime's ``QLinearSigmoid`` is such a table, its ``QLinearMul`` of ``x`` and
+    ``sigmoid(x)`` one too)."""
+
+    data: relax.Expr
+    values: np.ndarray  # int32, by the data's value
+
+
+_POINTWISE: dict[str, Callable[..., np.ndarray]] = {
+    "relax.sigmoid": lambda v: (1.0 / (1.0 + np.exp(-v.astype(np.float64)))).astype(np.float32),
+    "relax.tanh": lambda v: np.tanh(v.astype(np.float64)).astype(np.float32),
+    "relax.nn.relu": lambda v: np.maximum(v, np.float32(0)),
+    "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
+    "relax.divide": np.divide, "relax.maximum": np.maximum, "relax.minimum": np.minimum,
+}
+_VALUES = np.arange(256, dtype=np.uint8)
+
+
 # ops for which quantize(op(dequantize(x))) is op(x) when both use one scale and zero point
 _MOVES = ("relax.nn.max_pool2d", "relax.reshape")
 
@@ -89,6 +115,10 @@ class _AddChain:
     b: relax.Expr
     ratios: tuple[np.float32, np.float32]
     fixed: np.float32
+
+
+class _NotPointwise(Exception):
+    """An expression that is not pointwise arithmetic on one uint8 tensor."""
 
 
 def _fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
@@ -163,8 +193,8 @@ class _Graph:
             why = "weights with a zero point other than 0"
         elif x_scale is None or x_zero is None:
             why = "data with per-channel or variable scale or zero point"
-        elif int(attrs.groups) != 1:  # depthwise: summed in int32 lanes MobileNetV2 ran 1.7x slower than in float
-            why = "a grouped or depthwise convolution"
+        elif int(attrs.groups) != 1 and (int(attrs.groups) != shape[1] or weights.shape[1] != 1):
+            why = "a grouped convolution"
         if why is not None:
             self.refused[why] += 1
             return None
@@ -172,7 +202,11 @@ class _Graph:
         scale = (np.float32(x_scale) * np.broadcast_to(scales.astype(np.float32), (channels,))).astype(np.float32)
         return _Operands(call, xq, x_scale, int(x_zero), weights, scale)
 
-    def _chain(self, call: relax.Call) -> _Chain | _AddChain | _Moved | None:
+    def _chain(self, call: relax.Call) -> _Chain | _AddChain | _Moved | _Table | None:
+        return self._fused(call) or self._table(call)
+
+    def _fused(self, call: relax.Call) -> _Chain | _AddChain | _Moved | None:
+        """A ``quantize`` ending one of the forms onnxruntime fuses into one integer kernel."""
         value, y_scale, y_zero = call.args
         scale, zero = _scalar(y_scale), _scalar(y_zero)
         if str(call.attrs.out_dtype) != "uint8" or scale is None or zero is None:
@@ -203,6 +237,78 @@ class _Graph:
         if node is None or node[0] not in self.convs:
             return None
         return _Chain(self.convs[node[0]], bias, relu, scale, int(zero))
+
+    def _table(self, call: relax.Call) -> _Table | None:
+        sources: list[relax.Expr] = []
+        try:
+            values = self._evaluated(call, sources)
+        except _NotPointwise:
+            return None
+        if len(sources) != 1 or not any(is_op(self._value(call.args[0]), op) for op in _POINTWISE):
+            return None
+        return _Table(sources[0], values.astype(np.int32))
+
+    def _evaluated(self, expr: relax.Expr, sources: list[relax.Expr]) -> np.ndarray:
+        """``expr`` at each of the 256 values of its one uint8 source (appended to ``sources``),
+        float32 as the QDQ graph defines it, a uint8 quantize's product of two dequantized values as
+        onnxruntime's ``QLinearMul``; ``_NotPointwise`` where it is not such an expression."""
+        value = self._value(expr)
+        if constant_array(value) is not None:
+            if _scalar(value) is None:
+                raise _NotPointwise  # per channel: one table would not do
+            return np.float32(_scalar(value))
+        if is_op(value, "relax.dequantize"):
+            data, scale, zero = value.args
+            if None in (_scalar(scale), _scalar(zero)) or str(data.ty.dtype) != "uint8":
+                raise _NotPointwise
+            return ((self._integers(data, sources).astype(np.int32) - np.int32(_scalar(zero))).astype(np.float32)
+                    * np.float32(_scalar(scale)))
+        if is_op(value, "relax.quantize") and str(value.attrs.out_dtype) == "uint8":
+            inner, scale, zero = value.args
+            if _scalar(scale) is None or _scalar(zero) is None:
+                raise _NotPointwise
+            product = self._value(inner)
+            if is_op(product, "relax.multiply") and all(is_op(self._value(a), "relax.dequantize") for a in product.args):
+                return self._multiplied(product, np.float32(_scalar(scale)), _scalar(zero), sources)
+            quantized = np.rint(self._evaluated(inner, sources) / np.float32(_scalar(scale))) + _scalar(zero)
+            return np.clip(quantized, 0, 255).astype(np.uint8)
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _POINTWISE:
+            return _POINTWISE[value.op.name](*(self._evaluated(a, sources) for a in value.args)).astype(np.float32)
+        if is_op(value, "relax.clip"):
+            low, high = (float(v.value) for v in value.args[1:])
+            return np.clip(self._evaluated(value.args[0], sources), np.float32(low), np.float32(high))
+        raise _NotPointwise
+
+    def _integers(self, data: relax.Expr, sources: list[relax.Expr]) -> np.ndarray:
+        """The uint8 values of ``data`` at each value of the source: a quantize of pointwise
+        arithmetic evaluated, anything else the source itself."""
+        bound = self._value(data)
+        if is_op(bound, "relax.quantize"):  # through it, where it is pointwise on one tensor itself
+            found: list[relax.Expr] = []
+            try:
+                values = self._evaluated(bound, found)
+            except _NotPointwise:
+                found = []
+            if len(found) == 1:
+                data = found[0]
+                if not any(data.same_as(source) for source in sources):
+                    sources.append(data)
+                return values
+        if not any(data.same_as(source) for source in sources):
+            sources.append(data)
+        return _VALUES
+
+    def _multiplied(self, product: relax.Call, y_scale: np.float32, y_zero: float,
+                    sources: list[relax.Expr]) -> np.ndarray:
+        """MLAS's ``QLinearMul``: ``round((a - za) (b - zb) * (sa sb / sy) + zy)``, saturated."""
+        (a, sa, za), (b, sb, zb) = (self._value(arg).args for arg in product.args)
+        if None in (_scalar(sa), _scalar(za), _scalar(sb), _scalar(zb)) or str(a.ty.dtype) != "uint8" \
+                or str(b.ty.dtype) != "uint8":
+            raise _NotPointwise
+        centred = [self._integers(x, sources).astype(np.int32) - np.int32(_scalar(z)) for x, z in ((a, za), (b, zb))]
+        ratio = np.float32(np.float32(_scalar(sa)) * np.float32(_scalar(sb)) / y_scale)
+        products = (centred[0] * centred[1]).astype(np.float32)
+        return np.clip(np.rint(products * ratio + np.float32(y_zero)), 0, 255).astype(np.uint8)
 
     def _added(self, add: relax.Call, y_scale: float, y_zero: float) -> _AddChain | None:
         parts = [self._value(arg) for arg in add.args]
@@ -245,8 +351,8 @@ class _IntegerConv(relax.PyExprMutator):
             new = self._built(self.graph.chains[var])
         elif var in self.graph.alone:
             operands = self.graph.alone[var]
-            floats = relax.op.astype(self._sum(operands), "float32")
-            new = relax.op.multiply(self.builder_.normalize(floats), relax.const(operands.scale.reshape(1, -1, 1, 1)))
+            new = relax.op.multiply(self.builder_.normalize(self._sum(operands)),
+                                    relax.const(operands.scale.reshape(1, -1, 1, 1)))
         else:
             super().visit_var_binding_(binding)
             return
@@ -254,32 +360,47 @@ class _IntegerConv(relax.PyExprMutator):
         emit = self.builder_.emit_output if is_output else self.builder_.emit
         self.set_var_remap(var, emit(new, name_hint=var.name))
 
-    def _built(self, chain: _Chain | _AddChain | _Moved) -> relax.Expr:
+    def _built(self, chain: _Chain | _AddChain | _Moved | _Table) -> relax.Expr:
         if isinstance(chain, _Chain):
             return self._requantized(chain)
         if isinstance(chain, _AddChain):
             return self._sum_of(chain)
+        if isinstance(chain, _Table):
+            indices = self.builder_.normalize(relax.op.astype(self.visit_expr(chain.data), "int32"))
+            looked_up = self.builder_.normalize(relax.op.take(relax.const(chain.values), indices, axis=0,
+                                                              mode="clip"))  # in range: no index check
+            return relax.op.astype(looked_up, "uint8")
         return relax.Call(chain.op.op, [self.visit_expr(chain.data), *chain.op.args[1:]], chain.op.attrs)
 
     def _sum(self, operands: _Operands, bias: np.ndarray | None = None) -> relax.Expr:
-        """The int32 sum ``conv(xq, wq) - zx sum(wq) (+ bias)``."""
-        attrs = operands.conv.attrs
+        """``float32(conv(xq, wq) - zx sum(wq) + bias)``, the integer sum rounded once to float as
+        onnxruntime rounds it."""
+        attrs, norm = operands.conv.attrs, self.builder_.normalize
         channels = operands.scale.size
         data = self.visit_expr(operands.data)
         padding = [int(p) for p in attrs.padding]
+        offset = np.zeros(channels, np.int64) if bias is None else bias.astype(np.int64)
+        offset = offset.reshape(1, channels, 1, 1)
+        largest = operands.weights[0].size * 255 * 128 + int(np.abs(offset).max(initial=0))
+        if int(attrs.groups) > 1 and largest < FLOAT_EXACT:  # depthwise: every partial sum exact in float32
+            floats = norm(relax.op.astype(data, "float32"))
+            if operands.x_zero:  # xq - zx, padded with 0 as x is
+                floats = norm(relax.op.subtract(floats, relax.const(np.float32(operands.x_zero))))
+            total = norm(relax.op.nn.conv2d(
+                floats, relax.const(operands.weights.astype(np.float32)), strides=attrs.strides, padding=padding,
+                dilation=attrs.dilation, groups=attrs.groups))
+            return relax.op.add(total, relax.const(offset.astype(np.float32))) if np.any(offset) else total
         if operands.x_zero != 0 and any(padding):
-            data = self.builder_.normalize(relax.op.nn.pad(
-                data, [0, 0, 0, 0, padding[0], padding[2], padding[1], padding[3]], pad_value=float(operands.x_zero)))
+            data = norm(relax.op.nn.pad(data, [0, 0, 0, 0, padding[0], padding[2], padding[1], padding[3]],
+                                        pad_value=float(operands.x_zero)))
             padding = [0, 0, 0, 0]
-        total = self.builder_.normalize(relax.op.nn.conv2d(
+        offset = offset - operands.x_zero * operands.weights.astype(np.int64).sum(axis=(1, 2, 3)).reshape(offset.shape)
+        total = norm(relax.op.nn.conv2d(
             data, relax.const(np.ascontiguousarray(operands.weights)), strides=attrs.strides, padding=padding,
-            dilation=attrs.dilation, out_dtype="int32"))
-        offset = -operands.x_zero * operands.weights.astype(np.int64).sum(axis=(1, 2, 3))
-        if bias is not None:
-            offset = offset + bias
+            dilation=attrs.dilation, groups=attrs.groups, out_dtype="int32"))
         if np.any(offset != 0):
-            total = self.builder_.normalize(relax.op.add(total, relax.const(offset.astype(np.int32).reshape(1, channels, 1, 1))))
-        return total
+            total = norm(relax.op.add(total, relax.const(offset.astype(np.int32))))
+        return relax.op.astype(total, "float32")
 
     def _float(self, expr: relax.Expr) -> relax.Expr:
         return self.builder_.normalize(relax.op.astype(self.visit_expr(expr), "float32"))
@@ -288,18 +409,24 @@ class _IntegerConv(relax.PyExprMutator):
         (ra, rb), norm = chain.ratios, self.builder_.normalize
         b = norm(relax.op.add(norm(relax.op.multiply(self._float(chain.b), relax.const(rb))), relax.const(chain.fixed)))
         total = norm(relax.op.add(norm(relax.op.multiply(self._float(chain.a), relax.const(ra))), b))
-        return relax.op.astype(norm(relax.op.clip(norm(relax.op.round(total)), 0.0, 255.0)), "uint8")
+        return _rounded(total, 0)
 
     def _requantized(self, chain: _Chain) -> relax.Expr:
         operands = chain.operands
         multiplier = (operands.scale / np.float32(chain.y_scale)).astype(np.float32).reshape(1, -1, 1, 1)
-        floats = relax.op.astype(self._sum(operands, chain.bias), "float32")
-        scaled = relax.op.multiply(self.builder_.normalize(floats), relax.const(multiplier))
-        low = float(max(-chain.y_zero, 0) if chain.relu else -chain.y_zero)
-        clamped = relax.op.clip(self.builder_.normalize(scaled), low, float(255 - chain.y_zero))
-        rounded = relax.op.add(self.builder_.normalize(relax.op.round(self.builder_.normalize(clamped))),
-                               relax.const(np.float32(chain.y_zero)))
-        return relax.op.astype(self.builder_.normalize(rounded), "uint8")
+        scaled = self.builder_.normalize(relax.op.multiply(self.builder_.normalize(self._sum(operands, chain.bias)),
+                                                           relax.const(multiplier)))
+        if chain.relu:
+            scaled = self.builder_.normalize(relax.op.nn.relu(scaled))
+        return _rounded(scaled, chain.y_zero)  # clamped after rounding, not before: one (integer bounds)
+
+
+def _rounded(value: relax.Expr, zero: int) -> relax.Expr:
+    """``saturate_uint8(round_half_even(value) + zero)`` as TVM's quantize at scale 1 computes it
+    (Relax's own ``round`` becomes a ``nearbyint`` that made MobileNetV2's int8 kernels up to 5x as
+    slow)."""
+    return relax.op.quantize(value, relax.const(np.float32(1.0)), relax.const(np.uint8(zero)), axis=-1,
+                             out_dtype="uint8")
 
 
 def _covers(clip: relax.Call, scale: float, zero: float) -> bool:
@@ -310,7 +437,7 @@ def _covers(clip: relax.Call, scale: float, zero: float) -> bool:
 
 
 def _stats() -> dict:
-    return {"convolutions": 0, "requantized": 0, "adds": 0, "moves": 0, "float": collections.Counter()}
+    return {"convolutions": 0, "requantized": 0, "adds": 0, "moves": 0, "tables": 0, "float": collections.Counter()}
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.IntegerConvolutions")
@@ -320,8 +447,8 @@ class IntegerConvolutions:
 
     ``summary()`` (``report()["quantized"]``): ``convolutions`` computed on the integers, of which
     ``requantized`` end in onnxruntime's requantization, ``adds`` so computed, ``moves`` (max
-    pooling, reshapes) run on uint8, and ``float`` the quantized convolutions left in float
-    arithmetic, counted by why."""
+    pooling, reshapes) run on uint8, ``tables``: pointwise arithmetic looked up, and ``float`` the
+    quantized convolutions left in float arithmetic, counted by why."""
 
     report_key = "quantized"
 
@@ -341,6 +468,7 @@ class IntegerConvolutions:
             self.stats["requantized"] += kinds[_Chain]
             self.stats["adds"] += kinds[_AddChain]
             self.stats["moves"] += kinds[_Moved]
+            self.stats["tables"] += kinds[_Table]
             return _IntegerConv(mod, graph).visit_expr(func)
 
         return relax.transform.DeadCodeElimination()(map_relax_functions(mod, rewrite))
