@@ -150,6 +150,9 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.quantized:
         from relaxc.benchmarks import quantized
 
+        if Options(**option_values(args, Options)) != Options() or args.target != "cpu":
+            raise UserError("--quantized measures this CPU with tuning off and relaxc's own kernels: "
+                            "it takes no target or compile options")
         return quantized.run(args.models or ["zoo:resnet18"], args.repeat, quantized.ROUNDS, args.threads,
                              args.markdown)
     rows = harness.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,

@@ -60,3 +60,8 @@ def test_the_families_summary_covers_every_model_row_of_the_section():
     text = bench.merge_results(text, ZEN3, more, "docs/families.md", families.COLUMNS, families.ALIGN, families.HEADER)
     lines = [line for line in families.with_summary(text, ZEN3, "docs/families.md").splitlines() if line.startswith("|")]
     assert lines[-1].startswith(f"| {families.SUMMARY} |") and sum(families.SUMMARY in line for line in lines) == 1
+
+
+def test_the_quantized_benchmark_refuses_compile_options_it_would_not_use(capsys):
+    assert bench.main(["--quantized", "--tuning", "strict"]) == 2
+    assert "--quantized" in capsys.readouterr().err
