@@ -379,6 +379,7 @@ def describe(imported: frontend.ImportedModel, given: frontend.Partitioning, con
         "subgraphs": [{"backend": sub.backend, "placement": "tail" if sub.tail else "call",
                        "function": sub.function, "nodes": len(sub.nodes), "ops": sub.ops,
                        "inputs": sub.inputs, "outputs": [name for name, _, _ in sub.outputs],
-                       "boundary_bytes": sub.boundary_bytes(), "why": sub.why or ("measured smaller" if config.strategy == "memory" else "measured faster")}
+                       "boundary_bytes": sub.boundary_bytes(),
+                       "why": sub.why or ("measured smaller" if config.strategy == "memory" else "measured faster")}
                       for sub in imported.subgraphs],
     }

@@ -119,12 +119,11 @@ def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     if not attrs.data_layout.endswith("c"):  # plain layouts: TVM's own legalisation
         return _DEFAULT_CONV2D(bb, call)
-    out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None
     kernel = call.args[1]
     if str(kernel.ty.dtype) == "int8" and int(static_shape(kernel)[4]) % 4 == 0:  # a constant: folded
         kernel = bb.emit_te(kernel_4i, kernel, primfunc_name_hint="kernel_4i")
     return bb.call_te(conv2d_nchwc, call.args[0], kernel, attrs.strides, attrs.padding,
-                      attrs.dilation, int(attrs.groups), None, out_dtype, primfunc_name_hint="conv2d_NCHWc")
+                      attrs.dilation, int(attrs.groups), None, str(call.ty.dtype), primfunc_name_hint="conv2d_NCHWc")
 
 
 def cumsum(data: te.Tensor, axis: int, dtype: str, exclusive: bool) -> te.Tensor:

@@ -8,7 +8,8 @@ uint8 data by int8 weights summed in int32:
     conv(sx (xq - zx), sw wq) = sx sw (conv(xq, wq) - zx sum(wq))
 
 which holds with the spatial padding too when ``zx`` is 0 (padding ``xq`` with 0 is padding ``x``
-with 0); otherwise the data is padded with ``zx`` first.
+with 0); otherwise the data is padded with ``zx`` first. A depthwise convolution sums its few
+products in float32 on ``xq - zx``, where every partial sum is an integer below ``FLOAT_EXACT``.
 
 The whole chain up to the ``QuantizeLinear`` becomes what onnxruntime's ``QLinearConv`` computes
 (MLAS's requantization): ``clamp(round_half_even(float32(sum + bq) * m), -zy, 255 - zy) + zy`` with
@@ -16,6 +17,8 @@ The whole chain up to the ``QuantizeLinear`` becomes what onnxruntime's ``QLinea
 result is onnxruntime's to the bit wherever the sums are. A convolution whose chain is of another
 form keeps its float epilogue after the integer sum (``sx sw`` times it, then the model's ops).
 
+Additions of two uint8 tensors become onnxruntime's ``QLinearAdd``, pointwise arithmetic on one
+uint8 tensor a 256-entry table, and max pooling or reshapes at one scale run on the uint8 tensor.
 Forms left in float arithmetic are counted in ``summary()`` (``report()["quantized"]``) with why.
 """
 
@@ -51,7 +54,6 @@ class _Operands:
 
     conv: relax.Call
     data: relax.Expr  # the uint8 tensor
-    x_scale: float
     x_zero: int
     weights: np.ndarray  # int8, OIHW
     scale: np.ndarray  # float32 ``sx * sw`` per output channel
@@ -158,8 +160,20 @@ class _Graph:
                 operands = self._operands(value)
                 if operands is not None:
                     self.convs[var] = operands
-        self.chains = {var: chain for var, value in self.bindings.values.items()
-                       if is_op(value, "relax.quantize") and (chain := self._chain(value)) is not None}
+        # each uint8 quantize's values as a function of one uint8 tensor, where it is one, found in
+        # binding order so a later one reads an earlier one's here instead of evaluating it again
+        self.forms: dict[relax.Var, tuple[relax.Expr, np.ndarray]] = {}
+        self.chains: dict[relax.Var, _Chain | _AddChain | _Moved | _Table] = {}
+        for var, value in self.bindings.values.items():
+            if not is_op(value, "relax.quantize"):
+                continue
+            form = self._form(value)
+            if form is not None:
+                self.forms[var] = form
+            chain = self._fused(value) or (_Table(form[0], form[1].astype(np.int32)) if form is not None and any(
+                is_op(self._value(value.args[0]), op) for op in _POINTWISE) else None)
+            if chain is not None:
+                self.chains[var] = chain
         owned = {id(chain.operands.conv) for chain in self.chains.values() if isinstance(chain, _Chain)}
         self.alone = {var: ops for var, ops in self.convs.items() if id(ops.conv) not in owned}
 
@@ -200,10 +214,7 @@ class _Graph:
             return None
         channels = shape[1]
         scale = (np.float32(x_scale) * np.broadcast_to(scales.astype(np.float32), (channels,))).astype(np.float32)
-        return _Operands(call, xq, x_scale, int(x_zero), weights, scale)
-
-    def _chain(self, call: relax.Call) -> _Chain | _AddChain | _Moved | _Table | None:
-        return self._fused(call) or self._table(call)
+        return _Operands(call, xq, int(x_zero), weights, scale)
 
     def _fused(self, call: relax.Call) -> _Chain | _AddChain | _Moved | None:
         """A ``quantize`` ending one of the forms onnxruntime fuses into one integer kernel."""
@@ -238,15 +249,15 @@ class _Graph:
             return None
         return _Chain(self.convs[node[0]], bias, relu, scale, int(zero))
 
-    def _table(self, call: relax.Call) -> _Table | None:
+    def _form(self, call: relax.Call) -> tuple[relax.Expr, np.ndarray] | None:
+        """(its one uint8 source, its value at each of the source's 256 values) of a quantize of
+        pointwise arithmetic on one uint8 tensor; None for any other."""
         sources: list[relax.Expr] = []
         try:
             values = self._evaluated(call, sources)
         except _NotPointwise:
             return None
-        if len(sources) != 1 or not any(is_op(self._value(call.args[0]), op) for op in _POINTWISE):
-            return None
-        return _Table(sources[0], values.astype(np.int32))
+        return (sources[0], values) if len(sources) == 1 else None
 
     def _evaluated(self, expr: relax.Expr, sources: list[relax.Expr]) -> np.ndarray:
         """``expr`` at each of the 256 values of its one uint8 source (appended to ``sources``),
@@ -258,19 +269,20 @@ class _Graph:
                 raise _NotPointwise  # per channel: one table would not do
             return np.float32(_scalar(value))
         if is_op(value, "relax.dequantize"):
-            data, scale, zero = value.args
-            if None in (_scalar(scale), _scalar(zero)) or str(data.ty.dtype) != "uint8":
+            data, scale, zero = value.args[0], _scalar(value.args[1]), _scalar(value.args[2])
+            if None in (scale, zero) or str(data.ty.dtype) != "uint8":
                 raise _NotPointwise
-            return ((self._integers(data, sources).astype(np.int32) - np.int32(_scalar(zero))).astype(np.float32)
-                    * np.float32(_scalar(scale)))
+            centred = self._integers(data, sources).astype(np.int32) - np.int32(zero)
+            return centred.astype(np.float32) * np.float32(scale)
         if is_op(value, "relax.quantize") and str(value.attrs.out_dtype) == "uint8":
-            inner, scale, zero = value.args
-            if _scalar(scale) is None or _scalar(zero) is None:
+            inner, scale, zero = value.args[0], _scalar(value.args[1]), _scalar(value.args[2])
+            if None in (scale, zero):
                 raise _NotPointwise
             product = self._value(inner)
-            if is_op(product, "relax.multiply") and all(is_op(self._value(a), "relax.dequantize") for a in product.args):
-                return self._multiplied(product, np.float32(_scalar(scale)), _scalar(zero), sources)
-            quantized = np.rint(self._evaluated(inner, sources) / np.float32(_scalar(scale))) + _scalar(zero)
+            if is_op(product, "relax.multiply") and all(is_op(self._value(a), "relax.dequantize")
+                                                         for a in product.args):
+                return self._multiplied(product, np.float32(scale), zero, sources)
+            quantized = np.rint(self._evaluated(inner, sources) / np.float32(scale)) + zero
             return np.clip(quantized, 0, 255).astype(np.uint8)
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _POINTWISE:
             return _POINTWISE[value.op.name](*(self._evaluated(a, sources) for a in value.args)).astype(np.float32)
@@ -281,22 +293,11 @@ class _Graph:
 
     def _integers(self, data: relax.Expr, sources: list[relax.Expr]) -> np.ndarray:
         """The uint8 values of ``data`` at each value of the source: a quantize of pointwise
-        arithmetic evaluated, anything else the source itself."""
-        bound = self._value(data)
-        if is_op(bound, "relax.quantize"):  # through it, where it is pointwise on one tensor itself
-            found: list[relax.Expr] = []
-            try:
-                values = self._evaluated(bound, found)
-            except _NotPointwise:
-                found = []
-            if len(found) == 1:
-                data = found[0]
-                if not any(data.same_as(source) for source in sources):
-                    sources.append(data)
-                return values
-        if not any(data.same_as(source) for source in sources):
-            sources.append(data)
-        return _VALUES
+        arithmetic on one tensor by its form, anything else the source itself."""
+        source, values = self.forms.get(data, (data, _VALUES))
+        if not any(source.same_as(known) for known in sources):
+            sources.append(source)
+        return values
 
     def _multiplied(self, product: relax.Call, y_scale: np.float32, y_zero: float,
                     sources: list[relax.Expr]) -> np.ndarray:

@@ -93,9 +93,7 @@ class Vnni(CpuRule):
         reductions = [b for b in blocks if b.is_reduction()]
         if len(reductions) != 1 or not sch.get(reductions[0].block_rv).name_hint.startswith("conv2d_NCHWc"):
             return None
-        conv = reductions[0].block_rv
-        if _dtypes(sch.get(conv)) != ("uint8", "int8", "int32"):
-            return None
+        conv = reductions[0].block_rv  # its types checked by may_fit
         roles = _roles(sch, conv)
         if roles is None:
             return None
