@@ -81,7 +81,9 @@ def test_a_matmul_reaches_a_fair_share_of_the_peak_and_never_much_more():
     """The peak is not underestimated (no kernel runs well above it) and a dense matmul is no cliff."""
     art = compiler.compile(_matmul_model(), tuning="off")
     machine = roofline.machine(art.target)
-    result = profile.profile(art, {"x": np.ones((M, K), "float32")}, machine)
+    # the best of three profiles: one lasts ~30 ms, short enough for a shared VM's hiccup to cover it
+    results = [profile.profile(art, {"x": np.ones((M, K), "float32")}, machine) for _ in range(3)]
+    result = min(results, key=lambda r: max(r.kernels, key=lambda k: k.flops).ms)
     matmul = max(result.kernels, key=lambda k: k.flops)
     assert matmul.flops == 2 * M * N * K and matmul.kind == "matmul/conv"
     assert 0.10 < matmul.roofline < 1.3, (matmul, machine.summary())
