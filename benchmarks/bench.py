@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quantized", action="store_true",
                         help="quantize each model (QDQ int8, onnxruntime's tool) and compare int8 and float "
                              "builds of both runtimes (benchmarks/quantized.py; default model zoo:resnet18)")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="with --quantized: quantize_dynamic (MatMulInteger) instead of quantize_static (QDQ)")
     add_option_args(parser, Options)
     return parser
 
@@ -147,6 +149,8 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UserError("--repeat and --threads must be at least 1")
     if args.markdown and not os.path.isdir(os.path.dirname(os.path.abspath(args.markdown))):  # said before, not after, the benchmark
         raise UserError(f"cannot write {args.markdown}: its directory does not exist")
+    if args.dynamic and not args.quantized:
+        raise UserError("--dynamic chooses how --quantized quantizes: give both")
     if args.quantized:
         from relaxc.benchmarks import quantized
 
@@ -154,7 +158,7 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise UserError("--quantized measures this CPU with tuning off and relaxc's own kernels: "
                             "it takes no target or compile options")
         return quantized.run(args.models or ["zoo:resnet18"], args.repeat, quantized.ROUNDS, args.threads,
-                             args.markdown)
+                             args.markdown, args.dynamic)
     rows = harness.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
                        print_fn=lambda line: print(line, flush=True), **option_values(args, Options))
     if args.markdown:

@@ -28,9 +28,10 @@ def onnxruntime():
 
 
 def ort_session(model: onnx.ModelProto, threads: int = 2, profile_prefix: str | None = None,
-                optimized_path: str | None = None):
+                optimized_path: str | None = None, config: dict[str, str] | None = None):
     """An onnxruntime CPU session; ``profile_prefix``: profile every node into a file named so;
-    ``optimized_path``: write the model as onnxruntime optimised it there."""
+    ``optimized_path``: write the model as onnxruntime optimised it there; ``config``: session
+    configuration entries."""
     ort = onnxruntime()
     model = _ort_compatible(model)
     options = ort.SessionOptions()
@@ -42,6 +43,8 @@ def ort_session(model: onnx.ModelProto, threads: int = 2, profile_prefix: str | 
         options.profile_file_prefix = profile_prefix
     if optimized_path:
         options.optimized_model_filepath = optimized_path
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

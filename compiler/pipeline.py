@@ -3,8 +3,9 @@
     import     compiler/frontend/          validate the ONNX model, expand function operators, fold shape
                                            computations, rewrite ignored attributes, refuse inexact
                                            forms, convert to Relax
-    simplify   passes/quantized.py         quantized (QDQ) convolutions and additions to integer arithmetic
+    simplify   passes/quantized.py         quantized (QDQ) convolutions, matmuls, additions to integer arithmetic
                passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
+               passes/integer_matmul.py    MatMulInteger on uint8 x int8 bytes
                passes/cse.py               canonicalize, CSE (weights compared by object), dead code
     layout     passes/layout_choice.py     (layouts="measure"/"replay") each op's layout, converters costed
                passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
@@ -49,24 +50,25 @@ from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCost
 from relaxc.passes.channels_last import ChannelsLastToNCHW
 from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, Conv1dAsConv2d, DepthwisePointwiseToMultiply,
                                  DivideByConstantToMultiply, DropoutToIdentity, GroupNormAsRows,
-                                 SplitAlongChannelsToSlices, SumOfStackToAdd)
+                                 SplitAlongChannelsToSlices, SumOfStackToAdd, WholeReductionsInSlabs)
 from relaxc.passes.check_indices import CheckIndices
 from relaxc.passes.conv_taps import DropPaddingTaps
 from relaxc.passes.cse import EliminateCommonSubexpr
 from relaxc.passes.fold_constants import FoldConstantsNumpy, FoldRemainingConstants
 from relaxc.passes.half_precision import AccumulateHalfInFloat32
 from relaxc.passes import layout_choice
+from relaxc.passes.integer_matmul import IntegerMatmuls
 from relaxc.passes.layout import LayoutPass
 from relaxc.passes.layout_algebra import STANDARD, blocked
 from relaxc.passes.legalize import legalize_ops
-from relaxc.passes.quantized import IntegerConvolutions
+from relaxc.passes.quantized import QuantizedToIntegers
 from relaxc.passes.memory import ArenaPlan
 from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords
 from relaxc.support import remote, tvm_log
 from relaxc.support.reporting import summaries
 from relaxc.support.errors import UserError
-from relaxc.support.targets import TargetLike, vector_lanes, vector_registers
+from relaxc.support.targets import TargetLike, has_feature, vector_lanes, vector_registers
 from relaxc.support.threads import configure_threads, pool_threads
 
 log = logging.getLogger("relaxc")
@@ -101,15 +103,17 @@ class Phase:
 def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
     return [
         AccumulateHalfInFloat32(),
-        IntegerConvolutions(),  # before folding: it reads the int8 weights under their dequantize
+        QuantizedToIntegers(),  # before folding: it reads the int8 weights under their dequantize
         FoldConstantsNumpy(),  # materialise fills first: FoldBatchnormToConv2D needs constants
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),
         FoldConstantsNumpy(),
         FoldRemainingConstants(),  # TVM's FoldConstant for what the numpy folder does not cover
+        IntegerMatmuls(),  # after folding: reads the weights minus their zero point as one constant
         Conv1dAsConv2d(),
         DepthwisePointwiseToMultiply(),
         GroupNormAsRows(),
+        WholeReductionsInSlabs(),
         DropPaddingTaps(),  # weights are constants now
         SumOfStackToAdd(),
         SplitAlongChannelsToSlices(),  # before ChannelShuffleToTake: a slice of a shuffle is a take
@@ -127,7 +131,8 @@ def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
 
 def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     target = c.config.target
-    packing = ([PackDenseWeights(vector_lanes(target), vector_registers(target))]
+    packing = ([PackDenseWeights(vector_lanes(target), vector_registers(target),
+                                 bytewise=has_feature("avx512vnni", target))]
                if target.kind.name == "llvm" else [])  # GPUs: dlight's matmul rules
     planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
                and c.config.layouts != "rule" else None)

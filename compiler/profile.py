@@ -34,8 +34,9 @@ from tvm import relax, s_tir, tirx
 from relaxc import external
 from relaxc.artifact import Artifact
 from relaxc.roofline import VNNI_SPEEDUP, Cost, Machine, kernel_cost
-from relaxc.schedules.cpu.rows import is_product_sum
+from relaxc.schedules.cpu.rows import product_operands
 from relaxc.schedules.default import schedule_kind
+from relaxc.support.targets import has_feature
 from relaxc.support.threads import pool_threads
 
 SLOW_SHARE, SLOW_FRACTION = 0.05, 0.10  # a kernel over this share of the time, under this fraction of its bound, is a cliff
@@ -120,7 +121,7 @@ def kernel_kind(func: tirx.PrimFunc) -> str:
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     reductions = [b for b in blocks if any(v.iter_type == tirx.IterVar.CommReduce for v in b.iter_vars)]
-    if any(is_product_sum(b) for b in reductions):
+    if any(product_operands(b) is not None for b in reductions):
         return "matmul/conv"
     if reductions:
         return "reduction"
@@ -128,6 +129,16 @@ def kernel_kind(func: tirx.PrimFunc) -> str:
                       for b in blocks):
         return "data movement"
     return "elementwise"
+
+
+def sums_bytes(func: tirx.PrimFunc) -> bool:
+    """Whether the kernel sums products of 8-bit elements (``vpdpbusd``'s, on VNNI CPUs)."""
+    sch = s_tir.Schedule(func)
+    for block in (sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))):
+        operands = product_operands(block)
+        if operands is not None and all(op.source.dtype.bits == 8 for op in operands):
+            return True
+    return False
 
 
 def _copy(arg: Any, device: tvm.runtime.Device) -> Any:
@@ -180,6 +191,7 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
     kernels = _prim_funcs(art.module("final"))
     unscheduled = {**kernels, **_prim_funcs(art.module("fuse"))}
     backends = {sub.function: sub.backend for sub in art.subgraphs}
+    vnni = has_feature("avx512vnni", art.target)
     device = tvm.cpu()
     calls: list[Call] = []
 
@@ -211,9 +223,9 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
             continue
         cost = kernel_cost(unscheduled[name]) if machine else Cost(0.0, 0)
         label = schedule_kind(kernels[name])
-        speedup = VNNI_SPEEDUP if label == "vnni" else 1.0  # 8-bit products, 4 to an fp32 FMA
+        speedup = VNNI_SPEEDUP if vnni and sums_bytes(unscheduled[name]) else 1.0  # 4 to an fp32 FMA
         bound_ms = machine.bound_s(cost.flops, cost.nbytes, speedup) * 1e3 * counts[name] if machine else 0.0
-        rows.append(KernelTime(name, label, kernel_kind(kernels[name]), counts[name],
+        rows.append(KernelTime(name, label, kernel_kind(unscheduled[name]), counts[name],
                                s * 1e3, s / total if total else 0.0, cost.flops * counts[name],
                                cost.nbytes * counts[name], bound_ms))
     if tail is not None:

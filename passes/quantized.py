@@ -1,4 +1,4 @@
-"""Quantized convolutions (QDQ form) to integer arithmetic, rounding as onnxruntime does.
+"""Quantized convolutions and matmuls (QDQ form) to integer arithmetic, rounding as onnxruntime does.
 
 ONNX's QDQ form writes an int8 convolution as ``Conv(DequantizeLinear(xq), DequantizeLinear(wq))``
 (bias ``DequantizeLinear(bq)``, maybe a ReLU) followed by a ``QuantizeLinear``; TVM imports it as
@@ -8,14 +8,18 @@ uint8 data by int8 weights summed in int32:
     conv(sx (xq - zx), sw wq) = sx sw (conv(xq, wq) - zx sum(wq))
 
 which holds with the spatial padding too when ``zx`` is 0 (padding ``xq`` with 0 is padding ``x``
-with 0); otherwise the data is padded with ``zx`` first. A depthwise convolution sums its few
-products in float32 on ``xq - zx``, where every partial sum is an integer below ``FLOAT_EXACT``.
+with 0); otherwise the data is padded with ``zx`` first. A depthwise or grouped convolution sums
+its few products in float32 on ``xq - zx``, where every partial sum is an integer below
+``FLOAT_EXACT`` (a group's weights and a bias below half of it).
 
 The whole chain up to the ``QuantizeLinear`` becomes what onnxruntime's ``QLinearConv`` computes
 (MLAS's requantization): ``clamp(round_half_even(float32(sum + bq) * m), -zy, 255 - zy) + zy`` with
 ``m = float32(sx * sw) / sy`` per output channel, a ReLU folded into the lower bound; so the int8
 result is onnxruntime's to the bit wherever the sums are. A convolution whose chain is of another
 form keeps its float epilogue after the integer sum (``sx sw`` times it, then the model's ops).
+A matmul by constant weights (per column scales) is the same with ``zx`` times the weights' column
+sums, ending as onnxruntime's ``QLinearMatMul``; a matmul of two computed tensors (attention) stays
+in float.
 
 Additions of two uint8 tensors become onnxruntime's ``QLinearAdd``, pointwise arithmetic on one
 uint8 tensor a 256-entry table, and max pooling or reshapes at one scale run on the uint8 tensor.
@@ -25,6 +29,7 @@ Forms left in float arithmetic are counted in ``summary()`` (``report()["quantiz
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,13 +55,18 @@ def _scalar(expr: relax.Expr) -> float | None:
 
 @dataclass
 class _Operands:
-    """A convolution of dequantized uint8 data and int8 weights (zero point 0), read off the graph."""
+    """A convolution or matmul of dequantized uint8 data and int8 weights (zero point 0), read off
+    the graph."""
 
-    conv: relax.Call
+    conv: relax.Call  # a conv2d or a matmul
     data: relax.Expr  # the uint8 tensor
     x_zero: int
-    weights: np.ndarray  # int8, OIHW
+    weights: np.ndarray  # int8, OIHW or (K, N)
     scale: np.ndarray  # float32 ``sx * sw`` per output channel
+
+    def per_channel(self, values: np.ndarray) -> np.ndarray:
+        """Values per output channel shaped to broadcast along the output's channel axis."""
+        return values.reshape(-1) if is_op(self.conv, "relax.matmul") else values.reshape(1, -1, 1, 1)
 
 
 @dataclass
@@ -82,6 +92,21 @@ class _Moved:
 
 
 @dataclass
+class _Averaged:
+    """``quantize(pool(dequantize(x)))`` of an average pooling, as onnxruntime's int8 kernels
+    compute it. Windows (``avg_pool2d``, ``QLinearAveragePool``): the dequantized values summed in
+    window order and divided by the count, then ``round_half_even(average / sy + zy)``, the zero
+    point added before rounding (``QuantizeLinear`` adds it after: one step apart at exact halves
+    with an odd zero point). Global (``QLinearGlobalAveragePool``): ``sum(xq) - zx n`` requantized
+    with ``m = sx / (sy n)`` as a convolution is."""
+
+    pool: relax.Call
+    data: relax.Expr  # the uint8 tensor
+    scales: tuple[float, float]  # sx, sy
+    zeros: tuple[int, int]  # zx, zy
+
+
+@dataclass
 class _Table:
     """A uint8 ``quantize`` of pointwise arithmetic on one uint8 tensor (a sigmoid, a SiLU's
     product): one of 256 values for each of its values, computed now; the tensor becomes a lookup
@@ -92,9 +117,36 @@ class _Table:
     values: np.ndarray  # int32, by the data's value
 
 
+def _fma(a: np.ndarray | np.float32, b: np.ndarray | np.float32, c: np.ndarray | np.float32) -> np.ndarray:
+    """float32 ``a * b + c`` rounded once (the product is exact in float64)."""
+    return (np.float64(a) * np.float64(b) + np.float64(c)).astype(np.float32)
+
+
+# MLAS's logistic (Eigen's rational approximation), which onnxruntime's Sigmoid and its
+# QLinearSigmoid tables compute on x86-64 CPUs (its FMA3 kernel): p(x^2) x / q(x^2) + 1/2
+_LOGISTIC_P = np.float32([4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
+                          2.48287947061529e-01])
+_LOGISTIC_Q = np.float32([6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
+                          1.16817656904453e-01, 9.93151921023180e-01])
+
+
+def _logistic(values: np.ndarray) -> np.ndarray:
+    """The sigmoid as MLAS's FMA3 kernel computes it, operation by operation: a float64 sigmoid
+    rounded to float32 put 1.4 % of a quantized sigmoid's outputs one step from onnxruntime's."""
+    x = np.clip(values.astype(np.float32), np.float32(-18), np.float32(18))
+    square = x * x
+    p, q = _fma(square, _LOGISTIC_P[0], _LOGISTIC_P[1]), _fma(square, _LOGISTIC_Q[0], _LOGISTIC_Q[1])
+    for coefficient in _LOGISTIC_P[2:]:
+        p = _fma(square, p, coefficient)
+    for coefficient in _LOGISTIC_Q[2:]:
+        q = _fma(square, q, coefficient)
+    return np.maximum((x * p) / q + np.float32(0.5), np.float32(0))
+
+
 _POINTWISE: dict[str, Callable[..., np.ndarray]] = {
-    "relax.sigmoid": lambda v: (1.0 / (1.0 + np.exp(-v.astype(np.float64)))).astype(np.float32),
+    "relax.sigmoid": _logistic,
     "relax.tanh": lambda v: np.tanh(v.astype(np.float64)).astype(np.float32),
+    "relax.erf": lambda v: np.vectorize(math.erf, otypes=[np.float64])(v.astype(np.float64)).astype(np.float32),
     "relax.nn.relu": lambda v: np.maximum(v, np.float32(0)),
     "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
     "relax.divide": np.divide, "relax.maximum": np.maximum, "relax.minimum": np.minimum,
@@ -108,8 +160,9 @@ _MOVES = ("relax.nn.max_pool2d", "relax.reshape")
 
 @dataclass
 class _AddChain:
-    """``quantize(add(dequantize(a), dequantize(b)))`` of uint8 tensors of one shape (maybe a ReLU
-    the output's zero point 0 already implies), as onnxruntime's ``QLinearAdd`` computes it:
+    """``quantize(add(dequantize(a), dequantize(b)))`` of uint8 tensors, ``b`` of a's shape or a
+    constant broadcast to it (maybe a ReLU the output's zero point 0 already implies), as onnxruntime's
+    ``QLinearAdd`` computes it (a broadcast operand is its b, the inputs swapped if need be):
     ``saturate(round_half_even(a ra + (b rb + fixed)))``, ``r = s / sy`` and
     ``fixed = zy - (ra za + rb zb)``, the multiply-adds fused (MLAS's AVX2 kernel)."""
 
@@ -121,10 +174,6 @@ class _AddChain:
 
 class _NotPointwise(Exception):
     """An expression that is not pointwise arithmetic on one uint8 tensor."""
-
-
-def _fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
 @relax.expr_functor.visitor
@@ -156,14 +205,14 @@ class _Graph:
         self.refused = refused
         self.convs: dict[relax.Var, _Operands] = {}
         for var, value in self.bindings.values.items():
-            if is_op(value, "relax.nn.conv2d"):
+            if is_op(value, "relax.nn.conv2d") or is_op(value, "relax.matmul"):
                 operands = self._operands(value)
                 if operands is not None:
                     self.convs[var] = operands
         # each uint8 quantize's values as a function of one uint8 tensor, where it is one, found in
         # binding order so a later one reads an earlier one's here instead of evaluating it again
         self.forms: dict[relax.Var, tuple[relax.Expr, np.ndarray]] = {}
-        self.chains: dict[relax.Var, _Chain | _AddChain | _Moved | _Table] = {}
+        self.chains: dict[relax.Var, _Chain | _AddChain | _Moved | _Averaged | _Table] = {}
         for var, value in self.bindings.values.items():
             if not is_op(value, "relax.quantize"):
                 continue
@@ -188,35 +237,44 @@ class _Graph:
 
     def _operands(self, call: relax.Call) -> _Operands | None:
         data, weight = (self._value(arg) for arg in call.args)
+        attrs, matmul = call.attrs, is_op(call, "relax.matmul")
+        transposed = matmul and is_op(weight, "relax.permute_dims") and [int(a) for a in weight.attrs.axes] == [1, 0]
+        if transposed:  # a Gemm's transB
+            weight = self._value(weight.args[0])
         if not is_op(data, "relax.dequantize") or not is_op(weight, "relax.dequantize"):
             return None
-        attrs = call.attrs
         xq, sx, zx = data.args
         wq, sw, zw = weight.args
         weights, scales, weight_zeros = constant_array(wq), constant_array(sw), constant_array(zw)
+        if transposed and weights is not None and weights.ndim == 2:
+            weights = weights.T
         x_scale, x_zero = _scalar(sx), _scalar(zx)
         shape = static_shape(call)
         why = None
-        if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW") or shape is None:
+        if shape is None or (not matmul and (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW")):
             why = "a layout other than NCHW/OIHW"
+        elif matmul and (weights is None or weights.ndim != 2 or scales is None or scales.size not in (1, shape[-1])):
+            why = "a matmul of two computed tensors" if weights is None else "a matmul with weights not a matrix"
         elif str(xq.ty.dtype) != "uint8":
             why = f"{xq.ty.dtype} data (uint8 only)"
         elif weights is None or weights.dtype != np.int8 or scales is None or weight_zeros is None:
             why = "weights not a constant int8 tensor with constant scales"
         elif np.any(weight_zeros != 0):
             why = "weights with a zero point other than 0"
+        elif scales.size > 1 and int(weight.attrs.axis) % weights.ndim != (1 if matmul and not transposed else 0):
+            why = "weights scaled along an axis other than the output channels'"
         elif x_scale is None or x_zero is None:
             why = "data with per-channel or variable scale or zero point"
-        elif int(attrs.groups) != 1 and (int(attrs.groups) != shape[1] or weights.shape[1] != 1):
-            why = "a grouped convolution"
+        elif not matmul and int(attrs.groups) != 1 and weights[0].size * 255 * 128 >= FLOAT_EXACT // 2:
+            why = "a grouped convolution whose sums can leave float32's exact integers"
         if why is not None:
             self.refused[why] += 1
             return None
-        channels = shape[1]
+        channels = shape[-1] if matmul else shape[1]
         scale = (np.float32(x_scale) * np.broadcast_to(scales.astype(np.float32), (channels,))).astype(np.float32)
         return _Operands(call, xq, int(x_zero), weights, scale)
 
-    def _fused(self, call: relax.Call) -> _Chain | _AddChain | _Moved | None:
+    def _fused(self, call: relax.Call) -> _Chain | _AddChain | _Moved | _Averaged | None:
         """A ``quantize`` ending one of the forms onnxruntime fuses into one integer kernel."""
         value, y_scale, y_zero = call.args
         scale, zero = _scalar(y_scale), _scalar(y_zero)
@@ -229,6 +287,12 @@ class _Graph:
             if is_op(moved, "relax.dequantize") and str(moved.args[0].ty.dtype) == "uint8" \
                     and (_scalar(moved.args[1]), _scalar(moved.args[2])) == (scale, zero):
                 return _Moved(node[1], moved.args[0])
+        if node is not None and (is_op(node[1], "relax.nn.avg_pool2d") or _global_average(node[1])):
+            source = self._value(node[1].args[0])
+            if is_op(source, "relax.dequantize") and str(source.args[0].ty.dtype) == "uint8" \
+                    and None not in (_scalar(source.args[1]), _scalar(source.args[2])):
+                return _Averaged(node[1], source.args[0], (_scalar(source.args[1]), scale),
+                                 (int(_scalar(source.args[2])), int(zero)))
         if node is not None and any(is_op(node[1], op) for op in _ACTIVATIONS):
             if is_op(node[1], "relax.clip") and not _covers(node[1], scale, zero):
                 return None
@@ -315,11 +379,15 @@ class _Graph:
         parts = [self._value(arg) for arg in add.args]
         if not all(is_op(p, "relax.dequantize") for p in parts):
             return None
+        if static_shape(parts[0]) != static_shape(add):  # the broadcast operand is b, as onnxruntime swaps them
+            parts.reverse()
         (a, sa, za), (b, sb, zb) = (p.args for p in parts)
         scalars = [_scalar(v) for v in (sa, za, sb, zb)]
         if any(v is None for v in scalars) or str(a.ty.dtype) != "uint8" or str(b.ty.dtype) != "uint8" \
-                or static_shape(a) is None or static_shape(a) != static_shape(b):
-            return None
+                or static_shape(add) is None or static_shape(a) != static_shape(add) \
+                or (static_shape(b) != static_shape(a) and constant_array(b) is None):
+            return None  # a computed b broadcast (an attention mask) stays float: fused into the scores'
+            # matmul, the integer form's epilogue made Tiled's kernel 10x slower (BERT's, 3 ms)
         sa, za, sb, zb = scalars
         ra, rb = np.float32(sa) / np.float32(y_scale), np.float32(sb) / np.float32(y_scale)
         fixed = np.float32(np.float32(y_zero) - _fma(ra, np.float32(za), rb * np.float32(zb)))
@@ -353,7 +421,7 @@ class _IntegerConv(relax.PyExprMutator):
         elif var in self.graph.alone:
             operands = self.graph.alone[var]
             new = relax.op.multiply(self.builder_.normalize(self._sum(operands)),
-                                    relax.const(operands.scale.reshape(1, -1, 1, 1)))
+                                    relax.const(operands.per_channel(operands.scale)))
         else:
             super().visit_var_binding_(binding)
             return
@@ -361,9 +429,11 @@ class _IntegerConv(relax.PyExprMutator):
         emit = self.builder_.emit_output if is_output else self.builder_.emit
         self.set_var_remap(var, emit(new, name_hint=var.name))
 
-    def _built(self, chain: _Chain | _AddChain | _Moved | _Table) -> relax.Expr:
+    def _built(self, chain: _Chain | _AddChain | _Moved | _Averaged | _Table) -> relax.Expr:
         if isinstance(chain, _Chain):
             return self._requantized(chain)
+        if isinstance(chain, _Averaged):
+            return self._averaged(chain)
         if isinstance(chain, _AddChain):
             return self._sum_of(chain)
         if isinstance(chain, _Table):
@@ -374,23 +444,33 @@ class _IntegerConv(relax.PyExprMutator):
         return relax.Call(chain.op.op, [self.visit_expr(chain.data), *chain.op.args[1:]], chain.op.attrs)
 
     def _sum(self, operands: _Operands, bias: np.ndarray | None = None) -> relax.Expr:
-        """``float32(conv(xq, wq) - zx sum(wq) + bias)``, the integer sum rounded once to float as
-        onnxruntime rounds it."""
+        """``float32(conv(xq, wq) - zx sum(wq) + bias)`` (or the matmul's), the integer sum rounded
+        once to float as onnxruntime rounds it."""
         attrs, norm = operands.conv.attrs, self.builder_.normalize
         channels = operands.scale.size
         data = self.visit_expr(operands.data)
-        padding = [int(p) for p in attrs.padding]
         offset = np.zeros(channels, np.int64) if bias is None else bias.astype(np.int64)
+        if is_op(operands.conv, "relax.matmul"):
+            offset = offset - operands.x_zero * operands.weights.astype(np.int64).sum(axis=0)
+            total = norm(relax.op.matmul(data, relax.const(np.ascontiguousarray(operands.weights)), out_dtype="int32"))
+            if np.any(offset != 0):
+                total = norm(relax.op.add(total, relax.const(offset.astype(np.int32))))
+            return relax.op.astype(total, "float32")
+        padding = [int(p) for p in attrs.padding]
         offset = offset.reshape(1, channels, 1, 1)
-        largest = operands.weights[0].size * 255 * 128 + int(np.abs(offset).max(initial=0))
-        if int(attrs.groups) > 1 and largest < FLOAT_EXACT:  # depthwise: every partial sum exact in float32
+        if int(attrs.groups) > 1:  # depthwise or grouped: every partial sum exact in float32 (_operands)
             floats = norm(relax.op.astype(data, "float32"))
             if operands.x_zero:  # xq - zx, padded with 0 as x is
                 floats = norm(relax.op.subtract(floats, relax.const(np.float32(operands.x_zero))))
             total = norm(relax.op.nn.conv2d(
                 floats, relax.const(operands.weights.astype(np.float32)), strides=attrs.strides, padding=padding,
                 dilation=attrs.dilation, groups=attrs.groups))
-            return relax.op.add(total, relax.const(offset.astype(np.float32))) if np.any(offset) else total
+            if not np.any(offset):
+                return total
+            if operands.weights[0].size * 255 * 128 + np.abs(offset).max() < FLOAT_EXACT:
+                return relax.op.add(total, relax.const(offset.astype(np.float32)))
+            total = norm(relax.op.add(norm(relax.op.astype(total, "int32")), relax.const(offset.astype(np.int32))))
+            return relax.op.astype(total, "float32")  # a large bias: added to the integers, rounded once
         if operands.x_zero != 0 and any(padding):
             data = norm(relax.op.nn.pad(data, [0, 0, 0, 0, padding[0], padding[2], padding[1], padding[3]],
                                         pad_value=float(operands.x_zero)))
@@ -412,9 +492,25 @@ class _IntegerConv(relax.PyExprMutator):
         total = norm(relax.op.add(norm(relax.op.multiply(self._float(chain.a), relax.const(ra))), b))
         return _rounded(total, 0)
 
+    def _averaged(self, chain: _Averaged) -> relax.Expr:
+        norm, pool = self.builder_.normalize, chain.pool
+        (x_scale, y_scale), (x_zero, y_zero) = chain.scales, chain.zeros
+        if is_op(pool, "relax.mean"):
+            integers = norm(relax.op.astype(self.visit_expr(chain.data), "int32"))
+            total = norm(relax.op.sum(integers, axis=pool.attrs.axis, keepdims=pool.attrs.keepdims))
+            count = int(np.prod(static_shape(chain.data)[2:]))
+            centred = norm(relax.op.subtract(total, relax.const(np.int32(x_zero * count))))
+            multiplier = np.float32(np.float32(x_scale) / (np.float32(y_scale) * np.float32(count)))
+            scaled = norm(relax.op.multiply(norm(relax.op.astype(centred, "float32")), relax.const(multiplier)))
+            return _rounded(scaled, y_zero)
+        average = norm(_windows_as_onnxruntime(pool, self.visit_expr(pool.args[0])))
+        shifted = norm(relax.op.add(norm(relax.op.divide(average, relax.const(np.float32(y_scale)))),
+                                    relax.const(np.float32(y_zero))))
+        return _rounded(shifted, 0)
+
     def _requantized(self, chain: _Chain) -> relax.Expr:
         operands = chain.operands
-        multiplier = (operands.scale / np.float32(chain.y_scale)).astype(np.float32).reshape(1, -1, 1, 1)
+        multiplier = operands.per_channel((operands.scale / np.float32(chain.y_scale)).astype(np.float32))
         scaled = self.builder_.normalize(relax.op.multiply(self.builder_.normalize(self._sum(operands, chain.bias)),
                                                            relax.const(multiplier)))
         if chain.relu:
@@ -430,6 +526,30 @@ def _rounded(value: relax.Expr, zero: int) -> relax.Expr:
                              out_dtype="uint8")
 
 
+def _windows_as_onnxruntime(pool: relax.Call, data: relax.Expr) -> relax.Expr:
+    """``pool`` (an ``avg_pool2d``) on ``data`` as ``QLinearAveragePool`` divides: counting the
+    padding, by the whole window, the last window of a ceil-mode pooling too (the float operator
+    counts only its part inside the padded input), so the end padding is extended over it."""
+    attrs = pool.attrs
+    if not (attrs.ceil_mode and attrs.count_include_pad):
+        return relax.Call(pool.op, [data], attrs)
+    size, out = static_shape(pool.args[0])[2:], static_shape(pool)[2:]
+    pads = [int(p) for p in attrs.padding]
+    for axis in range(2):
+        reach = (out[axis] - 1) * int(attrs.strides[axis]) + (int(attrs.pool_size[axis]) - 1) * \
+            int(attrs.dilation[axis]) + 1
+        pads[2 + axis] = max(pads[2 + axis], reach - size[axis] - pads[axis])
+    return relax.op.nn.avg_pool2d(data, attrs.pool_size, attrs.strides, pads, attrs.dilation, ceil_mode=False,
+                                  count_include_pad=True, layout=attrs.layout, out_layout=attrs.out_layout)
+
+
+def _global_average(call: relax.Expr) -> bool:
+    """Whether ``call`` is a global average pooling (imported as a mean over H and W, kept)."""
+    shape = static_shape(call.args[0]) if is_op(call, "relax.mean") else None
+    return shape is not None and len(shape) == 4 and bool(call.attrs.keepdims) \
+        and sorted(int(a) % 4 for a in call.attrs.axis) == [2, 3]
+
+
 def _covers(clip: relax.Call, scale: float, zero: float) -> bool:
     """Whether a ``clip`` before a uint8 ``quantize`` only cuts below at 0 (a ReLU6 whose top the
     quantization's range already cuts, as onnxruntime's quantizer sets it)."""
@@ -438,18 +558,20 @@ def _covers(clip: relax.Call, scale: float, zero: float) -> bool:
 
 
 def _stats() -> dict:
-    return {"convolutions": 0, "requantized": 0, "adds": 0, "moves": 0, "tables": 0, "float": collections.Counter()}
+    return {"convolutions": 0, "matmuls": 0, "requantized": 0, "adds": 0, "moves": 0, "averages": 0, "tables": 0,
+            "float": collections.Counter()}
 
 
-@tvm.transform.module_pass(opt_level=0, name="relaxc.IntegerConvolutions")
-class IntegerConvolutions:
-    """Convolutions of dequantized uint8 data and int8 weights computed on the integers, and
-    quantized additions of uint8 tensors as onnxruntime's ``QLinearAdd``.
+@tvm.transform.module_pass(opt_level=0, name="relaxc.QuantizedToIntegers")
+class QuantizedToIntegers:
+    """Convolutions and matmuls of dequantized uint8 data and int8 weights computed on the integers,
+    and quantized additions of uint8 tensors as onnxruntime's ``QLinearAdd``.
 
-    ``summary()`` (``report()["quantized"]``): ``convolutions`` computed on the integers, of which
-    ``requantized`` end in onnxruntime's requantization, ``adds`` so computed, ``moves`` (max
-    pooling, reshapes) run on uint8, ``tables``: pointwise arithmetic looked up, and ``float`` the
-    quantized convolutions left in float arithmetic, counted by why."""
+    ``summary()`` (``report()["quantized"]``): ``convolutions`` and ``matmuls`` computed on the
+    integers, of which ``requantized`` end in onnxruntime's requantization, ``adds`` so computed,
+    ``moves`` (max pooling, reshapes) run on uint8, ``averages`` (average pooling) rounded as
+    onnxruntime's int8 pooling rounds, ``tables``: pointwise arithmetic looked up, and
+    ``float`` the quantized convolutions and matmuls left in float arithmetic, counted by why."""
 
     report_key = "quantized"
 
@@ -465,10 +587,13 @@ class IntegerConvolutions:
         def rewrite(func: relax.Function) -> relax.Function:
             graph = _Graph(func, self.stats["float"])
             kinds = collections.Counter(type(chain) for chain in graph.chains.values())
-            self.stats["convolutions"] += len(graph.convs)
+            matmuls = sum(is_op(ops.conv, "relax.matmul") for ops in graph.convs.values())
+            self.stats["convolutions"] += len(graph.convs) - matmuls
+            self.stats["matmuls"] += matmuls
             self.stats["requantized"] += kinds[_Chain]
             self.stats["adds"] += kinds[_AddChain]
             self.stats["moves"] += kinds[_Moved]
+            self.stats["averages"] += kinds[_Averaged]
             self.stats["tables"] += kinds[_Table]
             return _IntegerConv(mod, graph).visit_expr(func)
 

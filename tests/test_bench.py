@@ -65,3 +65,5 @@ def test_the_families_summary_covers_every_model_row_of_the_section():
 def test_the_quantized_benchmark_refuses_compile_options_it_would_not_use(capsys):
     assert bench.main(["--quantized", "--tuning", "strict"]) == 2
     assert "--quantized" in capsys.readouterr().err
+    assert bench.main(["--dynamic"]) == 2  # how --quantized quantizes: alone it is a mistake
+    assert "--dynamic" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from tests.isolated import HUNG, Isolated
 
 CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "fuzz_cases", "*.onnx")))
 CI_SEED, CI_GRAPHS = 20261123, 36
+QUANTIZED_GRAPHS = 12
 
 
 def test_ci_slice_has_no_failure(tmp_path):
@@ -23,6 +24,15 @@ def test_ci_slice_has_no_failure(tmp_path):
     assert summary["failures"] == [], summary["failures"]
     assert summary["counts"]["reference"] == 0  # every generated graph is one onnxruntime runs
     assert summary["counts"]["pass"] >= CI_GRAPHS * 0.8, summary["counts"]
+
+
+def test_quantized_ci_slice_has_no_failure(tmp_path):
+    """Random graphs quantized by onnxruntime's tool (QDQ): convolutions, matmuls, additions,
+    concatenations and pooling between Q/DQ pairs, equal to onnxruntime's int8 as documented."""
+    pytest.importorskip("onnxruntime.quantization", reason="onnxruntime's quantization tool makes the QDQ graphs")
+    summary = fuzz(QUANTIZED_GRAPHS, CI_SEED, str(tmp_path), progress=False, quantized=True)
+    assert summary["failures"] == [], summary["failures"]
+    assert summary["counts"]["pass"] == QUANTIZED_GRAPHS, summary["counts"]
 
 
 @pytest.fixture(scope="module")

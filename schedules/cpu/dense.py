@@ -18,6 +18,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from relaxc.passes import prefetch
 from relaxc.passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
+from relaxc.schedules.cpu import vnni
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
 from relaxc.schedules.cpu.steps import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial,
                                         try_attach, vectorize_innermost)
@@ -69,6 +70,8 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     through the flattening (r // M, r % M) as a box, which for a tile straddling two matrices, or
     for padded rows, is not the tile: it read rows other tiles compute later, or skipped some (wrong
     results; the fuzzer found them)."""
+    if _operand_dtypes(sch.get(block)) == ("uint8", "int8", "int32"):
+        return _schedule_bytes(sch, block)
     loops = sch.get_loops(block)
     if len(loops) not in (3, 4):  # TVM drops unit loops; passes/dense.py packs no single row and no K = 1
         raise ValueError(f"dense_packed with {len(loops)} loops, expected [matrices,] rows, columns, depth")
@@ -102,3 +105,32 @@ def _mark_prefetch(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, row_oute
                and columns in index_names(read)]
     if len(weights) == 1 and span * weights[0].dtype.bits // 8 >= L1_BYTES:
         sch.annotate(row_outer, prefetch.ATTR, prefetch.mark(weights[0].name, span))
+
+
+def _schedule_bytes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> tuple[s_tir.schedule.LoopRV | None,
+                                                                                 s_tir.schedule.SBlockRV]:
+    """A uint8 x int8 product (``pack_bytes`` weights) on ``vpdpbusd``: each tile's rows by its panel's
+    vectors of int32 accumulators, ``vnni.INTRIN`` adding a broadcast 4-byte group of a row times
+    a vector's 4 bytes a lane; the tiles of all panels in one parallel loop."""
+    rows, columns, depth = sch.get_loops(block)  # passes/dense.py packs no single row
+    annotations = sch.get(block).annotations
+    panel = int(annotations[PANEL_ATTR])
+    row_outer, row_inner = sch.split(rows, factors=[None, int(annotations[ROW_TILE_ATTR])])
+    panel_outer, vectors, lane = sch.split(columns, factors=[None, panel // vnni.LANES, vnni.LANES])
+    group, byte = sch.split(depth, factors=[None, vnni.DEPTH])
+    sch.reorder(panel_outer, row_outer, group, row_inner, vectors, lane, byte)
+    tiles = sch.fuse(panel_outer, row_outer)
+    sch.parallel(tiles)
+    write_back = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write_back, tiles, preserve_unit_loops=True)
+    init = sch.decompose_reduction(block, group)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.tensorize(lane, vnni.INTRIN)
+    sch.unroll(row_inner)
+    sch.unroll(vectors)
+    vectorize_innermost(sch, write_back, vnni.LANES)
+    return (tiles if int(annotations[TILE_ALIGNED_ATTR]) else None), write_back
+
+
+def _operand_dtypes(block: s_tir.SBlock) -> tuple[str, ...]:
+    return tuple(str(region.source.dtype) for region in (*block.reads[-2:], block.writes[0]))

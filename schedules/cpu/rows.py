@@ -72,14 +72,19 @@ def _column_reduction(sch: s_tir.Schedule, info: SBlockInfo) -> str | None:
     return column if good else None
 
 
-def is_product_sum(block: s_tir.SBlock) -> bool:
-    """Whether the block sums products of two different tensor elements (a matmul or a conv,
-    which the other rules tile); a sum of squares (RMSNorm) is not one."""
+def product_operands(block: s_tir.SBlock) -> tuple[tvm.ir.TensorLoad, tvm.ir.TensorLoad] | None:
+    """The two tensor elements the block sums products of (widening casts looked through: 8-bit
+    products summed in int32), if it is a matmul or a conv, which the other rules tile; None for
+    other blocks, a sum of squares (RMSNorm) among them."""
     body = block.body
     value = body.value if isinstance(body, tirx.BufferStore) else None
     product = value.b if isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul) else None
-    return product is not None and all(isinstance(f, tvm.ir.TensorLoad) for f in (product.a, product.b)) \
-        and not tvm_ffi.structural_equal(product.a, product.b)
+    if product is None:
+        return None
+    a, b = (f.value if isinstance(f, tirx.Cast) else f for f in (product.a, product.b))
+    if all(isinstance(f, tvm.ir.TensorLoad) for f in (a, b)) and not tvm_ffi.structural_equal(a, b):
+        return a, b
+    return None
 
 
 class Rows(CpuRule):
@@ -99,7 +104,7 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> s_tir.Schedule | None:
     if blocks is None:
         return None
     reductions = [b for b in blocks if b.is_reduction()]
-    if not reductions or any(is_product_sum(sch.get(b.block_rv)) for b in reductions):
+    if not reductions or any(product_operands(sch.get(b.block_rv)) is not None for b in reductions):
         return None
     if all(_column_reduction(sch, b) for b in reductions):
         return _columns(sch, blocks, lanes)
@@ -218,6 +223,22 @@ def _vectorize_row(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: i
     sch.vectorize(sch.split(whole, factors=[None, lanes])[1])
 
 
+def _reduced_loop_vars(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list[tirx.Var]:
+    """The loop variables the block's reduction iterators are bound to (the iterators' order need not
+    be the loops': rfactor's write-back block lists its reduced lane first)."""
+    stmt, found = sch.get(block), []
+
+    def visit(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
+        if realize.block.same_as(stmt):
+            for iv, value in zip(stmt.iter_vars, realize.iter_values):
+                if iv.iter_type == tirx.IterVar.CommReduce:
+                    found.extend(tirx.analysis.undefined_vars(value))
+        return realize
+
+    tvm_ffi.structural_map(sch.mod["main"].body, (s_tir.SBlockRealize, visit))
+    return found
+
+
 def _row_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
                reductions: list[SBlockInfo]) -> list[s_tir.schedule.LoopRV] | None:
     """The anchor's loops over rows, moved outside its loops along a row (None if it has none of
@@ -228,14 +249,15 @@ def _row_loops(sch: s_tir.Schedule, anchor: s_tir.schedule.SBlockRV,
     loops, or for an elementwise anchor the loops whose variables index its reads of the reductions'
     results (the pixels)."""
     loops = sch.get_loops(anchor)
+    block = sch.get(anchor)
+    if any(v.iter_type == tirx.IterVar.CommReduce for v in block.iter_vars):  # a reduction is the last block
+        reduced = _reduced_loop_vars(sch, anchor)
+        spatial = [loop for loop in loops if all(not sch.get(loop).loop_var.same_as(v) for v in reduced)]
+        return spatial if 0 < len(spatial) < len(loops) else None
     if loops and points(sch, anchor) == points(sch, reductions[0].block_rv):
         return loops  # one value a row (a variance, its square root): every loop is over rows
     if all(r.dom_kind().count("R") == 1 for r in reductions):
         return loops[:-1] if len(loops) >= 2 else None
-    block = sch.get(anchor)
-    if any(v.iter_type == tirx.IterVar.CommReduce for v in block.iter_vars):
-        spatial = [loop for loop, v in zip(loops, block.iter_vars) if v.iter_type == tirx.IterVar.DataPar]
-        return spatial if len(spatial) < len(loops) else None
     results = [sch.get(r.block_rv).writes[0].source for r in reductions]
     used: set[str] = set()
     for read in block.reads:

@@ -20,6 +20,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.script import tirx as T
 from tvm.target import Target
 
+from relaxc.passes.dense import BYTE_GROUP, BYTE_LANES
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
 from relaxc.schedules.cpu.steps import inline_elementwise, loop_extent, try_attach, vectorize_innermost
 from relaxc.schedules.cpu.tiled import schedule_padding
@@ -27,8 +28,7 @@ from relaxc.support.targets import VectorUnit, has_feature
 from relaxc.support.tvm_internals import UncheckedSchedule
 
 INTRIN = "relaxc_dot_16x4_vnni"
-LANES = 16  # int32 accumulators in a 512-bit register
-DEPTH = 4  # bytes each lane's dot product reads
+LANES, DEPTH = BYTE_LANES, BYTE_GROUP  # int32 accumulators in a 512-bit register, bytes each one's dot reads
 MAX_ACCUMULATORS = 28  # of 32 registers: the rest hold the broadcast data and a block of weights
 ROWS = (8, 7, 6, 5, 4, 3, 2, 1)  # output pixels of a tile, the first that divides the row
 BLOCKS = (4, 3, 2, 1)  # output channel blocks of a tile

@@ -1,9 +1,10 @@
 """Differential fuzzing of relaxc against onnxruntime (docs/fuzzing.md).
 
-    .venv/bin/python -m tests.fuzz --graphs 1000 --seed 0 [--save DIR]
+    .venv/bin/python -m tests.fuzz --graphs 1000 --seed 0 [--quantized] [--save DIR]
 
 Graph ``i`` comes from seed ``S + i`` (``tests/fuzz/generate.py``), so any finding is reproduced by
-its seed alone. Each graph runs in a worker process limited in time and memory (``check.TIMEOUT_S``,
+its seed alone; with ``--quantized`` each graph is quantized by onnxruntime's tool first (QDQ) and
+compared as ``check.assert_quantized_matches`` says. Each graph runs in a worker process limited in time and memory (``check.TIMEOUT_S``,
 ``check.MEMORY_BYTES``). Each failure (wrong answer, internal error, crash, hang) is shrunk to a
 minimal graph and saved under ``--save`` for a regression test in ``tests/fuzz_cases/``. Exit
 status 1 if any failed.
@@ -24,7 +25,7 @@ import onnx
 from tqdm import tqdm
 
 from tests.fuzz.check import FAILURES, KINDS, check_in, worker
-from tests.fuzz.generate import random_graph
+from tests.fuzz.generate import random_graph, random_quantized_graph
 from tests.fuzz.shrink import shrink
 
 
@@ -33,7 +34,8 @@ def _reason(detail: str) -> str:
     return re.sub(r"'[^']*'|\[[^\]]*\]|\d+(\.\d+)?", "_", detail)[:160]
 
 
-def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: bool = True) -> dict:
+def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: bool = True,
+         quantized: bool = False) -> dict:
     """Run the fuzzer; returns counts by outcome and the failures (seed, outcome, saved path)."""
     counts: collections.Counter[str] = collections.Counter({kind: 0 for kind in KINDS})
     failures, refusals, peak_mb = [], collections.Counter(), 0.0
@@ -42,7 +44,12 @@ def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: 
     start = time.perf_counter()
     try:
         for graph_seed in tqdm(range(seed, seed + graphs), desc="fuzz", unit="graph", disable=not progress):
-            model = random_graph(graph_seed, max_ops)
+            try:
+                model = (random_quantized_graph if quantized else random_graph)(graph_seed, max_ops)
+            except Exception as err:  # noqa: BLE001 - onnxruntime's quantizer could not take the graph
+                counts["reference"] += 1
+                tqdm.write(f"seed {graph_seed}: not quantized: {type(err).__name__}: {err}"[:300])
+                continue
             outcome = isolated_check(model)
             counts[outcome.kind] += 1
             peak_mb = max(peak_mb, outcome.peak_mb)
@@ -74,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the first graph (default 0)")
     parser.add_argument("--max-ops", type=int, default=10, help="generator steps per graph (default 10)")
     parser.add_argument("--save", default="fuzz-findings", help="where shrunk failures go (default ./fuzz-findings)")
+    parser.add_argument("--quantized", action="store_true", help="quantize each graph (QDQ) with onnxruntime's tool")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
-    summary = fuzz(args.graphs, args.seed, args.save, args.max_ops)
+    summary = fuzz(args.graphs, args.seed, args.save, args.max_ops, quantized=args.quantized)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

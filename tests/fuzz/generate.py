@@ -383,29 +383,42 @@ def resize(g: Graph, x: str) -> bool:
     return True
 
 
+@_operator(lambda s: len(s) >= 2)
+def residual(g: Graph, x: str) -> bool:
+    """``x`` plus an earlier tensor of its shape (a residual connection: a quantized add of two
+    uint8 tensors); False where there is none."""
+    same = [t for t, s in g.shapes.items() if s == g.shapes[x] and t != x]
+    if not same:
+        return False
+    g.add("Add", [x, _choice(g.rng, same)], [g.shapes[x]])
+    return True
+
+
 OPERATORS: dict[str, Callable[[Graph], bool]] = {
     "conv": conv, "batch_norm": batch_norm, "pool": pool, "unary": unary, "binary": binary,
     "concat": concat, "split": split, "transpose": transpose, "reshape": reshape, "matmul": matmul,
     "normalize": normalize, "reduce": reduce, "resize": resize, "gather": gather, "external": external,
 }
-WEIGHTS = {"conv": 4, "batch_norm": 1, "pool": 2, "unary": 3, "binary": 3, "concat": 2, "split": 1,
+STEPS = {**OPERATORS, "residual": residual}  # residual: quantized graphs only (seeds keep their graphs)
+QUANTIZABLE = ("conv", "pool", "unary", "binary", "residual", "concat", "matmul", "reshape", "transpose", "split")
+WEIGHTS = {"residual": 2, "conv": 4, "batch_norm": 1, "pool": 2, "unary": 3, "binary": 3, "concat": 2, "split": 1,
            "transpose": 1, "reshape": 1, "matmul": 2, "normalize": 2, "reduce": 1, "resize": 1,
            "gather": 1, "external": 1}
 
 
-def random_graph(seed: int, max_ops: int = 10) -> onnx.ModelProto:
+def random_graph(seed: int, max_ops: int = 10, operators: tuple[str, ...] = tuple(OPERATORS)) -> onnx.ModelProto:
     """A valid random model (opset 17, one float32 NCHW input and the gathers' int64 index inputs,
-    one or two outputs)."""
+    one or two outputs) of ``operators`` (``OPERATORS``' names)."""
     rng = np.random.default_rng(seed)
     g = Graph(rng)
     shape = (1, int(rng.integers(1, 41)), int(rng.integers(4, 33)), int(rng.integers(4, 33)))
     g.shapes["x"] = shape
-    names = sorted(OPERATORS)
+    names = sorted(operators)
     p = np.array([WEIGHTS[n] for n in names], dtype=float)
     steps = int(rng.integers(2, max_ops + 1))
     done = 0
     while done < steps:
-        done += OPERATORS[names[rng.choice(len(names), p=p / p.sum())]](g)
+        done += STEPS[names[rng.choice(len(names), p=p / p.sum())]](g)
     consumed = {i for node in g.nodes for i in node.input}
     dangling = [o for node in g.nodes for o in node.output if o not in consumed]
     outputs = [g.nodes[-1].output[0]] + [o for o in dangling if o != g.nodes[-1].output[0]][:1]
@@ -418,4 +431,16 @@ def random_graph(seed: int, max_ops: int = 10) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="relaxc-fuzz")
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def random_quantized_graph(seed: int, max_ops: int = 10) -> onnx.ModelProto:
+    """A random graph of ``QUANTIZABLE`` operators quantized as users quantize models with
+    onnxruntime's tool (``benchmarks/quantized.quantize``: QDQ, per-channel int8 weights, uint8
+    activations, calibrated on random inputs): convolutions, matmuls, additions, concatenations and
+    pooling between Q/DQ pairs, the rest in float between them."""
+    from relaxc.benchmarks.quantized import quantize
+
+    model = quantize(random_graph(seed, max_ops, QUANTIZABLE), seed)
+    model.producer_name = "relaxc-fuzz"
     return model

@@ -6,7 +6,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relaxc import frontend
 from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DepthwisePointwiseToMultiply,
-                                 DivideByConstantToMultiply, DropoutToIdentity, SumOfStackToAdd)
+                                 DivideByConstantToMultiply, DropoutToIdentity, SumOfStackToAdd,
+                                 WholeReductionsInSlabs)
 from tests.passes import relax_ops
 
 
@@ -148,3 +149,25 @@ def test_halves_of_a_shuffle_gather_from_its_input_and_the_shuffle_goes():
 def test_other_reshape_transposes_are_left_alone():
     mod = _shuffle([1, 3, 4, 2, 2], [0, 1, 2, 4, 3])  # swaps the spatial axes: not a channel permutation
     assert "relax.take" not in relax_ops(_rewritten(ChannelShuffleToTake(), mod))
+
+
+def test_a_whole_tensor_max_runs_in_slabs_of_vectors():
+    """``DynamicQuantizeLinear``'s range: a max over every element as (slabs, rows, 16) reduced over
+    the rows, then over what is left; a small tensor stays one reduction."""
+    import relaxc as compiler
+    from tests import reference
+
+    shape = [1, 128, 256]
+    mod = _imported([helper.make_node("ReduceMax", ["x"], ["y"], keepdims=0)], [("x", shape)], [])
+    rewritten = _rewritten(WholeReductionsInSlabs(), mod)
+    assert relax_ops(rewritten).count("relax.max") == 2 and "R.shape([64, 32, 16])" in rewritten.script()
+    small = _imported([helper.make_node("ReduceMax", ["x"], ["y"], keepdims=0)], [("x", [4, 64])], [])
+    assert relax_ops(_rewritten(WholeReductionsInSlabs(), small)).count("relax.max") == 1
+    for op in ("ReduceMax", "ReduceMin", "ReduceSum"):
+        graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], keepdims=1)], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        got = compiler.compile(model, tuning="off").run(x)[0]
+        np.testing.assert_allclose(got, reference.ort_session(model).run(None, {"x": x})[0], rtol=1e-5)

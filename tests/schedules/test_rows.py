@@ -185,3 +185,16 @@ def test_a_group_normalization_reduces_by_rows(shape):
     x = reference.random_inputs(art.inputs, seed=8)
     x["x"] = x["x"] * 3 + 1
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+def test_a_row_sum_alone_is_row_scheduled():
+    """A reduction with nothing after it: its partial sums' write-back block is the kernel's last,
+    whose loops over the rows are its spatial ones (it fell to ``Tiled``, one element at a time)."""
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["out"], keepdims=1)]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 256])],
+                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 5, 1])],
+                             [numpy_helper.from_array(np.array([-1], np.int64), "axes")])
+    art = compiler.compile(model, tuning="off")
+    assert art.report()["schedules"] == {"rows": 1}
+    x = np.random.default_rng(0).standard_normal((2, 5, 256)).astype(np.float32)
+    np.testing.assert_allclose(art.run(x)[0], reference.ort_session(model).run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
