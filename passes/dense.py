@@ -151,10 +151,11 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: in
 
     if (padded, reach) == (rows, depth):
         source = lambda r, k: data[(*unflatten(r), k)]  # noqa: E731
-    else:
-        inside = lambda r, k: tvm.tirx.all(r < rows, k < depth)  # noqa: E731
+    else:  # rows padded, and K to whole byte groups (only K's padding adds to the test: records match)
+        inside = (lambda r, k: r < rows) if reach == depth else (lambda r, k: tvm.tirx.all(r < rows, k < depth))
+        column = (lambda k: k) if reach == depth else (lambda k: te.min(k, depth - 1))
         pad = te.compute((padded, reach), lambda r, k: te.if_then_else(
-            inside(r, k), data[(*unflatten(te.min(r, rows - 1)), te.min(k, depth - 1))],
+            inside(r, k), data[(*unflatten(te.min(r, rows - 1)), column(k))],
             tvm.tirx.const(0, data.dtype)), name="dense_rows_pad")
         source = lambda r, k: pad[r, k]  # noqa: E731
     k = te.reduce_axis((0, reach), name="k")
