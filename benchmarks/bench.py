@@ -154,11 +154,11 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.quantized:
         from relaxc.benchmarks import quantized
 
-        if Options(**option_values(args, Options)) != Options() or args.target != "cpu":
+        if Options(**option_values(args, Options)) != Options():
             raise UserError("--quantized measures this CPU with tuning off and relaxc's own kernels: "
-                            "it takes no target or compile options")
+                            "it takes no compile options")
         return quantized.run(args.models or ["zoo:resnet18"], args.repeat, quantized.ROUNDS, args.threads,
-                             args.markdown, args.dynamic)
+                             args.markdown, args.dynamic, args.target)
     rows = harness.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
                        print_fn=lambda line: print(line, flush=True), **option_values(args, Options))
     if args.markdown:

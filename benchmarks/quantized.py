@@ -1,6 +1,7 @@
 """Quantized (int8) models: relaxc against onnxruntime on the same quantized model, and both floats.
 
-    .venv/bin/python -m relaxc.benchmarks.quantized [SPEC ...] [--dynamic] [--markdown docs/quantized_results.md]
+    .venv/bin/python -m relaxc.benchmarks.quantized [SPEC ...] [--dynamic] [-t TARGET] \
+        [--markdown docs/quantized_results.md]
     relaxc-bench --quantized [SPEC ...]   # the same
 
 Each model (default: ``zoo:resnet18``) is quantized as users do it with onnxruntime's tool
@@ -13,7 +14,9 @@ of the output's quantization scale; for dynamic quantization, whose output is fl
 activation a ``DynamicQuantizeLinear`` quantized, and the output's largest difference relative to
 its largest magnitude), then relaxc int8, onnxruntime int8, relaxc float and onnxruntime float take turns in blocks of runs
 (``support.turns.paired``, 2 threads each). ``onnxruntime int8 ops`` names the operators onnxruntime
-ran, by its profiler, with their share of its time.
+ran, by its profiler, with their share of its time. ``-t`` builds relaxc's side for another LLVM
+CPU that this one can run (an AVX2 CPU's code on an AVX-512 machine); onnxruntime picks its kernels
+for the machine it runs on.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from relaxc.benchmarks.harness import _load
 from relaxc.cli import run_command
 from relaxc.frontend import models
 from relaxc.runtime import random_inputs
+from relaxc.support import targets
+from relaxc.support.errors import UserError
 from relaxc.support.turns import paired
 
 COLUMNS = ("model", "relaxc int8 ms", "onnxruntime int8 ms", "to onnxruntime int8", "relaxc float ms",
@@ -149,7 +154,8 @@ def _ort_ops(model: onnx.ModelProto, inputs: dict, threads: int) -> str:
     return ", ".join(f"{op} {100 * t / total:.0f}%" for op, t in spent.most_common(4))
 
 
-def bench_one(spec: str, repeat: int, rounds: int, threads: int, dynamic: bool = False) -> list[str]:
+def bench_one(spec: str, repeat: int, rounds: int, threads: int, dynamic: bool = False,
+              target: str = "cpu") -> list[str]:
     import relaxc as compiler
 
     model = _load(spec)
@@ -157,17 +163,17 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, dynamic: bool =
         model = models.fill_light(model)
     elif spec.startswith(models.PREFIX):  # the onnx package's CNNs: constant fills, which quantize to nothing
         model = reference.randomize_weights(model)
-    floats = compiler.compile(model, tuning="off", backends="relaxc")
+    floats = compiler.compile(model, target=target, tuning="off", backends="relaxc")
     calibration = [random_inputs(floats.inputs, seed=k, high=floats.input_high) for k in range(CALIBRATION_INPUTS)]
     quantized = quantize(model, calibration=calibration, dynamic=dynamic)
     step = output_step(quantized)
-    int8 = compiler.compile(quantized, tuning="off", backends="relaxc")
+    int8 = compiler.compile(quantized, target=target, tuning="off", backends="relaxc")
     inputs = random_inputs(int8.inputs, seed=CALIBRATION_INPUTS, high=int8.input_high)
     ort_int8 = reference.ort_session(quantized, threads=threads)
     ort_float = reference.ort_session(model, threads=threads)
     if dynamic:  # the output is float: compare the activations each matmul quantized, then the output
         checked = with_activations(quantized)
-        got = compiler.compile(checked, tuning="off", backends="relaxc").run(inputs)
+        got = compiler.compile(checked, target=target, tuning="off", backends="relaxc").run(inputs)
         equal, worst, relative = dynamic_agreement(got, reference.ort_session(checked, threads=threads).run(None, inputs))
         worst_cell = f"{worst:.0f} steps; output {relative:.1e} of max"
     else:
@@ -200,27 +206,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="threads for each runtime (default 2)")
     parser.add_argument("--dynamic", action="store_true",
                         help="quantize with quantize_dynamic (MatMulInteger) instead of quantize_static (QDQ)")
+    parser.add_argument("-t", "--target", default="cpu",
+                        help="relaxc's target: cpu (default, this machine) or an LLVM CPU this one runs, as a JSON dict")
     parser.add_argument("--markdown", metavar="PATH", help="then update this CPU's section of PATH")
     args = parser.parse_args(argv)
     return run_command("quantized", lambda: run(args.specs, args.repeat, args.rounds, args.threads, args.markdown,
-                                                args.dynamic), quiet=True)
+                                                args.dynamic, args.target), quiet=True)
 
 
 def run(specs: Sequence[str], repeat: int, rounds: int, threads: int, markdown: str | None,
-        dynamic: bool = False) -> int:
-    """Measure ``specs``, print the table, and update this CPU's section of ``markdown`` if given."""
+        dynamic: bool = False, target: str = "cpu") -> int:
+    """Measure ``specs``, print the table, and update this CPU and target's section of ``markdown`` if given."""
+    resolved = targets.resolve(target)
+    if resolved.kind.name != "llvm" or not targets.runs_on_host(resolved):
+        raise UserError(f"--quantized compares with onnxruntime on this CPU: {target} is not an LLVM CPU it runs")
     os.environ["TVM_NUM_THREADS"] = str(threads)  # read when TVM's thread pool starts
-    print(f"{this_cpu('cpu')}, tuning off, {threads} threads each, {repeat} runs each in {rounds} paired rounds",
+    print(f"{this_cpu(target)}, tuning off, {threads} threads each, {repeat} runs each in {rounds} paired rounds",
           flush=True)
     print(table_line(COLUMNS) + "\n" + table_line(ALIGN), flush=True)
     table = []
     for spec in specs:
-        table.append(bench_one(spec, repeat, rounds, threads, dynamic))
+        table.append(bench_one(spec, repeat, rounds, threads, dynamic, target))
         print(table_line(table[-1]), flush=True)
     if markdown:
         text = open(markdown).read() if os.path.exists(markdown) else ""
         with open(markdown, "w") as f:
-            f.write(merge_results(text, this_cpu("cpu"), table, markdown, COLUMNS, ALIGN, HEADER))
+            f.write(merge_results(text, this_cpu(target), table, markdown, COLUMNS, ALIGN, HEADER))
         print(f"{markdown} updated")
     return 0
 

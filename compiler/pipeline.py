@@ -68,7 +68,7 @@ from relaxc.schedules.tuning import ApplyTuningRecords
 from relaxc.support import remote, tvm_log
 from relaxc.support.reporting import summaries
 from relaxc.support.errors import UserError
-from relaxc.support.targets import TargetLike, has_feature, vector_lanes, vector_registers
+from relaxc.support.targets import TargetLike, byte_dot, vector_lanes, vector_registers
 from relaxc.support.threads import configure_threads, pool_threads
 
 log = logging.getLogger("relaxc")
@@ -132,7 +132,7 @@ def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
 def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     target = c.config.target
     packing = ([PackDenseWeights(vector_lanes(target), vector_registers(target),
-                                 bytewise=has_feature("avx512vnni", target))]
+                                 byte_dot(target))]
                if target.kind.name == "llvm" else [])  # GPUs: dlight's matmul rules
     planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
                and c.config.layouts != "rule" else None)

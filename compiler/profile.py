@@ -33,10 +33,10 @@ from tvm import relax, s_tir, tirx
 
 from relaxc import external
 from relaxc.artifact import Artifact
-from relaxc.roofline import VNNI_SPEEDUP, Cost, Machine, kernel_cost
+from relaxc.roofline import Cost, Machine, kernel_cost
 from relaxc.schedules.cpu.rows import product_operands
 from relaxc.schedules.default import schedule_kind
-from relaxc.support.targets import has_feature
+from relaxc.support.targets import byte_dot
 from relaxc.support.threads import pool_threads
 
 SLOW_SHARE, SLOW_FRACTION = 0.05, 0.10  # a kernel over this share of the time, under this fraction of its bound, is a cliff
@@ -132,11 +132,11 @@ def kernel_kind(func: tirx.PrimFunc) -> str:
 
 
 def sums_bytes(func: tirx.PrimFunc) -> bool:
-    """Whether the kernel sums products of 8-bit elements (``vpdpbusd``'s, on VNNI CPUs)."""
+    """Whether the kernel sums products of bytes (weights widened to int16 for ``pmaddwd`` too)."""
     sch = s_tir.Schedule(func)
     for block in (sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))):
         operands = product_operands(block)
-        if operands is not None and all(op.source.dtype.bits == 8 for op in operands):
+        if operands is not None and all(str(op.source.dtype) in ("uint8", "int8", "int16") for op in operands):
             return True
     return False
 
@@ -191,7 +191,7 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
     kernels = _prim_funcs(art.module("final"))
     unscheduled = {**kernels, **_prim_funcs(art.module("fuse"))}
     backends = {sub.function: sub.backend for sub in art.subgraphs}
-    vnni = has_feature("avx512vnni", art.target)
+    dot = byte_dot(art.target)
     device = tvm.cpu()
     calls: list[Call] = []
 
@@ -223,7 +223,7 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
             continue
         cost = kernel_cost(unscheduled[name]) if machine else Cost(0.0, 0)
         label = schedule_kind(kernels[name])
-        speedup = VNNI_SPEEDUP if vnni and sums_bytes(unscheduled[name]) else 1.0  # 4 to an fp32 FMA
+        speedup = dot.depth if dot is not None and sums_bytes(unscheduled[name]) else 1.0  # products a lane sums
         bound_ms = machine.bound_s(cost.flops, cost.nbytes, speedup) * 1e3 * counts[name] if machine else 0.0
         rows.append(KernelTime(name, label, kernel_kind(unscheduled[name]), counts[name],
                                s * 1e3, s / total if total else 0.0, cost.flops * counts[name],

@@ -61,15 +61,14 @@ class Machine:
 
     def bound_s(self, flops: float, nbytes: float, speedup: float = 1.0) -> float:
         """The least time a kernel of ``flops`` and compulsory ``nbytes`` can take here, its
-        arithmetic ``speedup`` times the fp32 FMA rate (``VNNI_SPEEDUP`` for 8-bit products)."""
+        arithmetic ``speedup`` times the fp32 FMA rate (for 8-bit products, the depth of the target's
+        byte dot product: ``support/targets.py``'s ``ByteDot`` sums that many products a lane where an
+        FMA does one)."""
         return max(flops / (self.peak_gflops * speedup * 1e9), nbytes / (self.gbps_for(nbytes) * 1e9))
 
     def summary(self) -> str:
         levels = ", ".join(f"{_size(size)} {gbps:.0f}" for size, gbps in self.bandwidth)
         return f"{self.threads} threads: fp32 FMA peak {self.peak_gflops:.0f} GFLOP/s; GB/s by working set: {levels}"
-
-
-VNNI_SPEEDUP = 4  # vpdpbusd: 64 uint8 x int8 multiply-adds an instruction where vfmadd231ps does 16
 
 
 @dataclass(frozen=True)

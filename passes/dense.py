@@ -30,15 +30,13 @@ import tvm
 from tvm import relax, te
 
 from relaxc.passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
-from relaxc.support.targets import accumulators
+from relaxc.support.targets import ByteDot, accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
 PRODUCT_FEWEST_ROWS = 6  # a product of computed operands (Tiled's tiles) keeps rows that 8, 7 or 6 divide
 SHORTEST_VECTOR = 4  # a single-row product whose N no vector this long divides is padded to whole vectors
 TILE_VECTORS = (3, 4, 2, 1)  # panel widths in vectors, preferred in this order (measured below)
 TILE_VECTORS_BYTES = (4, 2, 1)  # uint8 x int8: panel widths in vectors of int32 lanes (byte_tile)
-BYTE_GROUP = 4  # bytes of K each int32 lane sums in one vpdpbusd
-BYTE_LANES = 16  # int32 lanes of AVX-512's vpdpbusd (schedules/cpu/vnni.py's intrinsic)
 PANEL_ATTR = "relaxc.panel"  # on the dense_packed block: columns per weight panel, for its schedule
 ROW_TILE_ATTR = "relaxc.row_tile"  # on the dense_packed block: rows of its register tile
 TILE_ALIGNED_ATTR = "relaxc.tile_aligned"  # 1 if x is one matrix: a tile of flattened rows is a tile of x
@@ -97,21 +95,24 @@ def pack_panels(weights: np.ndarray, panel: int) -> np.ndarray:
     return packed
 
 
-def pack_bytes(weights: np.ndarray, lanes: int) -> np.ndarray:
-    """int8 weights (K, N) packed (ceil(N / lanes), ceil(K / 4), lanes, 4): each lane's 4 bytes of
-    consecutive rows of K together (``K{k/4}N{lanes}n4k``), as one ``vpdpbusd`` reads them; the
-    columns and rows past N and K zero."""
+def pack_bytes(weights: np.ndarray, dot: ByteDot, panel: int) -> np.ndarray:
+    """int8 weights (K, N) packed (ceil(N / panel), ceil(K / depth), panel, depth) as ``dot.weights``:
+    each column's ``depth`` consecutive rows of K together (``K{k/d}N{panel}n{d}k``), as one byte dot
+    product instruction reads them for a vector of columns, a panel's vectors side by side (as
+    vectors a panel apart, BERT's products ran at 55 % of their speed on AVX2); the columns and rows
+    past N and K zero."""
     depth, columns = weights.shape
-    padded = np.pad(weights, ((0, round_up(depth, BYTE_GROUP) - depth), (0, round_up(columns, lanes) - columns)))
-    groups = padded.reshape(-1, BYTE_GROUP, padded.shape[1] // lanes, lanes).transpose(2, 0, 3, 1)
-    packed = aligned_empty(groups.shape, weights.dtype)
+    group = dot.depth
+    padded = np.pad(weights, ((0, round_up(depth, group) - depth), (0, round_up(columns, panel) - columns)))
+    groups = padded.reshape(-1, group, padded.shape[1] // panel, panel).transpose(2, 0, 3, 1)
+    packed = aligned_empty(groups.shape, dot.weights)
     packed[...] = groups
     return packed
 
 
 def byte_tile(rows: int, blocks: int, registers: int) -> Tile:
     """The register tile of a uint8 x int8 product with ``blocks`` vectors of columns: the most of 4
-    that divides them (each broadcast 4-byte group of a row feeds one ``vpdpbusd`` a block), rows
+    that divides them (each broadcast group of a row's bytes feeds one instruction a vector), rows
     as many as the accumulators leave, down to half as many that divide the product's rows.
     Measured (2 threads, AVX-512 VNNI, 128 x 768 x 768): 4 x 4 485 GOPS, 8 x 4 354 (spilled), 8 x 2 331."""
     vectors = next(v for v in TILE_VECTORS_BYTES if blocks % v == 0)
@@ -124,17 +125,18 @@ def padded_rows(rows: int, limit: int = ROW_TILE_MAX, fewest: int | None = None)
     return round_up(rows, row_tile(rows, limit, fewest))
 
 
-def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: int, panel: int = 0) -> te.Tensor:
+def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: int) -> te.Tensor:
     """``data`` (..., M, K) times the packed weights (ceil(N / panel), K, panel): (..., M, N), in
     register tiles of at most ``tile_rows`` rows; uint8 data times int8 weights ``pack_bytes``
-    packed, summed in int32 in panels of ``panel`` columns."""
+    packed, summed in int32 (int16 weights: the data widened to int16 in the rows' stage, so a pair
+    of it is one load)."""
     *lead, depth = (int(d) for d in data.shape)
     rows = math.prod(lead)
     padded = padded_rows(rows, tile_rows)
     if len(packed.shape) == 4:  # pack_bytes
-        blocks, groups, lanes, group = (int(d) for d in packed.shape)
-        width, reach = blocks * lanes, groups * group
-        weight = lambda k, j: packed[j // lanes, k // group, j % lanes, k % group].astype("int32")  # noqa: E731
+        blocks, groups, panel, group = (int(d) for d in packed.shape)
+        width, reach = blocks * panel, groups * group
+        weight = lambda k, j: packed[j // panel, k // group, j % panel, k % group].astype("int32")  # noqa: E731
         widened = lambda value: value.astype("int32")  # noqa: E731
     else:
         blocks, reach, panel = (int(d) for d in packed.shape)
@@ -149,14 +151,15 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: in
             r = r // size
         return index[::-1]
 
-    if (padded, reach) == (rows, depth):
+    dtype = "int16" if str(packed.dtype) == "int16" else data.dtype
+    if (padded, reach, dtype) == (rows, depth, data.dtype):
         source = lambda r, k: data[(*unflatten(r), k)]  # noqa: E731
-    else:  # rows padded, and K to whole byte groups (only K's padding adds to the test: records match)
+    else:  # rows padded, K to whole byte groups (only K's padding adds to the test: records match), widened
         inside = (lambda r, k: r < rows) if reach == depth else (lambda r, k: tvm.tirx.all(r < rows, k < depth))
         column = (lambda k: k) if reach == depth else (lambda k: te.min(k, depth - 1))
         pad = te.compute((padded, reach), lambda r, k: te.if_then_else(
-            inside(r, k), data[(*unflatten(te.min(r, rows - 1)), column(k))],
-            tvm.tirx.const(0, data.dtype)), name="dense_rows_pad")
+            inside(r, k), data[(*unflatten(te.min(r, rows - 1)), column(k))].astype(dtype),
+            tvm.tirx.const(0, dtype)), name="dense_rows_pad")
         source = lambda r, k: pad[r, k]  # noqa: E731
     k = te.reduce_axis((0, reach), name="k")
     aligned = int(math.prod(lead[:-1]) == 1)
@@ -175,11 +178,11 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: in
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, lanes: int, registers: int, bytewise: bool, stats: dict) -> None:
+    def __init__(self, mod: tvm.IRModule, lanes: int, registers: int, dot: ByteDot | None, stats: dict) -> None:
         super().__init__(mod)
         self.lanes = lanes
         self.registers = registers
-        self.bytewise = bytewise
+        self.dot = dot
         self.stats = stats
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -188,7 +191,7 @@ class _Rewriter(relax.PyExprMutator):
             return call
         data, weight = call.args
         shape = static_shape(data)
-        if shape is not None and len(shape) >= 2 and data.ty.dtype == "uint8" and self.bytewise:
+        if shape is not None and len(shape) >= 2 and data.ty.dtype == "uint8" and self.dot is not None:
             return self._bytes(call, shape)
         if shape is None or len(shape) < 2 or data.ty.dtype != "float32":
             return call
@@ -213,20 +216,21 @@ class _Rewriter(relax.PyExprMutator):
 
     def _bytes(self, call: relax.Call, shape: tuple[int, ...]) -> relax.Expr:
         """A uint8 x int8 product summed in int32 (``passes/integer_matmul.py``): its weights
-        ``pack_bytes`` packed, in panels of ``byte_tile``'s vectors."""
+        ``pack_bytes`` packed for the target's byte dot product, in panels of ``byte_tile``'s vectors."""
         w = constant_array(call.args[1])
         rows = math.prod(shape[:-1])
         if w is None or w.dtype != np.int8 or w.ndim != 2 or call.ty.dtype != "int32" or rows == 1:
             self.stats["unpacked"] += 1
             return call
         depth, columns = w.shape
-        packed = pack_bytes(w, BYTE_LANES)
-        tile = byte_tile(rows, packed.shape[0], self.registers)
+        lanes = self.dot.lanes
+        tile = byte_tile(rows, -(-columns // lanes), self.registers)
+        packed = pack_bytes(w, self.dot, tile.vectors * lanes)
         self.stats["packed"] += 1
         self.stats["padded_rows"] += padded_rows(rows, tile.rows) - rows
-        self.stats["padded_columns"] += packed.shape[0] * BYTE_LANES - columns
+        self.stats["padded_columns"] += packed.shape[0] * packed.shape[2] - columns
         return self.builder_.call_te(dense_packed, call.args[0], constant(packed), columns, tile.rows,
-                                     tile.vectors * BYTE_LANES, primfunc_name_hint="dense_packed")
+                                     primfunc_name_hint="dense_packed")
 
     def _whole_vectors(self, call: relax.Call, w: np.ndarray) -> relax.Expr:
         """A single-row product whose N no vector of ``SHORTEST_VECTOR`` lanes divides: zero weight
@@ -263,7 +267,7 @@ class _Rewriter(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="relaxc.PackDenseWeights")
 class PackDenseWeights:
     """Rewrite matmuls with a constant 2-D weight into ``dense_packed`` kernels with packed weights
-    (uint8 x int8 ones too where ``bytewise``).
+    (uint8 x int8 ones too, for ``dot``, the target's byte dot product, where it has one).
 
     Products of two computed operands (attention scores and context) whose rows or columns no
     register tile or vector divides are computed on zero-padded operands and sliced back.
@@ -274,10 +278,10 @@ class PackDenseWeights:
 
     report_key = "dense"
 
-    def __init__(self, lanes: int, registers: int, bytewise: bool = False) -> None:
+    def __init__(self, lanes: int, registers: int, dot: ByteDot | None = None) -> None:
         self.lanes = lanes
         self.registers = registers
-        self.bytewise = bytewise  # uint8 x int8 products packed for vpdpbusd (AVX-512 VNNI targets)
+        self.dot = dot
         self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_columns": 0, "padded_matmuls": 0}
 
     def summary(self) -> dict:
@@ -285,4 +289,4 @@ class PackDenseWeights:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         self.stats = {"packed": 0, "unpacked": 0, "padded_rows": 0, "padded_columns": 0, "padded_matmuls": 0}
-        return rewrite_emitting(mod, _Rewriter(mod.clone(), self.lanes, self.registers, self.bytewise, self.stats))
+        return rewrite_emitting(mod, _Rewriter(mod.clone(), self.lanes, self.registers, self.dot, self.stats))

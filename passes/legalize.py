@@ -33,19 +33,24 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     that would run past the last block), and the kernel is zero outside its groups
     (``passes/layout.py``, ``pack_windowed_conv_weight``).
 
-    8-bit data sums in ``out_dtype`` (int32); its kernel may be packed ``OIHW{i/4}i{o}o4i``
-    (``kernel_4i``), four input channels' bytes of each output lane together, as VNNI's
-    ``vpdpbusd`` reads them (``schedules/cpu/vnni.py``).
+    8-bit data sums in ``out_dtype`` (int32); its kernel may be packed ``OIHW{i/d}i{o}o{d}i``
+    (``kernel_grouped``), ``d`` input channels of each output lane together, as the target's byte
+    dot product reads them (``schedules/cpu/int8.py``); for int16 weights (``pmaddwd``) the data is
+    widened to int16 in a stage of its own (its padding's), so a pair of channels is one load.
     """
     batch, data_outer, height, width, block = (int(d) for d in data.shape)
     out_outer, in_outer, kh, kw = (int(d) for d in kernel.shape[:4])
-    in_block, out_block = int(kernel.shape[4]) * (4 if len(kernel.shape) == 7 else 1), int(kernel.shape[5])
+    in_block, out_block = int(kernel.shape[4]) * (int(kernel.shape[6]) if len(kernel.shape) == 7 else 1), int(kernel.shape[5])
     sh, sw = (int(s) for s in strides)
     dh, dw = (int(d) for d in dilation)
     top, left, bottom, right = (int(p) for p in padding)
     out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
     out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
-    if top or left or bottom or right:
+    padded = bool(top or left or bottom or right)
+    if str(kernel.dtype) == "int16" and data.dtype == "uint8":
+        data = te.compute(data.shape, lambda *i: data(*i).astype("int16"), name="data_wide",
+                          attrs={} if padded else {STAGE_ATTR: 1})  # padded: inlined into the padding
+    if padded:
         data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="data_pad")
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
@@ -65,18 +70,19 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     ric = te.reduce_axis((0, in_outer), name="ric")
     rib = te.reduce_axis((0, block), name="rib")
     weight = lambda o, c, y, x, b, i: kernel[o, c, y, x, b, i]  # noqa: E731
-    if len(kernel.shape) == 7:  # OIHW{i/4}i{o}o4i
-        weight = lambda o, c, y, x, b, i: kernel[o, c, y, x, b // 4, i, b % 4]  # noqa: E731
+    if len(kernel.shape) == 7:  # OIHW{i/d}i{o}o{d}i
+        depth = int(kernel.shape[6])
+        weight = lambda o, c, y, x, b, i: kernel[o, c, y, x, b // depth, i, b % depth]  # noqa: E731
     return te.compute(shape, lambda n, o, y, x, i: te.sum(
         summed(data[n, first(o) + ric, y * sh + rh * dh, x * sw + rw * dw, rib]) * summed(weight(o, ric, rh, rw, rib, i)),
         axis=[ric, rh, rw, rib]), name="conv2d_NCHWc")
 
 
-def kernel_4i(kernel: te.Tensor) -> te.Tensor:
-    """An OIHW{i}i{o}o kernel packed OIHW{i/4}i{o}o4i."""
+def kernel_grouped(kernel: te.Tensor, depth: int, dtype: str) -> te.Tensor:
+    """An OIHW{i}i{o}o kernel packed OIHW{i/depth}i{o}o{depth}i, as ``dtype``."""
     o, i, kh, kw, ib, ob = kernel.shape
-    return te.compute((o, i, kh, kw, ib // 4, ob, 4), lambda a, b, y, x, g, j, l: kernel[a, b, y, x, g * 4 + l, j],
-                      name="kernel_4i")
+    return te.compute((o, i, kh, kw, ib // depth, ob, depth),
+                      lambda a, b, y, x, g, j, l: kernel[a, b, y, x, g * depth + l, j].astype(dtype), name="kernel_grouped")
 
 
 def channel_tables(channels: list[int], source: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,15 +121,20 @@ def gather_channels_nchwc(parts: list[te.Tensor], part: te.Tensor, local: te.Ten
     return te.compute((batch, lanes // block, height, width, block), element, name="gather_channels")
 
 
-def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    attrs = call.attrs
-    if not attrs.data_layout.endswith("c"):  # plain layouts: TVM's own legalisation
-        return _DEFAULT_CONV2D(bb, call)
-    kernel = call.args[1]
-    if str(kernel.ty.dtype) == "int8" and int(static_shape(kernel)[4]) % 4 == 0:  # a constant: folded
-        kernel = bb.emit_te(kernel_4i, kernel, primfunc_name_hint="kernel_4i")
-    return bb.call_te(conv2d_nchwc, call.args[0], kernel, attrs.strides, attrs.padding,
-                      attrs.dilation, int(attrs.groups), None, str(call.ty.dtype), primfunc_name_hint="conv2d_NCHWc")
+def _conv2d(dot: targets.ByteDot | None):
+    """Blocked convolutions; int8 kernels packed for ``dot``, the target's byte dot product."""
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        attrs = call.attrs
+        if not attrs.data_layout.endswith("c"):  # plain layouts: TVM's own legalisation
+            return _DEFAULT_CONV2D(bb, call)
+        kernel = call.args[1]
+        if dot is not None and str(kernel.ty.dtype) == "int8" and int(static_shape(kernel)[4]) % dot.depth == 0:
+            kernel = bb.emit_te(kernel_grouped, kernel, dot.depth, dot.weights,  # a constant: folded
+                                primfunc_name_hint="kernel_grouped")
+        return bb.call_te(conv2d_nchwc, call.args[0], kernel, attrs.strides, attrs.padding, attrs.dilation,
+                          int(attrs.groups), None, str(call.ty.dtype), primfunc_name_hint="conv2d_NCHWc")
+    return legalize
 
 
 def cumsum(data: te.Tensor, axis: int, dtype: str, exclusive: bool) -> te.Tensor:
@@ -374,7 +385,7 @@ def legalize_ops(target: Target) -> tvm.transform.Pass:
     """TVM's LegalizeOps with the blocked convolution, separable resizes, cumsum, float max/min
     reductions that start from infinity, LayerNorm exact on rows of equal values, bit shifts by
     any amount, and on CPU softmax rows padded to the vector width and the runtime's sort."""
-    ops = {"relax.nn.conv2d": _conv2d, "relax.image.resize2d": _resize2d, "relax.cumsum": _cumsum,
+    ops = {"relax.nn.conv2d": _conv2d(targets.byte_dot(target)), "relax.image.resize2d": _resize2d, "relax.cumsum": _cumsum,
            "relax.max": _extremum(True), "relax.min": _extremum(False), "relax.nn.layer_norm": _layer_norm,
            "relax.left_shift": _shift(True), "relax.right_shift": _shift(False)}
     if target.kind.name == "llvm":

@@ -27,7 +27,7 @@ from relaxc.schedules import cpu
 
 # (label, rule factory), in the order the rules are tried
 RULES: tuple[tuple[str, Callable[[], dl.ScheduleRule]], ...] = (
-    ("vnni", cpu.Vnni),
+    ("int8", cpu.Int8),
     ("winograd", cpu.Winograd),
     ("dense", cpu.Dense),
     ("rows", cpu.Rows),

@@ -207,11 +207,44 @@ def has_feature(feature: str, target: Target) -> bool:
     return _FEATURES[key]
 
 
+class ByteDot(NamedTuple):
+    """How a CPU sums uint8 x int8 products into int32 lanes: one ``instruction`` (an LLVM
+    intrinsic) adds to each of ``lanes`` accumulators the products of ``depth`` consecutive elements
+    of the data, broadcast, and of that lane's weights, the data read as ``data`` and the weights
+    stored as ``weights``."""
+
+    lanes: int
+    depth: int
+    data: str
+    weights: str
+    instruction: str
+
+
+# Widest first. VNNI's vpdpbusd sums 4 products exactly (4x an fp32 FMA's multiply-adds). Without
+# it, pmaddwd sums pairs of int16 products exactly (2x): the data zero-extended to int16 once before
+# the kernel reads it (a broadcast pair is then one load), the weights stored as int16. vpmaddubsw
+# (onnxruntime's AVX2 kernels) does as many a multiply but saturates its int16 pair sums (255 x 127
+# x 2 > 32767), so it is not used.
+BYTE_DOTS = (("avx512vnni", ByteDot(16, 4, "uint8", "int8", "llvm.x86.avx512.vpdpbusd.512")),
+             ("avxvnni", ByteDot(8, 4, "uint8", "int8", "llvm.x86.avx512.vpdpbusd.256")),
+             ("avx512bw", ByteDot(16, 2, "int16", "int16", "llvm.x86.avx512.pmaddw.d.512")),
+             ("avx2", ByteDot(8, 2, "int16", "int16", "llvm.x86.avx2.pmadd.wd")))
+
+
+def byte_dot(target: Target) -> ByteDot | None:
+    """The target's widest exact uint8 x int8 dot product instruction; None off x86."""
+    if target.kind.name != "llvm":
+        return None
+    return next((dot for feature, dot in BYTE_DOTS if has_feature(feature, target)), None)
+
+
 class VectorUnit(NamedTuple):
-    """What a CPU schedule sizes its register tiles by: fp32 lanes per vector, vector registers."""
+    """What a CPU schedule sizes its register tiles by: fp32 lanes per vector, vector registers,
+    and how it sums bytes (None where it has no byte dot product)."""
 
     lanes: int
     registers: int
+    bytes: ByteDot | None = None
 
 
 def accumulators(registers: int) -> int:
@@ -222,7 +255,7 @@ def accumulators(registers: int) -> int:
 
 
 def vector_unit(target: Target) -> VectorUnit:
-    return VectorUnit(vector_lanes(target), vector_registers(target))
+    return VectorUnit(vector_lanes(target), vector_registers(target), byte_dot(target))
 
 
 def vector_lanes(target: Target, dtype_bits: int = 32) -> int:

@@ -67,3 +67,5 @@ def test_the_quantized_benchmark_refuses_compile_options_it_would_not_use(capsys
     assert "--quantized" in capsys.readouterr().err
     assert bench.main(["--dynamic"]) == 2  # how --quantized quantizes: alone it is a mistake
     assert "--dynamic" in capsys.readouterr().err
+    assert bench.main(["--quantized", "-t", "cuda"]) == 2  # onnxruntime runs on this CPU: relaxc's side too
+    assert "not an LLVM CPU it runs" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 import relaxc as compiler
+from relaxc.artifact import Artifact
 from relaxc.support import targets
 from tests import reference
 
@@ -141,16 +142,36 @@ def test_average_pooling_rounds_as_onnxruntime_int8(pool, attrs, out):
         np.testing.assert_array_equal(art.run(x)[0], session.run(None, {"x": x})[0])
 
 
-def test_vnni_targets_schedule_the_integer_convolutions_with_vpdpbusd(quantized):
-    """Compiled for a VNNI CPU (not run: the host may lack it), every integer convolution is VNNI's."""
-    target = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
-    art = compiler.compile(quantized, target=target, tuning="off", backends="relaxc")
-    assert art.report()["schedules"].get("vnni") == 3  # the depthwise conv sums in float: not VNNI's
-    assert "llvm.x86.avx512.vpdpbusd.512" in art.ir("schedule")
-    if not targets.runs_on_host(targets.resolve(target)):
-        pytest.skip("this CPU has no AVX-512 VNNI: the VNNI build is not run")
-    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
-    np.testing.assert_array_equal(art.run(x)[0], compiler.compile(quantized, tuning="off", backends="relaxc").run(x)[0])
+# an LLVM CPU name for each byte dot product (support/targets.py's BYTE_DOTS): its instruction
+BYTE_DOT_CPUS = {"cascadelake": "llvm.x86.avx512.vpdpbusd.512", "alderlake": "llvm.x86.avx512.vpdpbusd.256",
+                 "skylake-avx512": "llvm.x86.avx512.pmaddw.d.512", "haswell": "llvm.x86.avx2.pmadd.wd"}
+
+
+def _built_for(model: onnx.ModelProto, mcpu: str) -> Artifact:
+    """``model`` compiled for ``mcpu``, its byte dot product's instruction checked in the schedules."""
+    art = compiler.compile(model, target={"kind": "llvm", "mcpu": mcpu, "num-cores": 2}, tuning="off",
+                           backends="relaxc")
+    assert BYTE_DOT_CPUS[mcpu] in art.ir("schedule")
+    return art
+
+
+def _skip_unless_the_host_runs(art: Artifact) -> None:
+    if not targets.runs_on_host(art.target):
+        pytest.skip(f"this CPU cannot run code for {art.target.attrs['mcpu']}: built, not run")
+
+
+@pytest.mark.parametrize("mcpu", BYTE_DOT_CPUS)
+def test_integer_convolutions_use_each_cpus_byte_dot_product(quantized, mcpu):
+    """Compiled for a CPU with each byte dot product (AVX-512 VNNI, AVX-VNNI, and pmaddwd on int16 for
+    AVX-512BW and AVX2), every dense integer convolution is tensorized with it (the depthwise one sums
+    in float); where the host runs the build, its output is onnxruntime's int8 output to the bit."""
+    art = _built_for(quantized, mcpu)
+    assert art.report()["schedules"].get("int8") == 3
+    _skip_unless_the_host_runs(art)
+    session = reference.ort_session(quantized)
+    for seed in range(2):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        np.testing.assert_array_equal(art.run(x)[0], session.run(None, {"x": x})[0])
 
 
 def _dynamic_mlp(weight_type: str = "QInt8") -> onnx.ModelProto:
@@ -195,17 +216,17 @@ def test_dynamic_quantization_multiplies_bytes_as_onnxruntime(weight_type):
         np.testing.assert_allclose(art.run(x)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def test_vnni_targets_multiply_the_dynamic_matmuls_with_vpdpbusd():
-    """Compiled for a VNNI CPU, both products are packed 4 bytes deep and tensorized; where the host
-    has VNNI, the result is the host build's."""
+@pytest.mark.parametrize("mcpu", BYTE_DOT_CPUS)
+def test_dynamic_matmuls_use_each_cpus_byte_dot_product(mcpu):
+    """Compiled for each byte dot product, both products are packed for it and tensorized; where the
+    host runs the build, its integers are those of AVX2's build (exact sums: equal to the bit)."""
     model = _dynamic_mlp()
-    target = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
-    art = compiler.compile(model, target=target, tuning="off", backends="relaxc")
+    art = _built_for(model, mcpu)
     assert art.report()["dense"]["packed"] == 2
-    assert art.ir("schedule").count("llvm.x86.avx512.vpdpbusd.512") >= 2
-    if not targets.runs_on_host(targets.resolve(target)):
-        pytest.skip("this CPU has no AVX-512 VNNI: the VNNI build is not run")
+    _skip_unless_the_host_runs(art)
     x = np.random.default_rng(0).standard_normal((2, 5, 38)).astype(np.float32)
     plain = compiler.compile(model, target={"kind": "llvm", "mcpu": "haswell", "num-cores": 2}, tuning="off",
                              backends="relaxc")
     np.testing.assert_array_equal(art.run(x)[0], plain.run(x)[0])
+    want = reference.ort_session(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(art.run(x)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -3,9 +3,9 @@
 
 from relaxc.schedules.cpu.basic import Basic
 from relaxc.schedules.cpu.dense import Dense
+from relaxc.schedules.cpu.int8 import Int8
 from relaxc.schedules.cpu.rows import Rows
 from relaxc.schedules.cpu.tiled import Tiled
-from relaxc.schedules.cpu.vnni import Vnni
 from relaxc.schedules.cpu.winograd import Winograd
 
-__all__ = ["Vnni", "Winograd", "Dense", "Rows", "Tiled", "Basic"]
+__all__ = ["Int8", "Winograd", "Dense", "Rows", "Tiled", "Basic"]

@@ -18,11 +18,11 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from relaxc.passes import prefetch
 from relaxc.passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
-from relaxc.schedules.cpu import vnni
+from relaxc.schedules.cpu.int8 import intrinsic
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
 from relaxc.schedules.cpu.steps import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial,
                                         try_attach, vectorize_innermost)
-from relaxc.support.targets import VectorUnit
+from relaxc.support.targets import ByteDot, VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
 
 BLOCK = "dense_packed"
@@ -51,7 +51,7 @@ class Dense(CpuRule):
         apart = False  # an epilogue stage of its own, which reads the product from memory
         for info in blocks:
             if info.name == BLOCK:
-                tile, write_back = _schedule_dense(sch, info.block_rv, lanes)
+                tile, write_back = _schedule_dense(sch, info.block_rv, unit)
             elif tile is not None and try_attach(sch, info.block_rv, tile):
                 vectorize_innermost(sch, info.block_rv, lanes)
             else:
@@ -63,15 +63,16 @@ class Dense(CpuRule):
 
 
 def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
-                    lanes: int) -> tuple[s_tir.schedule.LoopRV | None, s_tir.schedule.SBlockRV]:
+                    unit: VectorUnit) -> tuple[s_tir.schedule.LoopRV | None, s_tir.schedule.SBlockRV]:
     """Tile the product; returns the loop its epilogue attaches to (the row tile's), or None when
     x has several matrices (batch dims): then the epilogue is a parallel stage of its own; and the
     block writing the accumulators back. TVM infers the region an epilogue needs under a loop
     through the flattening (r // M, r % M) as a box, which for a tile straddling two matrices, or
     for padded rows, is not the tile: it read rows other tiles compute later, or skipped some (wrong
     results; the fuzzer found them)."""
-    if _operand_dtypes(sch.get(block)) == ("uint8", "int8", "int32"):
-        return _schedule_bytes(sch, block)
+    if unit.bytes is not None and _operand_dtypes(sch.get(block)) == (unit.bytes.data, unit.bytes.weights, "int32"):
+        return _schedule_bytes(sch, block, unit.bytes)
+    lanes = unit.lanes
     loops = sch.get_loops(block)
     if len(loops) not in (3, 4):  # TVM drops unit loops; passes/dense.py packs no single row and no K = 1
         raise ValueError(f"dense_packed with {len(loops)} loops, expected [matrices,] rows, columns, depth")
@@ -107,17 +108,17 @@ def _mark_prefetch(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, row_oute
         sch.annotate(row_outer, prefetch.ATTR, prefetch.mark(weights[0].name, span))
 
 
-def _schedule_bytes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> tuple[s_tir.schedule.LoopRV | None,
-                                                                                 s_tir.schedule.SBlockRV]:
-    """A uint8 x int8 product (``pack_bytes`` weights) on ``vpdpbusd``: each tile's rows by its panel's
-    vectors of int32 accumulators, ``vnni.INTRIN`` adding a broadcast 4-byte group of a row times
-    a vector's 4 bytes a lane; the tiles of all panels in one parallel loop."""
+def _schedule_bytes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                    dot: ByteDot) -> tuple[s_tir.schedule.LoopRV | None, s_tir.schedule.SBlockRV]:
+    """A uint8 x int8 product (``pack_bytes`` weights) on the byte dot product ``dot``: each tile's
+    rows by its panel's vectors of int32 accumulators, each instruction adding a broadcast group of
+    a row's bytes times a vector's weights; the tiles of all panels in one parallel loop."""
     rows, columns, depth = sch.get_loops(block)  # passes/dense.py packs no single row
     annotations = sch.get(block).annotations
     panel = int(annotations[PANEL_ATTR])
     row_outer, row_inner = sch.split(rows, factors=[None, int(annotations[ROW_TILE_ATTR])])
-    panel_outer, vectors, lane = sch.split(columns, factors=[None, panel // vnni.LANES, vnni.LANES])
-    group, byte = sch.split(depth, factors=[None, vnni.DEPTH])
+    panel_outer, vectors, lane = sch.split(columns, factors=[None, panel // dot.lanes, dot.lanes])
+    group, byte = sch.split(depth, factors=[None, dot.depth])
     sch.reorder(panel_outer, row_outer, group, row_inner, vectors, lane, byte)
     tiles = sch.fuse(panel_outer, row_outer)
     sch.parallel(tiles)
@@ -125,10 +126,10 @@ def _schedule_bytes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> tupl
     sch.reverse_compute_at(write_back, tiles, preserve_unit_loops=True)
     init = sch.decompose_reduction(block, group)
     sch.vectorize(sch.get_loops(init)[-1])
-    sch.tensorize(lane, vnni.INTRIN)
+    sch.tensorize(lane, intrinsic(dot))
     sch.unroll(row_inner)
     sch.unroll(vectors)
-    vectorize_innermost(sch, write_back, vnni.LANES)
+    vectorize_innermost(sch, write_back, dot.lanes)
     return (tiles if int(annotations[TILE_ALIGNED_ATTR]) else None), write_back
 
 

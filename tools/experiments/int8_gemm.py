@@ -8,7 +8,7 @@ Why: int8 kernels must beat onnxruntime's int8; this measures what one register-
 reaches before anything is built into the pipeline. Weights are packed ``[N/16, K/4, 16, 4]`` (16
 output lanes, 4 bytes deep: one ``vpdpbusd`` multiplies a broadcast 4-byte group of a row into 16
 lanes); ``MB`` rows by ``NB`` 16-lane blocks of accumulators stay in registers (the intrinsic of
-``schedules/cpu/vnni.py``, which the integer convolutions use).
+``schedules/cpu/int8.py``, which the integer convolutions use).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import s_tir
 from tvm.script import tirx as T
 
-from relaxc.schedules.cpu.vnni import INTRIN
+from relaxc.schedules.cpu.int8 import intrinsic
 from relaxc.support import targets
 from relaxc.support.threads import configure_threads
 
@@ -60,7 +60,7 @@ def schedule(M: int, N: int, K: int) -> tvm.IRModule:
     sch.parallel(parallel)
     sch.reverse_compute_at(sch.cache_write(block, 0, "local"), parallel)
     sch.decompose_reduction(block, kt)
-    sch.tensorize(ji, INTRIN)
+    sch.tensorize(ji, intrinsic(dict(targets.BYTE_DOTS)["avx512vnni"]))
     sch.unroll(jb)
     sch.unroll(ii)
     return sch.mod
