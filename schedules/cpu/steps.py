@@ -194,11 +194,27 @@ def vectorize_innermost(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
 
 def try_attach(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, loop: s_tir.schedule.LoopRV) -> bool:
     """Compute an epilogue under its producer's tile loop, if its access pattern allows."""
+    if _reads_a_fixed_part(sch, block):
+        return False
     try:
         sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
     except s_tir.ScheduleError:
         return False
     return True
+
+
+def _reads_a_fixed_part(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Whether ``block`` reads a producer's output at a fixed index along a dimension longer than
+    one (a slice of one channel block of a pooling). TVM 0.27's ``reverse_compute_at`` drops such
+    an index from the region it relates to the tile, so the epilogue ran under every tile, each
+    writing the same outputs from its own tile's values (the quantized fuzzer found it)."""
+    produced = {sch.get(p).writes[0].source for p in sch.get_producers(block)}
+    for read in sch.get(block).reads:
+        if read.source in produced and any(
+                isinstance(r.min, tirx.IntImm) and int(r.extent) == 1 and int(dim) > 1
+                for r, dim in zip(read.region, read.source.shape)):
+            return True
+    return False
 
 
 def inline_elementwise(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> list[SBlockInfo]:

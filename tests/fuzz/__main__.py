@@ -35,12 +35,13 @@ def _reason(detail: str) -> str:
 
 
 def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: bool = True,
-         quantized: bool = False) -> dict:
-    """Run the fuzzer; returns counts by outcome and the failures (seed, outcome, saved path)."""
+         quantized: bool = False, target: str = "cpu") -> dict:
+    """Run the fuzzer (relaxc compiling for ``target``); returns counts by outcome and the
+    failures (seed, outcome, saved path)."""
     counts: collections.Counter[str] = collections.Counter({kind: 0 for kind in KINDS})
     failures, refusals, peak_mb = [], collections.Counter(), 0.0
     isolated = worker()
-    isolated_check = functools.partial(check_in, isolated)
+    isolated_check = functools.partial(check_in, isolated, target=target)
     start = time.perf_counter()
     try:
         for graph_seed in tqdm(range(seed, seed + graphs), desc="fuzz", unit="graph", disable=not progress):
@@ -82,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-ops", type=int, default=10, help="generator steps per graph (default 10)")
     parser.add_argument("--save", default="fuzz-findings", help="where shrunk failures go (default ./fuzz-findings)")
     parser.add_argument("--quantized", action="store_true", help="quantize each graph (QDQ) with onnxruntime's tool")
+    parser.add_argument("-t", "--target", default="cpu",
+                        help="relaxc's target: cpu (this machine) or, as a JSON dict, an LLVM CPU this one runs")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
-    summary = fuzz(args.graphs, args.seed, args.save, args.max_ops, quantized=args.quantized)
+    summary = fuzz(args.graphs, args.seed, args.save, args.max_ops, quantized=args.quantized, target=args.target)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -87,16 +87,17 @@ def out_of_range(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[
     return variants
 
 
-def check(model: onnx.ModelProto, backends: str = "replay") -> Outcome:
-    """``compare(model, backends)`` with the process's peak resident memory."""
-    outcome = compare(model, backends)
+def check(model: onnx.ModelProto, backends: str = "replay", target: str = "cpu") -> Outcome:
+    """``compare(model, backends, target)`` with the process's peak resident memory."""
+    outcome = compare(model, backends, target)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Outcome(outcome.kind, outcome.detail, round(peak, 1))
 
 
-def compare(model: onnx.ModelProto, backends: str = "replay") -> Outcome:
+def compare(model: onnx.ModelProto, backends: str = "replay", target: str = "cpu") -> Outcome:
     """Compile ``model`` (no tuning; ``backends``: relaxc's kernels only, or with the external
-    backends too, as users compile), run it and onnxruntime on the same random inputs, compare."""
+    backends too, as users compile; for ``target``, this CPU or one it runs), run it and
+    onnxruntime on the same random inputs, compare."""
     import relaxc as compiler
     from relaxc.benchmarks import reference
 
@@ -107,7 +108,7 @@ def compare(model: onnx.ModelProto, backends: str = "replay") -> Outcome:
     except Exception as err:  # noqa: BLE001 - any failure of the reference is classified
         return Outcome("reference", _line(err))
     try:
-        art = compiler.compile(model, target="cpu", tuning="off", backends=backends)
+        art = compiler.compile(model, target=target, tuning="off", backends=backends)
     except compiler.UserError as err:
         return Outcome("refused", _line(err))
     except Exception as err:  # noqa: BLE001
@@ -187,12 +188,12 @@ def worker() -> Isolated:
     return Isolated(_check_job, memory=MEMORY_BYTES)
 
 
-def _check_job(job: tuple[onnx.ModelProto, str]) -> Outcome:
+def _check_job(job: tuple[onnx.ModelProto, str, str]) -> Outcome:
     return check(*job)
 
 
-def check_in(worker: Isolated, model: onnx.ModelProto, backends: str = "replay") -> Outcome:
+def check_in(worker: Isolated, model: onnx.ModelProto, backends: str = "replay", target: str = "cpu") -> Outcome:
     """``check`` in ``worker`` (``worker()``): a worker that dies is a ``crash``, one that gives no
     answer within ``TIMEOUT_S`` a ``hang``."""
-    outcome, why = worker.call((model, backends), TIMEOUT_S)
+    outcome, why = worker.call((model, backends, target), TIMEOUT_S)
     return outcome if outcome is not None else Outcome("hang" if why.startswith(HUNG) else "crash", why)

@@ -472,3 +472,20 @@ def test_a_channel_shuffle_of_blocked_data_copies_each_lane_along_the_map():
     assert len(takes) == 1 and "T.vectorized" not in takes[0] and "T.parallel(T.int64(32))" in takes[0], takes
     x = reference.random_inputs(art.inputs, seed=8)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+def test_an_epilogue_reading_one_channel_block_of_a_reduction_runs_after_it():
+    """A max pooling whose consumer keeps its first channel block (a Split after Conv -> MaxPool
+    in 8-lane blocks): attached under the pooling's tiles, every tile wrote that block from its
+    own values (the quantized fuzzer found it); the slice runs as a stage of its own instead."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1]),
+             helper.make_node("Split", ["p", "sizes"], ["y", "rest"], axis=1)]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 25, 11])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 13, 6])],
+                             [reference._const("w", rng.standard_normal((34, 12, 1, 1))),
+                              helper.make_tensor("sizes", TensorProto.INT64, [2], [8, 26])])
+    art = compiler.compile(model, tuning="off", layout_block=8)
+    x = rng.standard_normal((1, 12, 25, 11)).astype(np.float32)
+    reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
