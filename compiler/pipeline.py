@@ -164,9 +164,10 @@ def _dispatch(c: Compilation) -> list[tvm.transform.Pass]:
     reads_store = config.dispatch in ("replay", "measure")
     store = DispatchStore(store_for(config.cache_dir, target)) if reads_store else None
     unit = (vector_lanes(target), vector_registers(target))
+    dot = byte_dot(target)
     chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), *unit,
-                      strict=config.tuning == "strict")
-    return [Dispatch(chooser, *unit, measurable=reads_store)]
+                      strict=config.tuning == "strict", dot=dot)
+    return [Dispatch(chooser, *unit, measurable=reads_store, dot=dot)]
 
 
 def _build_candidate(mod: tvm.IRModule, c: Compilation) -> relax.VMExecutable:

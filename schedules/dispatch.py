@@ -49,6 +49,7 @@ from relaxc.passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, can
 from relaxc.schedules.cache import DISPATCH_FILE, RecordStore, read_measurements, write_measurements
 from relaxc.support import remote
 from relaxc.support.errors import UserError
+from relaxc.support.targets import ByteDot
 
 log = logging.getLogger("relaxc")
 MODES = ("replay", "measure", "heuristic", "off")
@@ -83,7 +84,7 @@ def heuristic(workload: ConvWorkload, options: list[str], strategy: str = "laten
     _, outer, height, width, block = workload.data
     top, left, bottom, right = workload.padding
     smaller = min(height + top + bottom, width + left + right) - 2  # the output's shorter side (stride 1)
-    tile = 4 if smaller >= 8 else 2
+    tile = 4 if smaller >= 8 and WINOGRAD[4] in options else 2  # a quantized convolution has F(2x2) only
     return WINOGRAD[tile] if WINOGRAD[tile] in options and outer * block >= 16 else DIRECT
 
 
@@ -135,6 +136,7 @@ class Chooser:
     lanes: int
     registers: int
     strict: bool = False  # a missing decision is an error (tuning="strict")
+    dot: ByteDot | None = None  # the target's byte dot product (integer Winograd candidates)
 
     def __post_init__(self) -> None:
         self.known = self.store.load() if self.store is not None else {}
@@ -171,8 +173,10 @@ class Chooser:
     def _measure(self, workload: ConvWorkload, options: list[str], call: relax.Call) -> dict:
         start = time.perf_counter()
         rng = np.random.default_rng(0)
-        x = rng.uniform(-1, 1, workload.data).astype("float32")
-        built = {name: self.build(candidate_module(call, name, self.lanes, self.registers)) for name in options}
+        x = (rng.uniform(-1, 1, workload.data).astype("float32") if workload.dtype == "float32"
+             else rng.integers(0, 256, workload.data).astype(workload.dtype))
+        built = {name: self.build(candidate_module(call, name, self.lanes, self.registers, self.dot))
+                 for name in options}
 
         def timed(bench: remote.Bench) -> tuple[dict[str, np.ndarray], dict[str, float]]:
             vms = {name: relax.VirtualMachine(bench.load(ex), bench.device) for name, ex in built.items()}
@@ -181,7 +185,7 @@ class Chooser:
             return outputs, time_in_turns({name: (vm, data) for name, vm in vms.items()}, bench)
 
         outputs, ms = remote.on_bench(timed, f"the implementations of {workload.key}")  # this CPU or a server
-        reference = outputs[DIRECT]
+        reference = outputs[DIRECT].astype(np.float64)
         scale = float(np.abs(reference).max()) or 1.0
         candidates = {name: {"ms": ms[name],
                              "error": float(np.abs(outputs[name] - reference).max() / scale),
@@ -249,7 +253,8 @@ class MeasuredLayoutCosts:
         return entry["ms"]
 
 
-def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) -> tvm.IRModule:
+def candidate_module(call: relax.Call, name: str, lanes: int, registers: int,
+                     dot: ByteDot | None = None) -> tvm.IRModule:
     """A module whose ``main`` runs one candidate of the convolution ``call`` on its input."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", call.args[0].ty)
@@ -260,8 +265,8 @@ def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) ->
                 out = bb.emit(conv)
             else:
                 conv = bb.normalize(conv)  # typed: emit_winograd reads its output shape
-                workload, _ = candidates(conv)
-                out = bb.emit(emit_winograd(Kernels(bb), conv, workload, tile_size(name), lanes, registers))
+                workload, _ = candidates(conv, dot)
+                out = bb.emit(emit_winograd(Kernels(bb), conv, workload, tile_size(name), lanes, registers, dot))
             result = bb.emit_output(out)
         bb.emit_func_output(result)
     return bb.get()

@@ -9,6 +9,8 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 import relaxc as compiler
 from relaxc.artifact import Artifact
+from relaxc.passes import winograd
+from relaxc.passes.dispatch import WINOGRAD
 from relaxc.support import targets
 from tests import reference
 
@@ -166,11 +168,54 @@ def test_integer_convolutions_use_each_cpus_byte_dot_product(quantized, mcpu):
     AVX-512BW and AVX2), every dense integer convolution is tensorized with it (the depthwise one sums
     in float); where the host runs the build, its output is onnxruntime's int8 output to the bit."""
     art = _built_for(quantized, mcpu)
-    assert art.report()["schedules"].get("int8") == 3
+    report = art.report()
+    winograd_convs = report["dispatch"]["choices"].get(WINOGRAD[2], 0)  # the 16-channel 3x3 one, on pmaddwd CPUs
+    assert winograd_convs == (1 if "pmadd" in BYTE_DOT_CPUS[mcpu] else 0)
+    assert report["schedules"].get("int8") == 3 - winograd_convs
     _skip_unless_the_host_runs(art)
     session = reference.ort_session(quantized)
     for seed in range(2):
         x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        np.testing.assert_array_equal(art.run(x)[0], session.run(None, {"x": x})[0])
+
+
+def test_integer_winograd_is_the_convolution_times_4_exactly():
+    """4 Y = A^T [((2G) g (2G)^T) * (B^T d B)] A on the integers, for uint8 tiles and int8 kernels
+    at their extremes."""
+    at, g, bt = winograd.MATRICES[winograd.INTEGER_TILE]
+    assert all(np.array_equal(matrix, np.rint(matrix)) for matrix in (at, 2 * g, bt))  # integers
+    at, g2, bt = (matrix.astype(np.int64) for matrix in (at, 2 * g, bt))
+    rng = np.random.default_rng(0)
+    for d, k in [(rng.integers(0, 256, (4, 4)), rng.integers(-128, 128, (3, 3))),
+                 (np.full((4, 4), 255), np.full((3, 3), -128))]:
+        direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * k) for j in range(2)] for i in range(2)])
+        v = bt @ d @ bt.T
+        assert np.abs(v).max() <= winograd.DATA_BOUND
+        assert np.array_equal(at @ ((g2 @ k @ g2.T) * v) @ at.T, 4 * direct)
+
+
+def test_integer_winograd_is_refused_where_its_sums_could_leave_int32():
+    kernel = np.full((1, 128, 3, 3, 16, 16), 127, np.int8)  # 2,048 input channels of the largest weight
+    assert not winograd.integer_fits(kernel)
+    assert winograd.integer_fits(kernel[:, :64])
+
+
+@pytest.mark.parametrize("shape", [
+    dict(channels=16, out_channels=32, height=9, width=7, pads=1),  # tiles sticking out of the output
+    dict(channels=24, out_channels=20, height=10, width=10, pads=0, batch=2),  # padded channel blocks, batch
+    dict(channels=32, out_channels=32, height=8, width=8, pads=1, residual=True),  # residual add
+])
+def test_quantized_3x3_convolutions_run_as_integer_winograd_on_pmaddwd_cpus(shape):
+    """Built for AVX2 (pmaddwd: half VNNI's products an instruction), a quantized 3x3 convolution
+    runs as the integer F(2x2): onnxruntime's int8 output to the bit."""
+    model = quantize(reference.conv3x3(**shape))
+    art = _built_for(model, "haswell")
+    assert art.report()["dispatch"]["choices"] == {WINOGRAD[2]: 1}
+    _skip_unless_the_host_runs(art)
+    session = reference.ort_session(model)
+    for seed in range(2):
+        x = np.random.default_rng(seed).standard_normal(
+            (shape.get("batch", 1), shape["channels"], shape["height"], shape["width"])).astype(np.float32)
         np.testing.assert_array_equal(art.run(x)[0], session.run(None, {"x": x})[0])
 
 

@@ -112,15 +112,16 @@ def _schedule_bytes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
                     dot: ByteDot) -> tuple[s_tir.schedule.LoopRV | None, s_tir.schedule.SBlockRV]:
     """A uint8 x int8 product (``pack_bytes`` weights) on the byte dot product ``dot``: each tile's
     rows by its panel's vectors of int32 accumulators, each instruction adding a broadcast group of
-    a row's bytes times a vector's weights; the tiles of all panels in one parallel loop."""
-    rows, columns, depth = sch.get_loops(block)  # passes/dense.py packs no single row
+    a row's bytes times a vector's weights; the tiles of all panels (of all matrices: the integer
+    Winograd's products) in one parallel loop."""
+    *matrices, rows, columns, depth = sch.get_loops(block)  # passes/dense.py packs no single row
     annotations = sch.get(block).annotations
     panel = int(annotations[PANEL_ATTR])
     row_outer, row_inner = sch.split(rows, factors=[None, int(annotations[ROW_TILE_ATTR])])
     panel_outer, vectors, lane = sch.split(columns, factors=[None, panel // dot.lanes, dot.lanes])
     group, byte = sch.split(depth, factors=[None, dot.depth])
-    sch.reorder(panel_outer, row_outer, group, row_inner, vectors, lane, byte)
-    tiles = sch.fuse(panel_outer, row_outer)
+    sch.reorder(*matrices, panel_outer, row_outer, group, row_inner, vectors, lane, byte)
+    tiles = sch.fuse(*matrices, panel_outer, row_outer)
     sch.parallel(tiles)
     write_back = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write_back, tiles, preserve_unit_loops=True)
