@@ -231,6 +231,20 @@ BYTE_DOTS = (("avx512vnni", ByteDot(16, 4, "uint8", "int8", "llvm.x86.avx512.vpd
              ("avx2", ByteDot(8, 2, "int16", "int16", "llvm.x86.avx2.pmadd.wd")))
 
 
+HALVES = {"llvm.x86.avx512.vpdpbusd.512": "llvm.x86.avx512.vpdpbusd.256",  # AVX-512VL's EVEX form
+          "llvm.x86.avx512.pmaddw.d.512": "llvm.x86.avx2.pmadd.wd"}
+
+
+def fitting(dot: ByteDot, lanes: int) -> ByteDot | None:
+    """``dot``, or its 256-bit form, whose lanes divide ``lanes`` (an 8-channel block on an AVX-512
+    CPU, which the measured layout choice can pick); None if neither does."""
+    if lanes % dot.lanes == 0:
+        return dot
+    if dot.instruction in HALVES and lanes % (dot.lanes // 2) == 0:
+        return dot._replace(lanes=dot.lanes // 2, instruction=HALVES[dot.instruction])
+    return None
+
+
 def byte_dot(target: Target) -> ByteDot | None:
     """The target's widest exact uint8 x int8 dot product instruction; None off x86."""
     if target.kind.name != "llvm":

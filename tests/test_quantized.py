@@ -179,6 +179,17 @@ def test_integer_convolutions_use_each_cpus_byte_dot_product(quantized, mcpu):
         np.testing.assert_array_equal(art.run(x)[0], session.run(None, {"x": x})[0])
 
 
+def test_8_channel_blocks_on_a_vnni_cpu_take_the_256_bit_vpdpbusd(quantized):
+    """The measured layout choice can give an AVX-512 CPU 8-channel blocks: their convolutions
+    take AVX-512VL's 8-lane form of the same instruction, not the generic tiled rule."""
+    art = compiler.compile(quantized, target={"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2},
+                           tuning="off", backends="relaxc", layout_block=8)
+    assert art.report()["schedules"].get("int8") == 3 and "llvm.x86.avx512.vpdpbusd.256" in art.ir("schedule")
+    _skip_unless_the_host_runs(art)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(art.run(x)[0], reference.ort_session(quantized).run(None, {"x": x})[0])
+
+
 def test_integer_winograd_is_the_convolution_times_4_exactly():
     """4 Y = A^T [((2G) g (2G)^T) * (B^T d B)] A on the integers, for uint8 tiles and int8 kernels
     at their extremes."""

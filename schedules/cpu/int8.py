@@ -26,7 +26,7 @@ from relaxc.passes.legalize import STAGE_ATTR
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
 from relaxc.schedules.cpu.steps import inline_elementwise, loop_extent, try_attach, vectorize_innermost
 from relaxc.schedules.cpu.tiled import schedule_padding
-from relaxc.support.targets import ByteDot, VectorUnit, byte_dot
+from relaxc.support.targets import ByteDot, VectorUnit, byte_dot, fitting
 from relaxc.support.tvm_internals import UncheckedSchedule
 
 ROWS = (8, 7, 6, 5, 4, 3, 2, 1)  # output pixels of a tile, the first that divides the row
@@ -128,7 +128,8 @@ class Int8(CpuRule):
             return None
         spatial, reduction, rib = roles
         lane = spatial.pop(4, None)
-        if lane is None or (loop_extent(sch, lane) or 1) % dot.lanes or (loop_extent(sch, rib) or 1) % dot.depth:
+        dot = fitting(dot, loop_extent(sch, lane) or 1) if lane is not None else None
+        if dot is None or (loop_extent(sch, rib) or 1) % dot.depth:
             return None
         vectors = loop_extent(sch, lane) // dot.lanes  # a block of two vectors (a measured layout choice)
         rows, count = tile(loop_extent(sch, spatial[3]) if 3 in spatial else 1,
