@@ -98,8 +98,8 @@ def pack_panels(weights: np.ndarray, panel: int) -> np.ndarray:
 def pack_bytes(weights: np.ndarray, dot: ByteDot, panel: int) -> np.ndarray:
     """int8 weights (K, N) packed (ceil(N / panel), ceil(K / depth), panel, depth) as ``dot.weights``:
     each column's ``depth`` consecutive rows of K together (``K{k/d}N{panel}n{d}k``), as one byte dot
-    product instruction reads them for a vector of columns, a panel's vectors side by side (as
-    vectors a panel apart, BERT's products ran at 55 % of their speed on AVX2); the columns and rows
+    product instruction reads them for a vector of columns, a panel's vectors side by side (one
+    contiguous strip per register tile, as ``pack_panels`` lays float weights); the columns and rows
     past N and K zero."""
     depth, columns = weights.shape
     group = dot.depth

@@ -79,6 +79,7 @@ MATRICES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {
 }
 TILE_SIZES = tuple(MATRICES)
 INTEGER_TILE = 2  # the integer form's F(m x m): 2G is integer, and its data fits int16
+INTEGER_SHIFT = 2  # 2G on both sides: the integer form's A^T M A is 4 times the convolution
 DATA_BOUND = 4 * 255  # |B^T d B| for uint8 d: F(2x2)'s B^T has two +-1 a row
 SUM_LIMIT = 1 << 31  # int32 sums
 
@@ -214,6 +215,8 @@ def winograd_output(product: te.Tensor, m: int, shape: tuple[int, int, int, int,
         p = n * th * tw + y // m * tw + x // m
         value = _select(y % m, [_combine(at[r], [ma[a, x % m, p, o * block + i] for a in range(alpha)])
                                 for r in range(m)])
-        return tvm.tirx.shift_right(value, tvm.tirx.const(2, "int32")) if product.dtype == "int32" else value
+        if product.dtype == "int32":  # the integer form: exactly 4 times the convolution
+            return tvm.tirx.shift_right(value, tvm.tirx.const(INTEGER_SHIFT, "int32"))
+        return value
 
     return te.compute(shape, element, name="winograd_output", attrs={OUTPUT_ATTR: m})

@@ -7,7 +7,7 @@ of one pixel by a vector of output lanes' ``d`` weights each and adds the sums t
 AVX-512 VNNI's ``vpdpbusd`` 4 bytes deep (64 multiply-adds an instruction, 4x float32's FMA), and
 without VNNI ``pmaddwd`` 2 deep on the data zero-extended to int16 and int16 weights (exact; 2x).
 Register tile: ``rows`` output pixels of a row by ``blocks`` vectors of output channels (at most
-three quarters of the vector registers), the reduction (input blocks, kernel rows, columns, groups
+``most_accumulators``: all vector registers but 4), the reduction (input blocks, kernel rows, columns, groups
 of ``d`` channels) inside it, the tiles in one parallel loop; the epilogue (the scale to float,
 bias, activation, the next quantize) is computed on each tile while its accumulators are in
 registers, so only the uint8 result is written. TVM 0.27's own ``dot_16x4_vnni`` intrinsic does not
@@ -107,8 +107,8 @@ class Int8(CpuRule):
         return byte_dot(target) is not None
 
     def may_fit(self, func: tirx.PrimFunc) -> bool:
-        return any(b.name_hint.startswith("conv2d_NCHWc") and _dtypes(b)[::2] in (("uint8", "int32"), ("int16", "int32"))
-                   for b in kernel_blocks(func))
+        return any(b.name_hint.startswith("conv2d_NCHWc") and _dtypes(b)[0] in ("uint8", "int16")
+                   and _dtypes(b)[2] == "int32" for b in kernel_blocks(func))
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
         dot = unit.bytes
