@@ -55,8 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quantized", action="store_true",
                         help="quantize each model (QDQ int8, onnxruntime's tool) and compare int8 and float "
                              "builds of both runtimes (benchmarks/quantized.py; default model zoo:resnet18)")
-    parser.add_argument("--dynamic", action="store_true",
-                        help="with --quantized: quantize_dynamic (MatMulInteger) instead of quantize_static (QDQ)")
+    forms = parser.add_mutually_exclusive_group()
+    forms.add_argument("--dynamic", dest="form", action="store_const", const="dynamic",
+                       help="with --quantized: quantize_dynamic (MatMulInteger) instead of quantize_static (QDQ)")
+    forms.add_argument("--qoperator", dest="form", action="store_const", const="QOperator",
+                       help="with --quantized: quantize_static in QOperator format (QLinearConv...) instead of QDQ")
+    parser.add_argument("--int8-activations", dest="activations", action="store_const", const="int8",
+                        help="with --quantized: int8 activations (the quantizer's default) instead of uint8")
     add_option_args(parser, Options)
     return parser
 
@@ -149,8 +154,9 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UserError("--repeat and --threads must be at least 1")
     if args.markdown and not os.path.isdir(os.path.dirname(os.path.abspath(args.markdown))):  # said before, not after, the benchmark
         raise UserError(f"cannot write {args.markdown}: its directory does not exist")
-    if args.dynamic and not args.quantized:
-        raise UserError("--dynamic chooses how --quantized quantizes: give both")
+    if (args.form or args.activations) and not args.quantized:
+        option = f"--{args.form.lower()}" if args.form else "--int8-activations"
+        raise UserError(f"{option} chooses how --quantized quantizes: give both")
     if args.quantized:
         from relaxc.benchmarks import quantized
 
@@ -158,7 +164,7 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise UserError("--quantized measures this CPU with tuning off and relaxc's own kernels: "
                             "it takes no compile options")
         return quantized.run(args.models or ["zoo:resnet18"], args.repeat, quantized.ROUNDS, args.threads,
-                             args.markdown, args.dynamic, args.target)
+                             args.markdown, args.form or "QDQ", args.target, args.activations or "uint8")
     rows = harness.run(args.models, repeat=args.repeat, threads=args.threads, target=args.target,
                        print_fn=lambda line: print(line, flush=True), **option_values(args, Options))
     if args.markdown:

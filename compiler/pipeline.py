@@ -3,7 +3,8 @@
     import     compiler/frontend/          validate the ONNX model, expand function operators, fold shape
                                            computations, rewrite ignored attributes, refuse inexact
                                            forms, convert to Relax
-    simplify   passes/quantized.py         quantized (QDQ) convolutions, matmuls, additions to integer arithmetic
+    simplify   passes/signed_activations.py int8 activations held as uint8 ones, 128 higher
+               passes/quantized.py         quantized (QDQ) convolutions, matmuls, additions to integer arithmetic
                passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
                passes/integer_matmul.py    MatMulInteger on uint8 x int8 bytes
                passes/cse.py               canonicalize, CSE (weights compared by object), dead code
@@ -62,6 +63,7 @@ from relaxc.passes.layout import LayoutPass
 from relaxc.passes.layout_algebra import STANDARD, blocked
 from relaxc.passes.legalize import legalize_ops
 from relaxc.passes.quantized import QuantizedToIntegers
+from relaxc.passes.signed_activations import SignedActivationsAsUnsigned
 from relaxc.passes.memory import ArenaPlan
 from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords
@@ -103,6 +105,7 @@ class Phase:
 def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
     return [
         AccumulateHalfInFloat32(),
+        SignedActivationsAsUnsigned(),
         QuantizedToIntegers(),  # before folding: it reads the int8 weights under their dequantize
         FoldConstantsNumpy(),  # materialise fills first: FoldBatchnormToConv2D needs constants
         relax.transform.FoldBatchnormToConv2D(),

@@ -60,7 +60,7 @@ class _Operands:
 
     conv: relax.Call  # a conv2d or a matmul
     data: relax.Expr  # the uint8 tensor
-    x_zero: int
+    x_zero: int | relax.Expr  # a constant, or a scalar computed at run time (ConvInteger's)
     weights: np.ndarray  # int8, OIHW or (K, N)
     scale: np.ndarray  # float32 ``sx * sw`` per output channel
 
@@ -115,6 +115,13 @@ class _Table:
 
     data: relax.Expr
     values: np.ndarray  # int32, by the data's value
+
+
+def _computed_scalar(expr: relax.Expr) -> bool:
+    """A scalar uint8 value computed at run time (``DynamicQuantizeLinear``'s zero point)."""
+    shape = static_shape(expr)
+    return constant_array(expr) is None and shape is not None and math.prod(shape) == 1 \
+        and str(expr.ty.dtype) == "uint8"
 
 
 def _fma(a: np.ndarray | np.float32, b: np.ndarray | np.float32, c: np.ndarray | np.float32) -> np.ndarray:
@@ -249,6 +256,8 @@ class _Graph:
         if transposed and weights is not None and weights.ndim == 2:
             weights = weights.T
         x_scale, x_zero = _scalar(sx), _scalar(zx)
+        if x_zero is None and not matmul and _computed_scalar(zx):
+            x_zero = zx
         shape = static_shape(call)
         why = None
         if shape is None or (not matmul and (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW")):
@@ -272,7 +281,7 @@ class _Graph:
             return None
         channels = shape[-1] if matmul else shape[1]
         scale = (np.float32(x_scale) * np.broadcast_to(scales.astype(np.float32), (channels,))).astype(np.float32)
-        return _Operands(call, xq, int(x_zero), weights, scale)
+        return _Operands(call, xq, x_zero if isinstance(x_zero, relax.Expr) else int(x_zero), weights, scale)
 
     def _fused(self, call: relax.Call) -> _Chain | _AddChain | _Moved | _Averaged | None:
         """A ``quantize`` ending one of the forms onnxruntime fuses into one integer kernel."""
@@ -460,8 +469,10 @@ class _IntegerConv(relax.PyExprMutator):
         offset = offset.reshape(1, channels, 1, 1)
         if int(attrs.groups) > 1:  # depthwise or grouped: every partial sum exact in float32 (_operands)
             floats = norm(relax.op.astype(data, "float32"))
-            if operands.x_zero:  # xq - zx, padded with 0 as x is
-                floats = norm(relax.op.subtract(floats, relax.const(np.float32(operands.x_zero))))
+            if isinstance(operands.x_zero, relax.Expr) or operands.x_zero:  # xq - zx, padded with 0 as x is
+                zero = operands.x_zero
+                zero = self._zero(zero, "float32") if isinstance(zero, relax.Expr) else relax.const(np.float32(zero))
+                floats = norm(relax.op.subtract(floats, zero))
             total = norm(relax.op.nn.conv2d(
                 floats, relax.const(operands.weights.astype(np.float32)), strides=attrs.strides, padding=padding,
                 dilation=attrs.dilation, groups=attrs.groups))
@@ -471,17 +482,39 @@ class _IntegerConv(relax.PyExprMutator):
                 return relax.op.add(total, relax.const(offset.astype(np.float32)))
             total = norm(relax.op.add(norm(relax.op.astype(total, "int32")), relax.const(offset.astype(np.int32))))
             return relax.op.astype(total, "float32")  # a large bias: added to the integers, rounded once
-        if operands.x_zero != 0 and any(padding):
+        sums = operands.weights.astype(np.int64).sum(axis=(1, 2, 3)).reshape(offset.shape)
+        if isinstance(operands.x_zero, relax.Expr):
+            data = self._padded_with(data, padding, operands.x_zero) if any(padding) else data
+            padding = [0, 0, 0, 0]
+        elif operands.x_zero != 0 and any(padding):
             data = norm(relax.op.nn.pad(data, [0, 0, 0, 0, padding[0], padding[2], padding[1], padding[3]],
                                         pad_value=float(operands.x_zero)))
             padding = [0, 0, 0, 0]
-        offset = offset - operands.x_zero * operands.weights.astype(np.int64).sum(axis=(1, 2, 3)).reshape(offset.shape)
         total = norm(relax.op.nn.conv2d(
             data, relax.const(np.ascontiguousarray(operands.weights)), strides=attrs.strides, padding=padding,
             dilation=attrs.dilation, groups=attrs.groups, out_dtype="int32"))
+        if isinstance(operands.x_zero, relax.Expr):  # zx sum(wq), a vector computed at run time
+            total = norm(relax.op.subtract(total, norm(relax.op.multiply(
+                self._zero(operands.x_zero, "int32"), relax.const(sums.astype(np.int32))))))
+        else:
+            offset = offset - operands.x_zero * sums
         if np.any(offset != 0):
             total = norm(relax.op.add(total, relax.const(offset.astype(np.int32))))
         return relax.op.astype(total, "float32")
+
+    def _zero(self, zero: relax.Expr, dtype: str) -> relax.Expr:
+        """A zero point computed at run time, as ``dtype``."""
+        return self.builder_.normalize(relax.op.astype(self.visit_expr(zero), dtype))
+
+    def _padded_with(self, data: relax.Expr, padding: list[int], zero: relax.Expr) -> relax.Expr:
+        """``data`` padded spatially with a zero point computed at run time: padded with 0, then
+        the border (a constant mask) set to ``zero``."""
+        norm, (_, _, height, width) = self.builder_.normalize, static_shape(data)
+        widths = [0, 0, 0, 0, padding[0], padding[2], padding[1], padding[3]]
+        border = np.pad(np.zeros((1, 1, height, width), bool), [(0, 0), (0, 0), (padding[0], padding[2]),
+                                                                  (padding[1], padding[3])], constant_values=True)
+        padded = norm(relax.op.nn.pad(data, widths, pad_value=0.0))
+        return norm(relax.op.where(relax.const(border), self.visit_expr(zero), padded))
 
     def _float(self, expr: relax.Expr) -> relax.Expr:
         return self.builder_.normalize(relax.op.astype(self.visit_expr(expr), "float32"))

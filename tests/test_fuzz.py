@@ -26,13 +26,15 @@ def test_ci_slice_has_no_failure(tmp_path):
     assert summary["counts"]["pass"] >= CI_GRAPHS * 0.8, summary["counts"]
 
 
-def test_quantized_ci_slice_has_no_failure(tmp_path):
-    """Random graphs quantized by onnxruntime's tool (QDQ): convolutions, matmuls, additions,
-    concatenations and pooling between Q/DQ pairs, equal to onnxruntime's int8 as documented."""
+@pytest.mark.parametrize("form, graphs", [("QDQ", QUANTIZED_GRAPHS), ("QOperator", QUANTIZED_GRAPHS // 3)])
+def test_quantized_ci_slice_has_no_failure(tmp_path, form, graphs):
+    """Random graphs quantized by onnxruntime's tool (QDQ or QOperator): convolutions, matmuls,
+    additions, concatenations and pooling between Q/DQ pairs, equal to onnxruntime's int8 as
+    documented."""
     pytest.importorskip("onnxruntime.quantization", reason="onnxruntime's quantization tool makes the QDQ graphs")
-    summary = fuzz(QUANTIZED_GRAPHS, CI_SEED, str(tmp_path), progress=False, quantized=True)
+    summary = fuzz(graphs, CI_SEED, str(tmp_path), progress=False, quantized=form)
     assert summary["failures"] == [], summary["failures"]
-    assert summary["counts"]["pass"] == QUANTIZED_GRAPHS, summary["counts"]
+    assert summary["counts"]["pass"] == graphs, summary["counts"]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from tests import reference
 
 pytest.importorskip("onnxruntime.quantization", reason="onnxruntime's quantization tool makes the QDQ models")
 
-from relaxc.benchmarks.quantized import agreement, output_step, quantize  # noqa: E402
+from relaxc.benchmarks.quantized import SIGNED_KERNELS, agreement, output_step, quantize  # noqa: E402
 
 
 def _float_cnn(seed: int = 3) -> onnx.ModelProto:
@@ -70,18 +70,23 @@ def _with_quantized_outputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, li
     return inferred, follows
 
 
-def test_integer_forms_equal_onnxruntime_int8_to_the_bit(quantized):
-    model, follows = _with_quantized_outputs(quantized)
+@pytest.mark.parametrize("activations", ["uint8", "int8"])
+def test_integer_forms_equal_onnxruntime_int8_to_the_bit(quantized, activations):
+    """uint8 activations, and int8 ones (the quantizer's default: held as uint8 ones 128 higher),
+    against onnxruntime's int8 kernels (on x86 it runs int8 activations' convolutions in float
+    unless told not to)."""
+    model, follows = _with_quantized_outputs(quantized if activations == "uint8"
+                                             else quantize(_float_cnn(), activations=activations))
     art = compiler.compile(model, tuning="off", backends="relaxc")
     summary = art.report()["quantized"]
     counts = [summary[k] for k in ("convolutions", "matmuls", "requantized", "adds", "moves", "averages", "tables")]
     assert counts == [5, 1, 6, 1, 2, 1, 2]
-    session = reference.ort_session(model)
+    session = reference.ort_session(model, config=SIGNED_KERNELS if activations == "int8" else None)
     for seed in range(3):
         x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
         got, want = art.run(x), session.run(None, {"x": x})
         for follow, a, b in zip(follows, got[1:], want[1:]):
-            assert a.dtype == np.uint8 and a.shape == b.shape
+            assert a.dtype == np.dtype(activations) and a.shape == b.shape
             difference = np.abs(a.astype(int) - b.astype(int))
             assert difference.max() == 0, f"after {follow}: {np.mean(difference > 0):.4f} of the elements differ"
         equal, worst = agreement(got[:1], want[:1], output_step(model))
@@ -230,14 +235,22 @@ def test_quantized_3x3_convolutions_run_as_integer_winograd_on_pmaddwd_cpus(shap
         np.testing.assert_array_equal(art.run(x)[0], session.run(None, {"x": x})[0])
 
 
-def _dynamic_mlp(weight_type: str = "QInt8") -> onnx.ModelProto:
-    """x (2, 5, 38) @ W1 (38, 40) + b1, ReLU, @ W2 (40, 24), quantized by ``quantize_dynamic``
-    (``DynamicQuantizeLinear`` + ``MatMulInteger``): K 38 not whole groups of 4 bytes, N 40 not
-    whole vectors, rows in two matrices."""
+def _dynamically_quantized(model: onnx.ModelProto, weight_type: str = "QInt8") -> onnx.ModelProto:
+    """``model`` quantized by ``quantize_dynamic`` (``DynamicQuantizeLinear`` + ``MatMulInteger``
+    or ``ConvInteger``)."""
     import tempfile
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    with tempfile.TemporaryDirectory() as folder:
+        onnx.save(model, f"{folder}/f.onnx")
+        quantize_dynamic(f"{folder}/f.onnx", f"{folder}/q.onnx", weight_type=getattr(QuantType, weight_type))
+        return onnx.load(f"{folder}/q.onnx")
+
+
+def _dynamic_mlp(weight_type: str = "QInt8") -> onnx.ModelProto:
+    """x (2, 5, 38) @ W1 (38, 40) + b1, ReLU, @ W2 (40, 24), quantized by ``quantize_dynamic``:
+    K 38 not whole groups of 4 bytes, N 40 not whole vectors, rows in two matrices."""
     rng = np.random.default_rng(5)
     inits = [reference._const("w1", rng.standard_normal((38, 40)) * 0.2), reference._const("b1", rng.standard_normal(40)),
              reference._const("w2", rng.standard_normal((40, 24)) * 0.2)]
@@ -245,10 +258,7 @@ def _dynamic_mlp(weight_type: str = "QInt8") -> onnx.ModelProto:
              helper.make_node("Relu", ["a1"], ["r1"]), helper.make_node("MatMul", ["r1", "w2"], ["y"])]
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 38])],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 24])], inits)
-    with tempfile.TemporaryDirectory() as folder:
-        onnx.save(model, f"{folder}/f.onnx")
-        quantize_dynamic(f"{folder}/f.onnx", f"{folder}/q.onnx", weight_type=getattr(QuantType, weight_type))
-        return onnx.load(f"{folder}/q.onnx")
+    return _dynamically_quantized(model, weight_type)
 
 
 @pytest.mark.parametrize("weight_type", ["QInt8", "QUInt8"])
@@ -268,6 +278,22 @@ def test_dynamic_quantization_multiplies_bytes_as_onnxruntime(weight_type):
     session = reference.ort_session(model)
     for seed in range(3):
         x = np.random.default_rng(seed).standard_normal((2, 5, 38)).astype(np.float32)
+        want = session.run(None, {"x": x})[0]
+        np.testing.assert_allclose(art.run(x)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_dynamically_quantized_convolutions_sum_the_bytes_as_onnxruntime():
+    """``ConvInteger`` with a zero point computed at run time (the data is offset, so it is not 0):
+    the padded border reads the zero point, the integers are onnxruntime's (its float epilogue
+    to rounding), and the grouped convolution sums in float32 exactly."""
+    model = _dynamically_quantized(_float_cnn())
+    convs = sum(node.op_type == "ConvInteger" for node in model.graph.node)
+    assert convs == 5
+    art = compiler.compile(model, tuning="off", backends="relaxc")
+    assert art.report()["quantized"]["convolutions"] == convs and art.report()["quantized"]["float"] == {}
+    session = reference.ort_session(model)
+    for seed in range(3):
+        x = (np.random.default_rng(seed).standard_normal((1, 3, 16, 16)) + 1).astype(np.float32)
         want = session.run(None, {"x": x})[0]
         np.testing.assert_allclose(art.run(x)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 

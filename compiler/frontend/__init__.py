@@ -23,7 +23,7 @@ import tvm
 from tvm import IRModule
 from tvm.relax.frontend.onnx import from_onnx
 
-from relaxc.frontend import decompose, exactness, functions, models, partition, prepare, rewrites, splice
+from relaxc.frontend import decompose, exactness, functions, models, partition, prepare, qoperators, rewrites, splice
 from relaxc.support.tensors import TensorSpec
 from relaxc.support import tvm_internals
 from relaxc.support.errors import (DynamicOutputError, ImportFailure, InputError, ModelError, ShapeError,
@@ -315,7 +315,7 @@ def prepare_model(model: ModelLike, shapes: Shapes | None = None, constants: Con
     proto, name, path = load_model(model)
     check_model(proto, path)
     ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
-    proto = functions.expand(proto, converted_operators())
+    proto = qoperators.to_qdq(functions.expand(proto, converted_operators()))
     if strict:
         check_operators(proto.graph, decompose.OPERATORS)
     proto = bind_constants(proto, constants)

@@ -1,11 +1,12 @@
 """Differential fuzzing of relaxc against onnxruntime (docs/fuzzing.md).
 
-    .venv/bin/python -m tests.fuzz --graphs 1000 --seed 0 [--quantized] [--save DIR]
+    .venv/bin/python -m tests.fuzz --graphs 1000 --seed 0 [--quantized [QOperator]] [--int8-activations] [--save DIR]
 
 Graph ``i`` comes from seed ``S + i`` (``tests/fuzz/generate.py``), so any finding is reproduced by
-its seed alone; with ``--quantized`` each graph is quantized by onnxruntime's tool first (QDQ) and
-compared as ``check.assert_quantized_matches`` says. Each graph runs in a worker process limited in time and memory (``check.TIMEOUT_S``,
-``check.MEMORY_BYTES``). Each failure (wrong answer, internal error, crash, hang) is shrunk to a
+its seed alone; with ``--quantized`` each graph is quantized by onnxruntime's tool first (QDQ, or
+QOperator format with ``--quantized QOperator``; int8 activations with ``--int8-activations``) and
+compared as ``check.assert_quantized_matches`` says. Each graph runs in a worker process limited
+in time and memory (``check.TIMEOUT_S``, ``check.MEMORY_BYTES``). Each failure (wrong answer, internal error, crash, hang) is shrunk to a
 minimal graph and saved under ``--save`` for a regression test in ``tests/fuzz_cases/``. Exit
 status 1 if any failed.
 """
@@ -35,8 +36,9 @@ def _reason(detail: str) -> str:
 
 
 def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: bool = True,
-         quantized: bool = False, target: str = "cpu") -> dict:
-    """Run the fuzzer (relaxc compiling for ``target``); returns counts by outcome and the
+         quantized: str | None = None, target: str = "cpu", activations: str = "uint8") -> dict:
+    """Run the fuzzer (relaxc compiling for ``target``; graphs ``quantized`` in that format, QDQ or
+    QOperator, with ``activations`` uint8 or int8, if given); returns counts by outcome and the
     failures (seed, outcome, saved path)."""
     counts: collections.Counter[str] = collections.Counter({kind: 0 for kind in KINDS})
     failures, refusals, peak_mb = [], collections.Counter(), 0.0
@@ -46,7 +48,8 @@ def fuzz(graphs: int, seed: int, save: str | None, max_ops: int = 10, progress: 
     try:
         for graph_seed in tqdm(range(seed, seed + graphs), desc="fuzz", unit="graph", disable=not progress):
             try:
-                model = (random_quantized_graph if quantized else random_graph)(graph_seed, max_ops)
+                model = (random_quantized_graph(graph_seed, max_ops, quantized, activations) if quantized
+                         else random_graph(graph_seed, max_ops))
             except Exception as err:  # noqa: BLE001 - onnxruntime's quantizer could not take the graph
                 counts["reference"] += 1
                 tqdm.write(f"seed {graph_seed}: not quantized: {type(err).__name__}: {err}"[:300])
@@ -82,12 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the first graph (default 0)")
     parser.add_argument("--max-ops", type=int, default=10, help="generator steps per graph (default 10)")
     parser.add_argument("--save", default="fuzz-findings", help="where shrunk failures go (default ./fuzz-findings)")
-    parser.add_argument("--quantized", action="store_true", help="quantize each graph (QDQ) with onnxruntime's tool")
+    parser.add_argument("--quantized", nargs="?", const="QDQ", choices=("QDQ", "QOperator"),
+                        help="quantize each graph with onnxruntime's tool: QDQ (the default) or QOperator format")
+    parser.add_argument("--int8-activations", dest="activations", action="store_const", const="int8",
+                        default="uint8", help="with --quantized: int8 activations instead of uint8")
     parser.add_argument("-t", "--target", default="cpu",
                         help="relaxc's target: cpu (this machine) or, as a JSON dict, an LLVM CPU this one runs")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
-    summary = fuzz(args.graphs, args.seed, args.save, args.max_ops, quantized=args.quantized, target=args.target)
+    summary = fuzz(args.graphs, args.seed, args.save, args.max_ops, quantized=args.quantized, target=args.target,
+                   activations=args.activations)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -17,7 +17,8 @@ KINDS = ("pass", "refused", "mismatch", "error", "crash", "hang", "reference")
 FAILURES = ("mismatch", "error", "crash", "hang")  # what the fuzzer shrinks and must end at zero
 # onnxruntime's optimizer merges Q -> DQ -> Q into one quantization (its double-QDQ remover), which
 # changes the values: quantized graphs are compared with the graph as written (docs/quantized.md)
-KEEP_QDQ_PAIRS = {"session.disable_double_qdq_remover": "1"}
+# and int8 activations run on its int8 kernels only when told so (benchmarks/quantized.py)
+QUANTIZED_SESSION = {"session.disable_double_qdq_remover": "1", "session.qdqisint8allowed": "1"}
 QUANTIZED_EQUAL = 0.999  # of a quantized output's elements equal to onnxruntime's (docs/quantized.md)
 QUANTIZED_STEPS = 1  # and the rest at most this many quantization steps apart
 TIMEOUT_S = 120.0  # a graph's compile and run: seconds, unless something is wrong
@@ -104,7 +105,7 @@ def compare(model: onnx.ModelProto, backends: str = "replay", target: str = "cpu
     inputs = inputs_for(model)
     quantized = any(node.op_type == "QuantizeLinear" for node in model.graph.node)
     try:
-        expected = reference.ort_session(model, config=KEEP_QDQ_PAIRS if quantized else None).run(None, inputs)
+        expected = reference.ort_session(model, config=QUANTIZED_SESSION if quantized else None).run(None, inputs)
     except Exception as err:  # noqa: BLE001 - any failure of the reference is classified
         return Outcome("reference", _line(err))
     try:

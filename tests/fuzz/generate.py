@@ -434,13 +434,14 @@ def random_graph(seed: int, max_ops: int = 10, operators: tuple[str, ...] = tupl
     return model
 
 
-def random_quantized_graph(seed: int, max_ops: int = 10) -> onnx.ModelProto:
+def random_quantized_graph(seed: int, max_ops: int = 10, form: str = "QDQ",
+                           activations: str = "uint8") -> onnx.ModelProto:
     """A random graph of ``QUANTIZABLE`` operators quantized as users quantize models with
-    onnxruntime's tool (``benchmarks/quantized.quantize``: QDQ, per-channel int8 weights, uint8
-    activations, calibrated on random inputs): convolutions, matmuls, additions, concatenations and
-    pooling between Q/DQ pairs, the rest in float between them."""
+    onnxruntime's tool (``benchmarks/quantized.quantize``: QDQ or QOperator ``form``, per-channel
+    int8 weights, uint8 or int8 ``activations``, calibrated on random inputs): convolutions, matmuls, additions,
+    concatenations and pooling between Q/DQ pairs (or as QLinear ops), the rest in float between them."""
     from relaxc.benchmarks.quantized import quantize
 
-    model = quantize(random_graph(seed, max_ops, QUANTIZABLE), seed)
+    model = quantize(random_graph(seed, max_ops, QUANTIZABLE), seed, form=form, activations=activations)
     model.producer_name = "relaxc-fuzz"
     return model
