@@ -470,9 +470,7 @@ class _IntegerConv(relax.PyExprMutator):
         if int(attrs.groups) > 1:  # depthwise or grouped: every partial sum exact in float32 (_operands)
             floats = norm(relax.op.astype(data, "float32"))
             if isinstance(operands.x_zero, relax.Expr) or operands.x_zero:  # xq - zx, padded with 0 as x is
-                zero = operands.x_zero
-                zero = self._zero(zero, "float32") if isinstance(zero, relax.Expr) else relax.const(np.float32(zero))
-                floats = norm(relax.op.subtract(floats, zero))
+                floats = norm(relax.op.subtract(floats, self._zero(operands.x_zero, "float32")))
             total = norm(relax.op.nn.conv2d(
                 floats, relax.const(operands.weights.astype(np.float32)), strides=attrs.strides, padding=padding,
                 dilation=attrs.dilation, groups=attrs.groups))
@@ -502,8 +500,10 @@ class _IntegerConv(relax.PyExprMutator):
             total = norm(relax.op.add(total, relax.const(offset.astype(np.int32))))
         return relax.op.astype(total, "float32")
 
-    def _zero(self, zero: relax.Expr, dtype: str) -> relax.Expr:
-        """A zero point computed at run time, as ``dtype``."""
+    def _zero(self, zero: int | relax.Expr, dtype: str) -> relax.Expr:
+        """A zero point, constant or computed at run time, as ``dtype``."""
+        if not isinstance(zero, relax.Expr):
+            return relax.const(np.array(zero, dtype))
         return self.builder_.normalize(relax.op.astype(self.visit_expr(zero), dtype))
 
     def _padded_with(self, data: relax.Expr, padding: list[int], zero: relax.Expr) -> relax.Expr:

@@ -45,7 +45,7 @@ def decompose(proto: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onn
     nodes, changed = [], False
     for index, node in enumerate(proto.graph.node):
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        emit = _Emitter(f"{node.name or node.op_type}__{index}")
+        emit = Emitter(f"{node.name or node.op_type}__{index}")
         done = rule(node, emit, shapes, lambda name: _array(arrays(), name)) if rule else False
         nodes.extend(emit.nodes if done else [node])
         changed |= bool(done)
@@ -56,7 +56,7 @@ def _array(initializers: dict[str, onnx.TensorProto], name: str) -> np.ndarray |
     return numpy_helper.to_array(initializers[name]) if name in initializers else None
 
 
-class _Emitter:
+class Emitter:
     """Nodes with unique names under ``prefix``, each with one output unless told otherwise."""
 
     def __init__(self, prefix: str) -> None:
@@ -96,7 +96,7 @@ def _activations(node: onnx.NodeProto, attrs: dict, directions: int) -> list[str
     return names if set(names) <= PLAIN_ACTIVATIONS and "activation_alpha" not in attrs else None
 
 
-def _recurrent(node: onnx.NodeProto, emit: _Emitter, shapes: Shapes, array: Callable) -> bool:
+def _recurrent(node: onnx.NodeProto, emit: Emitter, shapes: Shapes, array: Callable) -> bool:
     """An LSTM, GRU or RNN unrolled (the module docstring says which forms); False to leave it."""
     attrs, kind = prepare.attributes(node), node.op_type
     args = list(node.input) + [""] * (8 - len(node.input))
@@ -142,7 +142,7 @@ def _recurrent(node: onnx.NodeProto, emit: _Emitter, shapes: Shapes, array: Call
     return True
 
 
-def _concat_in_pairs(emit: _Emitter, parts: list[str], axis: int) -> str:
+def _concat_in_pairs(emit: Emitter, parts: list[str], axis: int) -> str:
     """The concatenation of ``parts`` as a tree of two-input concats: TOPI's concatenate tests each
     input in turn for every element, and the steps' 32 outputs in one concat (fused with the last
     step's gates) ran at 2 % of its roofline bound (Sequencer2D's LSTMs: 15 ms of 190)."""
@@ -151,7 +151,7 @@ def _concat_in_pairs(emit: _Emitter, parts: list[str], axis: int) -> str:
     return parts[0]
 
 
-def _initial(emit: _Emitter, name: str, direction: int, batch: int, hidden: int, like: str, layout: int) -> str:
+def _initial(emit: Emitter, name: str, direction: int, batch: int, hidden: int, like: str, layout: int) -> str:
     """A direction's initial state, 1 x batch x hidden: its slice of the input ``name`` (directions
     first, or second with ``layout`` 1), or zeros of ``like``'s type."""
     if not name:
@@ -163,7 +163,7 @@ class _Cell:
     """One direction's weights (gates stacked along the rows, as ONNX lays them out) and
     activations; the weights are sliced and transposed by nodes, which constant folding removes."""
 
-    def __init__(self, emit: _Emitter, args: list[str], direction: int, gates: int, hidden: int,
+    def __init__(self, emit: Emitter, args: list[str], direction: int, gates: int, hidden: int,
                  activations: list[str], clip: float | None, linear_before_reset: int, lstm: bool) -> None:
         self.emit, self.direction, self.hidden, self.activations, self.clip = emit, direction, hidden, activations, clip
         self.linear_before_reset = bool(linear_before_reset)
@@ -248,7 +248,7 @@ def _rnn_step(cell: _Cell, projected: str, state: list[str]) -> list[str]:
     return [cell.gate(cell.emit.op("Add", [projected, cell.recurrent(state[0], 0, 1)]), 0)]
 
 
-def _col2im(node: onnx.NodeProto, emit: _Emitter, shapes: Shapes, array: Callable) -> bool:
+def _col2im(node: onnx.NodeProto, emit: Emitter, shapes: Shapes, array: Callable) -> bool:
     """The image as the sum over kernel positions of each position's blocks placed at their offset."""
     attrs = prepare.attributes(node)
     x_shape, image, block = shapes().get(node.input[0]), array(node.input[1]), array(node.input[2])
@@ -282,7 +282,7 @@ def _col2im(node: onnx.NodeProto, emit: _Emitter, shapes: Shapes, array: Callabl
     return True
 
 
-_RULES: dict[str, Callable[[onnx.NodeProto, _Emitter, Shapes, Callable], bool]] = {
+_RULES: dict[str, Callable[[onnx.NodeProto, Emitter, Shapes, Callable], bool]] = {
     "LSTM": _recurrent, "GRU": _recurrent, "RNN": _recurrent, "Col2Im": _col2im,
 }
 OPERATORS = frozenset(_RULES)  # what ``decompose`` may write out; a node it leaves is refused later

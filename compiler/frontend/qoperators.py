@@ -26,9 +26,9 @@ from typing import Callable
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
-from relaxc.frontend import prepare
+from relaxc.frontend import decompose, prepare
 
 MICROSOFT = "com.microsoft"
 PER_AXIS_OPSET = 13  # DequantizeLinear's axis; Softmax over one axis
@@ -85,27 +85,21 @@ class _Graph:
     outputs: set[str]
 
 
-class _Emitter:
+class _Emitter(decompose.Emitter):
     """QDQ nodes with unique names under ``prefix`` for a node of ``graph``."""
 
     def __init__(self, prefix: str, graph: _Graph) -> None:
-        self.prefix, self.graph = prefix, graph
-        self.arrays, self.opset = graph.arrays, graph.opset
-        self.nodes: list[onnx.NodeProto] = []
-
-    def op(self, op_type: str, inputs: list[str], output: str | None = None, **attrs) -> str:
-        output = output or f"{self.prefix}__{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attrs))
-        return output
+        super().__init__(prefix)
+        self.graph = graph
 
     def array(self, name: str) -> np.ndarray | None:
-        return numpy_helper.to_array(self.arrays[name]) if name in self.arrays else None
+        return numpy_helper.to_array(self.graph.arrays[name]) if name in self.graph.arrays else None
 
     def dequantize(self, x: str, scale: str, zero: str, axis: int | None = None) -> str:
         """``DequantizeLinear``; a per-axis one (``scale`` a vector) along ``axis``."""
         known = self.array(scale)
         vector = axis is not None and (known is None or known.ndim == 1)
-        if vector and self.opset < PER_AXIS_OPSET and (known is None or known.size > 1):
+        if vector and self.graph.opset < PER_AXIS_OPSET and (known is None or known.size > 1):
             raise _Unfit  # DequantizeLinear takes an axis from opset 13 on
         inputs = [x, scale, zero] if zero else [x, scale]
         return self.op("DequantizeLinear", inputs, **({"axis": axis} if vector else {}))
@@ -119,7 +113,7 @@ class _Emitter:
             if array is None:
                 raise _Unfit  # a computed scale: the bias's is not known here
             product = (product * array.astype(np.float32)).astype(np.float32)
-        return self.op("Constant", [], value=numpy_helper.from_array(np.asarray(product, np.float32)))
+        return self.const(np.asarray(product, np.float32))
 
 
 def _optional(node: onnx.NodeProto, index: int) -> str:
@@ -148,11 +142,10 @@ def _conv_integer(node: onnx.NodeProto, emit: _Emitter) -> bool:
     if node.output[0] in emit.graph.outputs or not readers or any(
             r.op_type != "Cast" or prepare.attributes(r).get("to") != onnx.TensorProto.FLOAT for r in readers):
         return False
-    one = emit.op("Constant", [], value=numpy_helper.from_array(np.array(1.0, np.float32)))
+    one = emit.const(np.array(1.0, np.float32))
     weight_zeros = emit.array(zw) if zw else None
     if weight_zeros is not None and weight_zeros.size > 1:  # per output channel: a scale each
-        ones = numpy_helper.from_array(np.ones(weight_zeros.shape, np.float32))
-        weights = emit.dequantize(w, emit.op("Constant", [], value=ones), zw, axis=0)
+        weights = emit.dequantize(w, emit.const(np.ones(weight_zeros.shape, np.float32)), zw, axis=0)
     elif zw and weight_zeros is None:
         return False  # a computed weight zero point: its shape is not known here
     else:
@@ -175,7 +168,7 @@ def _qgemm(node: onnx.NodeProto, emit: _Emitter) -> bool:
     a, sa, za, b, sb, zb, c, sy, zy = (_optional(node, i) for i in range(9))
     attrs = prepare.attributes(node)
     alpha = attrs.get("alpha", 1.0)
-    if emit.opset < PER_AXIS_OPSET and (alpha != 1.0 or c):
+    if emit.graph.opset < PER_AXIS_OPSET and (alpha != 1.0 or c):
         raise _Unfit
     inputs = [emit.dequantize(a, sa, za), emit.dequantize(b, sb, zb, axis=0 if attrs.get("transB", 0) else 1)]
     if c:
@@ -209,7 +202,7 @@ def _unary(op_type: str, kept: dict[str, object] | None = None,
     def rule(node: onnx.NodeProto, emit: _Emitter) -> bool:
         x, sx, zx, sy, zy = (_optional(node, i) for i in range(5))
         attrs = prepare.attributes(node)
-        if refuse(attrs, emit.opset):
+        if refuse(attrs, emit.graph.opset):
             return False
         passed = {k: attrs.get(k, default) for k, default in (kept or {}).items()}
         result = emit.op(op_type, [emit.dequantize(x, sx, zx)], **{k: v for k, v in passed.items() if v is not None})
