@@ -103,10 +103,12 @@ class Phase:
 
 
 def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
+    dot = byte_dot(c.config.target)
+    saturated_pairs = dot is not None and dot.pairs is not None
     return [
         AccumulateHalfInFloat32(),
         SignedActivationsAsUnsigned(),
-        QuantizedToIntegers(),  # before folding: it reads the int8 weights under their dequantize
+        QuantizedToIntegers(saturated_pairs),  # before folding: it reads the int8 weights under their dequantize
         FoldConstantsNumpy(),  # materialise fills first: FoldBatchnormToConv2D needs constants
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),
@@ -167,10 +169,9 @@ def _dispatch(c: Compilation) -> list[tvm.transform.Pass]:
     reads_store = config.dispatch in ("replay", "measure")
     store = DispatchStore(store_for(config.cache_dir, target)) if reads_store else None
     unit = (vector_lanes(target), vector_registers(target))
-    dot = byte_dot(target)
     chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), *unit,
-                      strict=config.tuning == "strict", dot=dot)
-    return [Dispatch(chooser, *unit, measurable=reads_store, dot=dot)]
+                      strict=config.tuning == "strict")
+    return [Dispatch(chooser, *unit, measurable=reads_store)]
 
 
 def _build_candidate(mod: tvm.IRModule, c: Compilation) -> relax.VMExecutable:

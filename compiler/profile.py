@@ -132,11 +132,11 @@ def kernel_kind(func: tirx.PrimFunc) -> str:
 
 
 def sums_bytes(func: tirx.PrimFunc) -> bool:
-    """Whether the kernel sums products of bytes (weights widened to int16 for ``pmaddwd`` too)."""
+    """Whether the kernel sums products of bytes."""
     sch = s_tir.Schedule(func)
     for block in (sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))):
         operands = product_operands(block)
-        if operands is not None and all(str(op.source.dtype) in ("uint8", "int8", "int16") for op in operands):
+        if operands is not None and all(str(op.source.dtype) in ("uint8", "int8") for op in operands):
             return True
     return False
 
@@ -223,7 +223,7 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
             continue
         cost = kernel_cost(unscheduled[name]) if machine else Cost(0.0, 0)
         label = schedule_kind(kernels[name])
-        speedup = dot.depth if dot is not None and sums_bytes(unscheduled[name]) else 1.0  # products a lane sums
+        speedup = dot.products_per_multiply if dot is not None and sums_bytes(unscheduled[name]) else 1.0  # products a lane sums
         bound_ms = machine.bound_s(cost.flops, cost.nbytes, speedup) * 1e3 * counts[name] if machine else 0.0
         rows.append(KernelTime(name, label, kernel_kind(unscheduled[name]), counts[name],
                                s * 1e3, s / total if total else 0.0, cost.flops * counts[name],

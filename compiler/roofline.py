@@ -61,9 +61,9 @@ class Machine:
 
     def bound_s(self, flops: float, nbytes: float, speedup: float = 1.0) -> float:
         """The least time a kernel of ``flops`` and compulsory ``nbytes`` can take here, its
-        arithmetic ``speedup`` times the fp32 FMA rate (for 8-bit products, the depth of the target's
-        byte dot product: ``support/targets.py``'s ``ByteDot`` sums that many products a lane where an
-        FMA does one)."""
+        arithmetic ``speedup`` times the fp32 FMA rate (for 8-bit products, the products a lane of
+        the target's byte dot product sums per multiplying instruction, ``support/targets.py``'s
+        ``ByteDot.products_per_multiply``, where an FMA does one)."""
         return max(flops / (self.peak_gflops * speedup * 1e9), nbytes / (self.gbps_for(nbytes) * 1e9))
 
     def summary(self) -> str:

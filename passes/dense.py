@@ -128,8 +128,7 @@ def padded_rows(rows: int, limit: int = ROW_TILE_MAX, fewest: int | None = None)
 def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: int) -> te.Tensor:
     """``data`` (..., M, K) times the packed weights (ceil(N / panel), K, panel): (..., M, N), in
     register tiles of at most ``tile_rows`` rows; uint8 data times int8 weights ``pack_bytes``
-    packed, summed in int32 (int16 weights: the data widened to int16 in the rows' stage, so a pair
-    of it is one load)."""
+    packed, summed in int32."""
     *lead, depth = (int(d) for d in data.shape)
     rows = math.prod(lead)
     padded = padded_rows(rows, tile_rows)
@@ -151,15 +150,14 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: in
             r = r // size
         return index[::-1]
 
-    dtype = "int16" if str(packed.dtype) == "int16" else data.dtype
-    if (padded, reach, dtype) == (rows, depth, data.dtype):
+    if (padded, reach) == (rows, depth):
         source = lambda r, k: data[(*unflatten(r), k)]  # noqa: E731
-    else:  # rows padded, K to whole byte groups (only K's padding adds to the test: records match), widened
+    else:  # rows padded, K to whole byte groups (only K's padding adds to the test: records match)
         inside = (lambda r, k: r < rows) if reach == depth else (lambda r, k: tvm.tirx.all(r < rows, k < depth))
         column = (lambda k: k) if reach == depth else (lambda k: te.min(k, depth - 1))
         pad = te.compute((padded, reach), lambda r, k: te.if_then_else(
-            inside(r, k), data[(*unflatten(te.min(r, rows - 1)), column(k))].astype(dtype),
-            tvm.tirx.const(0, dtype)), name="dense_rows_pad")
+            inside(r, k), data[(*unflatten(te.min(r, rows - 1)), column(k))],
+            tvm.tirx.const(0, data.dtype)), name="dense_rows_pad")
         source = lambda r, k: pad[r, k]  # noqa: E731
     k = te.reduce_axis((0, reach), name="k")
     aligned = int(math.prod(lead[:-1]) == 1)
@@ -219,7 +217,8 @@ class _Rewriter(relax.PyExprMutator):
         ``pack_bytes`` packed for the target's byte dot product, in panels of ``byte_tile``'s vectors."""
         w = constant_array(call.args[1])
         rows = math.prod(shape[:-1])
-        if w is None or w.dtype != np.int8 or w.ndim != 2 or call.ty.dtype != "int32" or rows == 1:
+        if w is None or w.dtype != np.int8 or w.ndim != 2 or call.ty.dtype != "int32" \
+                or (rows == 1 and self.dot.pairs is None):  # saturated pairs: onnxruntime's single rows have them
             self.stats["unpacked"] += 1
             return call
         depth, columns = w.shape

@@ -1,8 +1,7 @@
 """Operator dispatch: each blocked convolution gets the implementation measured fastest for it.
 
 A 3x3 stride-1 convolution can run as the direct blocked convolution (``passes/legalize.py``) or
-as Winograd F(2x2, 3x3) or F(4x4, 3x3) (``passes/winograd.py``; a quantized one as the integer
-F(2x2, 3x3) where the CPU's byte dot product is ``pmaddwd``); which is faster depends on the
+as Winograd F(2x2, 3x3) or F(4x4, 3x3) (``passes/winograd.py``); which is faster depends on the
 shape (Winograd's transforms are memory-bound, its product compute-bound) and on the CPU, so the
 choice is measured, not ruled: ``choose`` maps each workload and its candidates to one.
 All candidates consume and produce the same blocked layout, so per-operator choices are also
@@ -24,18 +23,11 @@ from tvm.ir import GenericConst
 
 from relaxc.passes import winograd
 from relaxc.passes.dense import Tile, register_tile, round_up
-from relaxc.passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
-from relaxc.support.targets import ByteDot
+from relaxc.passes.ir import (OUT_ELEMWISE_FUSABLE, aligned_empty, constant, constant_array, is_op, rewrite_emitting,
+                              static_shape)
 
 log = logging.getLogger("relaxc")
 DIRECT = "direct"
-# FuseOps' kOutEWiseFusable: the output transform takes its elementwise epilogue (bias, activation,
-# residual add) as the direct convolution it replaces does, and is never fused into what follows
-# (a concat, the next convolution's input transform). Derived from its TE compute it would be
-# injective, and those fused kernels are slow to build (VGG-19's compile 11.2 s with them, 8.8
-# without; Inception v2's 10.2 and 8.3) for no run time gained; the cost is the copy a concat makes
-# of the output transform's tensor (SqueezeNet about 5 %).
-OUT_ELEMWISE_FUSABLE = 4
 WINOGRAD = {m: f"winograd{m}" for m in winograd.TILE_SIZES}
 
 
@@ -58,27 +50,20 @@ class ConvWorkload:
 Chooser = Callable[[ConvWorkload, list[str], relax.Call], tuple[str, dict]]
 
 
-def candidates(call: relax.Call, dot: ByteDot | None = None) -> tuple[ConvWorkload, list[str]] | None:
-    """The workload of a blocked convolution and the implementations that apply to it, or None
-    when only the direct one does. A uint8 x int8 one has the integer Winograd F(2x2) where
-    ``dot``, the target's byte dot product, is pmaddwd's and its sums stay within int32."""
+def candidates(call: relax.Call) -> tuple[ConvWorkload, list[str]] | None:
+    """The workload of a blocked float convolution and the implementations that apply to it, or
+    None when only the direct one does (a quantized one: ``schedules/cpu/int8.py``)."""
     if not is_op(call, "relax.nn.conv2d") or not call.attrs.data_layout.endswith("c"):
         return None
     attrs = call.attrs
     data, kernel = static_shape(call.args[0]), static_shape(call.args[1])
     dtype = str(call.args[0].ty.dtype)
-    if data is None or kernel is None or len(kernel) != 6 or dtype not in ("float32", "uint8"):
+    if data is None or kernel is None or len(kernel) != 6 or dtype != "float32":
         return None
     if (kernel[2:4] != (3, 3) or int(attrs.groups) != 1 or any(int(s) != 1 for s in attrs.strides)
             or any(int(d) != 1 for d in attrs.dilation) or not isinstance(call.args[1], GenericConst)):
         return None
-    workload = ConvWorkload(data, kernel, tuple(int(p) for p in attrs.padding), dtype)
-    if dtype == "float32":
-        return workload, [DIRECT] + list(WINOGRAD.values())
-    if dot is None or dot.weights != "int16" or kernel[4] % dot.depth or str(call.args[1].ty.dtype) != "int8" \
-            or not winograd.integer_fits(constant_array(call.args[1])):
-        return None
-    return workload, [DIRECT, WINOGRAD[winograd.INTEGER_TILE]]
+    return ConvWorkload(data, kernel, tuple(int(p) for p in attrs.padding), dtype), [DIRECT, *WINOGRAD.values()]
 
 
 def blocked_taps(kernel: np.ndarray, panel: int) -> np.ndarray:
@@ -161,33 +146,36 @@ class Kernels:
 
 
 def emit_winograd(kernels: Kernels, call: relax.Call, workload: ConvWorkload, m: int, lanes: int,
-                  registers: int, dot: ByteDot | None = None) -> relax.Expr:
-    """The three Winograd kernels for the blocked 3x3 convolution ``call`` of ``workload`` (on the
-    integers for uint8 data, with ``dot``'s pairs)."""
+                  registers: int) -> relax.Expr:
+    """The three Winograd kernels for the blocked 3x3 convolution ``call`` of ``workload``."""
     plan = WinogradPlan.of(workload, m, lanes, registers)
     taps = blocked_taps(constant_array(call.args[1]), plan.tile.vectors * lanes)
-    packed = (winograd.transform_weight(taps, m) if workload.dtype == "float32"
-              else winograd.transform_weight_integer(taps, dot.depth))
+    packed = winograd.transform_weight(taps, m)
     bb = kernels.bb
     v = bb.emit(kernels.call(winograd.winograd_input, [call.args[0]], m, workload.padding, plan.rows))
     product = bb.emit(kernels.call(winograd.winograd_product, [v, constant(packed)], plan.tile.rows))
+    # OUT_ELEMWISE_FUSABLE: the output transform takes its elementwise epilogue (bias, activation, residual
+    # add) as the direct convolution it replaces does, and is never fused into what follows (a concat,
+    # the next convolution's input transform). Derived from its TE compute it would be injective, and
+    # those fused kernels are slow to build (VGG-19's compile 11.2 s with them, 8.8 without; Inception
+    # v2's 10.2 and 8.3) for no run time gained; the cost is the copy a concat makes of the output
+    # transform's tensor (SqueezeNet about 5 %).
     return kernels.call(winograd.winograd_output, [product], m, static_shape(call), pattern=OUT_ELEMWISE_FUSABLE)
 
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, choose: Chooser, lanes: int, registers: int, dot: ByteDot | None) -> None:
+    def __init__(self, mod: tvm.IRModule, choose: Chooser, lanes: int, registers: int) -> None:
         super().__init__(mod)
         self.choose = choose
         self.lanes = lanes
         self.registers = registers
-        self.dot = dot
         self.choices: list[dict] = []
         self.kernels = Kernels(self.builder_)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        found = candidates(call, self.dot)
+        found = candidates(call)
         if found is None:
             return call
         workload, options = found
@@ -195,7 +183,7 @@ class _Rewriter(relax.PyExprMutator):
         self.choices.append({"workload": workload.key, "choice": choice, **how})
         if choice == DIRECT:
             return call
-        return emit_winograd(self.kernels, call, workload, tile_size(choice), self.lanes, self.registers, self.dot)
+        return emit_winograd(self.kernels, call, workload, tile_size(choice), self.lanes, self.registers)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.Dispatch")
@@ -207,13 +195,11 @@ class Dispatch:
 
     report_key = "dispatch"
 
-    def __init__(self, choose: Chooser, lanes: int, registers: int, measurable: bool = True,
-                 dot: ByteDot | None = None) -> None:
+    def __init__(self, choose: Chooser, lanes: int, registers: int, measurable: bool = True) -> None:
         self.choose = choose
         self.measurable = measurable  # whether a rule's choice is worth a log line (not with dispatch="heuristic")
         self.lanes = lanes
         self.registers = registers
-        self.dot = dot  # the target's byte dot product
         self.choices: list[dict] = []
 
     def summary(self) -> dict:
@@ -222,7 +208,7 @@ class Dispatch:
                 "convolutions": self.choices}
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        rewriter = _Rewriter(mod.clone(), self.choose, self.lanes, self.registers, self.dot)
+        rewriter = _Rewriter(mod.clone(), self.choose, self.lanes, self.registers)
         mod = rewrite_emitting(mod, rewriter)
         self.choices = rewriter.choices
         ruled = sum(c["source"] == "rule" for c in self.choices)

@@ -8,7 +8,8 @@ the weights are symmetric int8 (``zw = 0``, the quantizer's default) or uint8 ar
 
 keeps the data uint8 and the weights int8: a product ``vpdpbusd`` multiplies 64 of at a time
 (``passes/dense.py`` packs the weights, ``schedules/cpu/dense.py`` tiles it), the zero point one
-int32 vector subtracted in the epilogue. The sums are the same integers, so the result is exact.
+int32 vector subtracted in the epilogue. The sums are onnxruntime's: exact with VNNI, and without
+it the pairs of products saturated to int16 as its kernels saturate them (``support/targets.py``).
 Products of other forms stay int32, counted in ``summary()`` (``report()["integer_matmuls"]``) by why.
 """
 

@@ -18,6 +18,8 @@ IS_SCHEDULED = "tirx.is_scheduled"  # set on every scheduled kernel; dlight and 
 SCHEDULE_ATTR = "relaxc.schedule"  # the label of what scheduled a kernel (a rule, the index checks)
 
 
+OUT_ELEMWISE_FUSABLE = 4  # FuseOps' kOutEWiseFusable: takes an elementwise epilogue, fuses into nothing
+
 def map_relax_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], relax.Function]) -> tvm.IRModule:
     """A copy of ``mod`` with every Relax function replaced by ``rewrite(function)``."""
     new = mod.clone()

@@ -35,8 +35,7 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
 
     8-bit data sums in ``out_dtype`` (int32); its kernel may be packed ``OIHW{i/d}i{o}o{d}i``
     (``kernel_grouped``), ``d`` input channels of each output lane together, as the target's byte
-    dot product reads them (``schedules/cpu/int8.py``); for int16 weights (``pmaddwd``) the data is
-    widened to int16 in a stage of its own (its padding's), so a pair of channels is one load.
+    dot product reads them (``schedules/cpu/int8.py``).
     """
     batch, data_outer, height, width, block = (int(d) for d in data.shape)
     out_outer, in_outer, kh, kw = (int(d) for d in kernel.shape[:4])
@@ -47,9 +46,6 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
     out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
     padded = bool(top or left or bottom or right)
-    if str(kernel.dtype) == "int16" and data.dtype == "uint8":
-        data = te.compute(data.shape, lambda *i: data(*i).astype("int16"), name="data_wide",
-                          attrs={} if padded else {STAGE_ATTR: 1})  # padded: inlined into the padding
     if padded:
         data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="data_pad")
     rh = te.reduce_axis((0, kh), name="rh")
@@ -336,8 +332,7 @@ def bit_shift(x: te.Tensor, amount: te.Tensor, left: bool) -> te.Tensor:
         return topi.right_shift(x, clamped)  # out of range: bits - 1, which gives the sign
     shifted = topi.left_shift(x, clamped) if left else topi.right_shift(x, clamped)
     in_range = topi.logical_and(topi.greater_equal(amount, zero), topi.less_equal(amount, top))
-    return te.compute(shifted.shape, lambda *i: tvm.tirx.Select(in_range[i], shifted[i], tvm.tirx.const(0, x.dtype)),
-                      name="bit_shift")
+    return topi.multiply(shifted, topi.cast(in_range, x.dtype))  # 0 out of range; broadcast, as the shift is
 
 
 def _shift(left: bool):

@@ -1,7 +1,7 @@
 """Int8 (signed) quantized activations held as uint8 ones, 128 higher.
 
 onnxruntime's quantizer writes int8 activations by default (``activation_type=QInt8``), but the
-byte dot products (``vpdpbusd``, ``pmaddwd`` after widening) take unsigned data, and
+byte dot products (``vpdpbusd``, ``vpmaddubsw``) take unsigned data, and
 ``passes/quantized.py`` reads uint8 chains. The same arithmetic holds on every activation plus 128:
 
     DequantizeLinear(xq, s, z)  = DequantizeLinear(xq + 128 as uint8, s, z + 128)
@@ -22,6 +22,7 @@ from tvm import relax
 from relaxc.passes.ir import constant_array, is_op, rewrite_emitting
 
 SIGN = 128  # an int8 value plus this is the uint8 of the same bits but the sign's
+SIGNED_ATTR = "relaxc.signed_activations"  # on a module whose int8 activations are held as uint8
 
 
 def _flipped(expr: relax.Expr, dtype: str) -> relax.Call:
@@ -77,6 +78,10 @@ class SignedActivationsAsUnsigned:
     """Int8 activations held as uint8 ones 128 higher, so quantized chains on them run on the
     byte products as uint8 ones do.
 
+    The module is marked ``SIGNED_ATTR`` where any were: 128 higher, their products' pairs would
+    saturate (``vpmaddubsw``, no VNNI) where onnxruntime's int8 kernels sum exactly, so
+    ``passes/quantized.py`` then sums exactly.
+
     ``summary()`` (``report()["signed_activations"]``): ``quantizes``, the int8 quantizes so rewritten."""
 
     report_key = "signed_activations"
@@ -91,4 +96,4 @@ class SignedActivationsAsUnsigned:
         rewriter = _Unsigned(mod.clone())
         mod = relax.transform.DeadCodeElimination()(rewrite_emitting(mod, rewriter))
         self.rewritten = rewriter.rewritten
-        return mod
+        return mod.with_attr(SIGNED_ATTR, True) if self.rewritten else mod

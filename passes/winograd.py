@@ -24,14 +24,6 @@ position is a copy of the whole selection until the simplifier folds it.)
 The error grows with the tile: the transforms multiply by up to 8 (F(4x4)) and subtract. Dispatch
 measures it against the direct convolution for every workload and refuses a candidate above the
 project tolerance (``schedules/dispatch.py``); measured values per tile size in docs/winograd.md.
-
-A quantized convolution (uint8 data, int8 weights, int32 sums) runs F(2x2, 3x3) exactly on the
-integers where the CPU's byte dot product is ``pmaddwd`` (2.25x fewer of its multiplies, which
-without VNNI gain only 2x over float's): B^T d B of uint8 data stays within +-1020 (int16), the
-weights are transformed with 2G (4 G g G^T: integers, at most 1143 in magnitude, int16, packed as
-``pack_bytes`` packs them), the int16 products sum exactly in int32 while 1020 times a column's
-sum of |U| stays below 2^31 (``integer_fits``), and A^T M A is 4 times the convolution, shifted
-back exactly.
 """
 
 from __future__ import annotations
@@ -78,10 +70,6 @@ MATRICES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {
                   [0, 4, 0, -5, 0, 1]], dtype=np.float64)),
 }
 TILE_SIZES = tuple(MATRICES)
-INTEGER_TILE = 2  # the integer form's F(m x m): 2G is integer, and its data fits int16
-INTEGER_SHIFT = 2  # 2G on both sides: the integer form's A^T M A is 4 times the convolution
-DATA_BOUND = 4 * 255  # |B^T d B| for uint8 d: F(2x2)'s B^T has two +-1 a row
-SUM_LIMIT = 1 << 31  # int32 sums
 
 
 def tiles(out_h: int, out_w: int, m: int) -> tuple[int, int]:
@@ -128,35 +116,9 @@ def transform_weight(taps: np.ndarray, m: int) -> np.ndarray:
     return packed
 
 
-def _integer_weights(taps: np.ndarray) -> np.ndarray:
-    """int8 taps (9, ...) to 4 U = (2G) g (2G)^T, (16, ...), in int64."""
-    g2 = (2 * MATRICES[INTEGER_TILE][1]).astype(np.int64)
-    return (np.kron(g2, g2) @ taps.reshape(9, -1).astype(np.int64)).reshape(16, *taps.shape[1:])
-
-
-def integer_fits(kernel: np.ndarray) -> bool:
-    """Whether the integer F(2x2) of the blocked int8 3x3 kernel (O/ob, I/ib, 3, 3, ib, ob) sums
-    exactly in int32 for any uint8 data."""
-    outer, inner, _, _, ib, ob = kernel.shape
-    weights = np.abs(_integer_weights(kernel.transpose(2, 3, 0, 5, 1, 4).reshape(9, outer * ob, inner * ib)))
-    return int(weights.max()) <= np.iinfo(np.int16).max and int(weights.sum(axis=2).max()) * DATA_BOUND < SUM_LIMIT
-
-
-def transform_weight_integer(taps: np.ndarray, pair: int) -> np.ndarray:
-    """int8 taps packed (9, ceil(O / panel), I, panel) to 4 U in int16, packed (16, ceil(O /
-    panel), I / ``pair``, panel, ``pair``) as ``passes/dense.py``'s ``pack_bytes`` packs a product's
-    weights (I a whole number of pairs: blocked channels)."""
-    weights = _integer_weights(taps)
-    positions, panels, depth, panel = weights.shape
-    packed = aligned_empty((positions, panels, depth // pair, panel, pair), "int16")
-    packed[...] = weights.reshape(positions, panels, depth // pair, pair, panel).transpose(0, 1, 2, 4, 3)
-    return packed
-
-
 def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int], rows: int) -> te.Tensor:
     """NCHW{b}c data to V: (alpha^2, ``rows``, C), tile p = (n, tile row, tile column) row-major;
-    rows past the real tiles repeat the last one (the product pads its rows to a register tile).
-    uint8 data is transformed in int16."""
+    rows past the real tiles repeat the last one (the product pads its rows to a register tile)."""
     batch, outer, height, width, block = (int(d) for d in data.shape)
     top, left, bottom, right = padding
     out_h, out_w = height + top + bottom - 2, width + left + right - 2
@@ -167,12 +129,11 @@ def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int], 
                       [0, 0, th * m + 2 - height - top, tw * m + 2 - width - left, 0], name="data_pad")
     _, _, bt = MATRICES[m]
     count = batch * th * tw
-    widened = (lambda v: v.astype("int16")) if data.dtype == "uint8" else (lambda v: v)  # noqa: E731
 
     def row_times_b(i, col, p, c):  # (d B)[i, col] of tile p
         p = te.min(p, count - 1)
         n, y, x = p // (th * tw), p % (th * tw) // tw * m, p % tw * m
-        d = [widened(pad[n, c // block, y + i, x + j, c % block]) for j in range(alpha)]
+        d = [pad[n, c // block, y + i, x + j, c % block] for j in range(alpha)]
         return _select(col, [_combine(bt[k], d) for k in range(alpha)])
 
     db = te.compute((alpha, alpha, rows, outer * block), row_times_b, name="winograd_input_rows",
@@ -183,25 +144,18 @@ def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int], 
 
 
 def winograd_product(v: te.Tensor, packed: te.Tensor, tile_rows: int) -> te.Tensor:
-    """M[t] = V[t] U[t] for every t, with U packed as (alpha^2, K / panel, C, panel), or for
-    int16 V as (alpha^2, K / panel, C / pair, panel, pair), summed in int32."""
+    """M[t] = V[t] U[t] for every t, with U packed as (alpha^2, K / panel, C, panel)."""
     positions, rows, depth = (int(d) for d in v.shape)
     k = te.reduce_axis((0, depth), name="k")
-    if len(packed.shape) == 5:
-        _, panels, _, panel, pair = (int(d) for d in packed.shape)
-        product = lambda t, r, j: v[t, r, k].astype("int32") * \
-            packed[t, j // panel, k // pair, j % panel, k % pair].astype("int32")  # noqa: E731
-    else:
-        _, panels, _, panel = (int(d) for d in packed.shape)
-        product = lambda t, r, j: v[t, r, k] * packed[t, j // panel, k, j % panel]  # noqa: E731
-    return te.compute((positions, rows, panels * panel), lambda t, r, j: te.sum(product(t, r, j), axis=k),
+    _, panels, _, panel = (int(d) for d in packed.shape)
+    return te.compute((positions, rows, panels * panel), lambda t, r, j: te.sum(
+        v[t, r, k] * packed[t, j // panel, k, j % panel], axis=k),
                       name="dense_packed", attrs={PANEL_ATTR: panel, ROW_TILE_ATTR: tile_rows, TILE_ALIGNED_ATTR: 0})
 
 
 def winograd_output(product: te.Tensor, m: int, shape: tuple[int, int, int, int, int]) -> te.Tensor:
     """M (alpha^2, rows, K) to the NCHW{b}c output of ``shape``: Y = A^T M A per tile, in two
-    stages as the input transform: M A (a stage of its own), then A^T (M A); int32 M, 4 times the
-    convolution (``transform_weight_integer``), shifted back."""
+    stages as the input transform: M A (a stage of its own), then A^T (M A)."""
     batch, outer, out_h, out_w, block = shape
     th, tw = tiles(out_h, out_w, m)
     alpha = m + 2
@@ -213,10 +167,7 @@ def winograd_output(product: te.Tensor, m: int, shape: tuple[int, int, int, int,
 
     def element(n, o, y, x, i):
         p = n * th * tw + y // m * tw + x // m
-        value = _select(y % m, [_combine(at[r], [ma[a, x % m, p, o * block + i] for a in range(alpha)])
-                                for r in range(m)])
-        if product.dtype == "int32":  # the integer form: exactly 4 times the convolution
-            return tvm.tirx.shift_right(value, tvm.tirx.const(INTEGER_SHIFT, "int32"))
-        return value
+        return _select(y % m, [_combine(at[r], [ma[a, x % m, p, o * block + i] for a in range(alpha)])
+                               for r in range(m)])
 
     return te.compute(shape, element, name="winograd_output", attrs={OUTPUT_ATTR: m})

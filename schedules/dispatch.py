@@ -49,7 +49,6 @@ from relaxc.passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, can
 from relaxc.schedules.cache import DISPATCH_FILE, RecordStore, read_measurements, write_measurements
 from relaxc.support import remote
 from relaxc.support.errors import UserError
-from relaxc.support.targets import ByteDot
 
 log = logging.getLogger("relaxc")
 MODES = ("replay", "measure", "heuristic", "off")
@@ -136,7 +135,6 @@ class Chooser:
     lanes: int
     registers: int
     strict: bool = False  # a missing decision is an error (tuning="strict")
-    dot: ByteDot | None = None  # the target's byte dot product (integer Winograd candidates)
 
     def __post_init__(self) -> None:
         self.known = self.store.load() if self.store is not None else {}
@@ -173,9 +171,8 @@ class Chooser:
     def _measure(self, workload: ConvWorkload, options: list[str], call: relax.Call) -> dict:
         start = time.perf_counter()
         rng = np.random.default_rng(0)
-        x = (rng.uniform(-1, 1, workload.data).astype("float32") if workload.dtype == "float32"
-             else rng.integers(0, 256, workload.data).astype(workload.dtype))
-        built = {name: self.build(candidate_module(call, name, self.lanes, self.registers, self.dot))
+        x = rng.uniform(-1, 1, workload.data).astype("float32")
+        built = {name: self.build(candidate_module(call, name, self.lanes, self.registers))
                  for name in options}
 
         def timed(bench: remote.Bench) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -253,8 +250,7 @@ class MeasuredLayoutCosts:
         return entry["ms"]
 
 
-def candidate_module(call: relax.Call, name: str, lanes: int, registers: int,
-                     dot: ByteDot | None = None) -> tvm.IRModule:
+def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) -> tvm.IRModule:
     """A module whose ``main`` runs one candidate of the convolution ``call`` on its input."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", call.args[0].ty)
@@ -265,8 +261,8 @@ def candidate_module(call: relax.Call, name: str, lanes: int, registers: int,
                 out = bb.emit(conv)
             else:
                 conv = bb.normalize(conv)  # typed: emit_winograd reads its output shape
-                workload, _ = candidates(conv, dot)
-                out = bb.emit(emit_winograd(Kernels(bb), conv, workload, tile_size(name), lanes, registers, dot))
+                workload, _ = candidates(conv)
+                out = bb.emit(emit_winograd(Kernels(bb), conv, workload, tile_size(name), lanes, registers))
             result = bb.emit_output(out)
         bb.emit_func_output(result)
     return bb.get()

@@ -9,8 +9,6 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 import relaxc as compiler
 from relaxc.artifact import Artifact
-from relaxc.passes import winograd
-from relaxc.passes.dispatch import WINOGRAD
 from relaxc.support import targets
 from tests import reference
 
@@ -151,13 +149,17 @@ def test_average_pooling_rounds_as_onnxruntime_int8(pool, attrs, out):
 
 # an LLVM CPU name for each byte dot product (support/targets.py's BYTE_DOTS): its instruction
 BYTE_DOT_CPUS = {"cascadelake": "llvm.x86.avx512.vpdpbusd.512", "alderlake": "llvm.x86.avx512.vpdpbusd.256",
-                 "skylake-avx512": "llvm.x86.avx512.pmaddw.d.512", "haswell": "llvm.x86.avx2.pmadd.wd"}
+                 "skylake-avx512": "llvm.x86.avx512.pmaddubs.w.512", "haswell": "llvm.x86.avx2.pmadd.ub.sw"}
+
+
+def _built(model: onnx.ModelProto, mcpu: str) -> Artifact:
+    return compiler.compile(model, target={"kind": "llvm", "mcpu": mcpu, "num-cores": 2}, tuning="off",
+                            backends="relaxc")
 
 
 def _built_for(model: onnx.ModelProto, mcpu: str) -> Artifact:
     """``model`` compiled for ``mcpu``, its byte dot product's instruction checked in the schedules."""
-    art = compiler.compile(model, target={"kind": "llvm", "mcpu": mcpu, "num-cores": 2}, tuning="off",
-                           backends="relaxc")
+    art = _built(model, mcpu)
     assert BYTE_DOT_CPUS[mcpu] in art.ir("schedule")
     return art
 
@@ -167,17 +169,35 @@ def _skip_unless_the_host_runs(art: Artifact) -> None:
         pytest.skip(f"this CPU cannot run code for {art.target.attrs['mcpu']}: built, not run")
 
 
+def _saturates_pairs(art: Artifact) -> bool:
+    return targets.byte_dot(art.target).pairs is not None
+
+
+def _onnxruntime_saturates_pairs() -> bool:
+    """Whether this host's onnxruntime sums uint8 x int8 products in pairs saturated to int16 (no VNNI)."""
+    return not {"avx512vnni", "avxvnni"} & (targets.host_isa() or frozenset())
+
+
+def _skip_unless_onnxruntime_sums_as(art: Artifact) -> None:
+    """Skip unless the build sums bytes as this host's onnxruntime does (both exactly or both in
+    saturated pairs): where they differ, the outputs may too."""
+    _skip_unless_the_host_runs(art)
+    if _saturates_pairs(art) != _onnxruntime_saturates_pairs():
+        pytest.skip(f"{art.target.attrs['mcpu']} sums bytes {'in saturated pairs' if _saturates_pairs(art) else 'exactly'}, "
+                    "this CPU's onnxruntime the other way: built and run, not compared")
+
+
 @pytest.mark.parametrize("mcpu", BYTE_DOT_CPUS)
 def test_integer_convolutions_use_each_cpus_byte_dot_product(quantized, mcpu):
-    """Compiled for a CPU with each byte dot product (AVX-512 VNNI, AVX-VNNI, and pmaddwd on int16 for
-    AVX-512BW and AVX2), every dense integer convolution is tensorized with it (the depthwise one sums
-    in float); where the host runs the build, its output is onnxruntime's int8 output to the bit."""
+    """Compiled for a CPU with each byte dot product (AVX-512 VNNI, AVX-VNNI, and vpmaddubsw's saturated
+    pairs for AVX-512BW and AVX2), every dense integer convolution is tensorized with it (the depthwise
+    one sums in float), the 3-channel one over its taps where pairs saturate; where the host runs the
+    build and its onnxruntime sums the same way, its output is onnxruntime's int8 output to the bit."""
     art = _built_for(quantized, mcpu)
     report = art.report()
-    winograd_convs = report["dispatch"]["choices"].get(WINOGRAD[2], 0)  # the 16-channel 3x3 one, on pmaddwd CPUs
-    assert winograd_convs == (1 if "pmadd" in BYTE_DOT_CPUS[mcpu] else 0)
-    assert report["schedules"].get("int8") == 3 - winograd_convs
-    _skip_unless_the_host_runs(art)
+    assert report["dispatch"]["choices"] == {} and report["schedules"].get("int8") == 3
+    assert report["schedules"].get("taps", 0) == (1 if _saturates_pairs(art) else 0)
+    _skip_unless_onnxruntime_sums_as(art)
     session = reference.ort_session(quantized)
     for seed in range(2):
         x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
@@ -195,43 +215,73 @@ def test_8_channel_blocks_on_a_vnni_cpu_take_the_256_bit_vpdpbusd(quantized):
     np.testing.assert_array_equal(art.run(x)[0], reference.ort_session(quantized).run(None, {"x": x})[0])
 
 
-def test_integer_winograd_is_the_convolution_times_4_exactly():
-    """4 Y = A^T [((2G) g (2G)^T) * (B^T d B)] A on the integers, for uint8 tiles and int8 kernels
-    at their extremes."""
-    at, g, bt = winograd.MATRICES[winograd.INTEGER_TILE]
-    assert all(np.array_equal(matrix, np.rint(matrix)) for matrix in (at, 2 * g, bt))  # integers
-    at, g2, bt = (matrix.astype(np.int64) for matrix in (at, 2 * g, bt))
-    rng = np.random.default_rng(0)
-    for d, k in [(rng.integers(0, 256, (4, 4)), rng.integers(-128, 128, (3, 3))),
-                 (np.full((4, 4), 255), np.full((3, 3), -128))]:
-        direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * k) for j in range(2)] for i in range(2)])
-        v = bt @ d @ bt.T
-        assert np.abs(v).max() <= winograd.DATA_BOUND
-        assert np.array_equal(at @ ((g2 @ k @ g2.T) * v) @ at.T, 4 * direct)
+def _saturated_pairs_product(data: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """data (M, K) uint8 times weights (K, N) int8 as vpmaddubsw sums them: products of rows 2j and
+    2j + 1 summed and saturated to int16, then the pairs summed exactly."""
+    products = data.astype(np.int64)[:, :, None] * weights.astype(np.int64)[None]
+    products = np.concatenate([products, np.zeros((len(data), len(weights) % 2, weights.shape[1]), np.int64)], 1)
+    return np.clip(products.reshape(len(data), -1, 2, weights.shape[1]).sum(2), -32768, 32767).sum(1)
 
 
-def test_integer_winograd_is_refused_where_its_sums_could_leave_int32():
-    kernel = np.full((1, 128, 3, 3, 16, 16), 127, np.int8)  # 2,048 input channels of the largest weight
-    assert not winograd.integer_fits(kernel)
-    assert winograd.integer_fits(kernel[:, :64])
-
-
-@pytest.mark.parametrize("shape", [
-    dict(channels=16, out_channels=32, height=9, width=7, pads=1),  # tiles sticking out of the output
-    dict(channels=24, out_channels=20, height=10, width=10, pads=0, batch=2),  # padded channel blocks, batch
-    dict(channels=32, out_channels=32, height=8, width=8, pads=1, residual=True),  # residual add
-])
-def test_quantized_3x3_convolutions_run_as_integer_winograd_on_pmaddwd_cpus(shape):
-    """Built for AVX2 (pmaddwd: half VNNI's products an instruction), a quantized 3x3 convolution
-    runs as the integer F(2x2): onnxruntime's int8 output to the bit."""
-    model = quantize(reference.conv3x3(**shape))
+@pytest.mark.parametrize("rows, depth", [(5, 63), (1, 512)])
+def test_without_vnni_byte_products_are_summed_in_saturated_pairs(rows, depth):
+    """Built for AVX2, a MatMulInteger of large bytes sums each pair of products saturated to int16
+    (what onnxruntime's kernels do there; the exact sums differ), single rows too; where this CPU's
+    onnxruntime has no VNNI, its result to the bit."""
+    rng = np.random.default_rng(depth)
+    weights = rng.integers(-127, 128, (depth, 24)).astype(np.int8)
+    model = reference._model([helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
+                             [helper.make_tensor_value_info("a", TensorProto.UINT8, [rows, depth])],
+                             [helper.make_tensor_value_info("y", TensorProto.INT32, [rows, 24])],
+                             [numpy_helper.from_array(weights, "w")])
     art = _built_for(model, "haswell")
-    assert art.report()["dispatch"]["choices"] == {WINOGRAD[2]: 1}
+    assert art.report()["dense"]["packed"] == 1
     _skip_unless_the_host_runs(art)
+    data = rng.integers(0, 256, (rows, depth)).astype(np.uint8)
+    (got,) = art.run(data)
+    want = _saturated_pairs_product(data, weights)
+    assert not np.array_equal(want, data.astype(np.int64) @ weights.astype(np.int64))  # the pairs did saturate
+    np.testing.assert_array_equal(got, want)
+    _skip_unless_onnxruntime_sums_as(art)
+    np.testing.assert_array_equal(got, reference.ort_session(model).run(None, {"a": data})[0])
+
+
+@pytest.mark.parametrize("channels, groups, size, stride", [(3, 1, 7, 2), (6, 2, 3, 1), (32, 4, 1, 1), (16, 4, 3, 2)],
+                         ids=["stem", "odd-group", "pointwise-groups", "strided-groups"])
+def test_without_vnni_convolutions_pair_their_taps_as_onnxruntime(channels, groups, size, stride):
+    """Built for AVX2, a quantized convolution of an odd number of channels (an image's 3) sums its
+    (row, column, channel) products in onnxruntime's flat pairs, across taps (``taps`` kernel),
+    padding included, and a grouped one each group's so; where this CPU's onnxruntime has no VNNI,
+    its int8 output to the bit."""
+    rng = np.random.default_rng(size)
+    out = (12 - 1) // stride + 1
+    model = quantize(reference._model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[size // 2] * 4, strides=[stride] * 2, group=groups)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, out, out])],
+        [reference._const("w", rng.standard_normal((16, channels // groups, size, size)))]))
+    art = _built(model, "haswell")
+    assert art.report()["schedules"].get("taps", 0) == (1 if size > 1 else 0)
+    assert art.report()["schedules"].get("int8", 0) == (1 if groups == 1 else 0)  # grouped: pairs in float32
+    assert art.report()["quantized"]["float"] == {}
+    _skip_unless_onnxruntime_sums_as(art)
     session = reference.ort_session(model)
-    for seed in range(2):
-        x = np.random.default_rng(seed).standard_normal(
-            (shape.get("batch", 1), shape["channels"], shape["height"], shape["width"])).astype(np.float32)
+    for seed in range(3):
+        x = (np.random.default_rng(seed).standard_normal((1, channels, 12, 12)) * 2).astype(np.float32)
+        np.testing.assert_array_equal(art.run(x)[0], session.run(None, {"x": x})[0])
+
+
+def test_without_vnni_int8_activations_sum_exactly():
+    """Built for AVX2, int8 activations (held as uint8 ones 128 higher, whose pairs of products would
+    saturate where onnxruntime's int8 kernels sum exactly) sum exactly: onnxruntime's int8 output to
+    the bit, on any CPU that runs the build."""
+    model = quantize(_float_cnn(), activations="int8")
+    art = _built_for(model, "haswell")
+    assert art.report()["signed_activations"]["quantizes"] > 0 and art.report()["quantized"]["float"] == {}
+    _skip_unless_the_host_runs(art)
+    session = reference.ort_session(model, config=SIGNED_KERNELS)
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
         np.testing.assert_array_equal(art.run(x)[0], session.run(None, {"x": x})[0])
 
 
@@ -301,14 +351,19 @@ def test_dynamically_quantized_convolutions_sum_the_bytes_as_onnxruntime():
 @pytest.mark.parametrize("mcpu", BYTE_DOT_CPUS)
 def test_dynamic_matmuls_use_each_cpus_byte_dot_product(mcpu):
     """Compiled for each byte dot product, both products are packed for it and tensorized; where the
-    host runs the build, its integers are those of AVX2's build (exact sums: equal to the bit)."""
+    host runs the build, its integers are those of the build of the other CPU that sums bytes as it
+    does (equal to the bit), and where its onnxruntime sums them so too, close to its output."""
     model = _dynamic_mlp()
     art = _built_for(model, mcpu)
     assert art.report()["dense"]["packed"] == 2
     _skip_unless_the_host_runs(art)
     x = np.random.default_rng(0).standard_normal((2, 5, 38)).astype(np.float32)
-    plain = compiler.compile(model, target={"kind": "llvm", "mcpu": "haswell", "num-cores": 2}, tuning="off",
-                             backends="relaxc")
-    np.testing.assert_array_equal(art.run(x)[0], plain.run(x)[0])
+    twin = next(other for other, name in BYTE_DOT_CPUS.items() if other != mcpu and
+                ("vpdpbusd" in name) == ("vpdpbusd" in BYTE_DOT_CPUS[mcpu]))
+    same = compiler.compile(model, target={"kind": "llvm", "mcpu": twin, "num-cores": 2}, tuning="off",
+                            backends="relaxc")
+    if targets.runs_on_host(same.target):
+        np.testing.assert_array_equal(art.run(x)[0], same.run(x)[0])
+    _skip_unless_onnxruntime_sums_as(art)
     want = reference.ort_session(model).run(None, {"x": x})[0]
     np.testing.assert_allclose(art.run(x)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -114,22 +114,24 @@ def _schedule_bytes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     rows by its panel's vectors of int32 accumulators, each instruction adding a broadcast group of
     a row's bytes times a vector's weights; the tiles of all panels (of all matrices: the integer
     Winograd's products) in one parallel loop."""
-    *matrices, rows, columns, depth = sch.get_loops(block)  # passes/dense.py packs no single row
+    loops = sch.get_loops(block)
+    *matrices, rows, columns, depth = loops if len(loops) > 2 else [None, *loops]  # one row: no loop
     annotations = sch.get(block).annotations
     panel = int(annotations[PANEL_ATTR])
-    row_outer, row_inner = sch.split(rows, factors=[None, int(annotations[ROW_TILE_ATTR])])
+    row_outer, row_inner = ([[loop] for loop in sch.split(rows, factors=[None, int(annotations[ROW_TILE_ATTR])])]
+                            if rows else ([], []))
     panel_outer, vectors, lane = sch.split(columns, factors=[None, panel // dot.lanes, dot.lanes])
     group, byte = sch.split(depth, factors=[None, dot.depth])
-    sch.reorder(*matrices, panel_outer, row_outer, group, row_inner, vectors, lane, byte)
-    tiles = sch.fuse(*matrices, panel_outer, row_outer)
+    sch.reorder(*matrices, panel_outer, *row_outer, group, *row_inner, vectors, lane, byte)
+    tiles = sch.fuse(*matrices, panel_outer, *row_outer) if matrices or row_outer else panel_outer
     sch.parallel(tiles)
     write_back = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write_back, tiles, preserve_unit_loops=True)
     init = sch.decompose_reduction(block, group)
     sch.vectorize(sch.get_loops(init)[-1])
     sch.tensorize(lane, intrinsic(dot))
-    sch.unroll(row_inner)
-    sch.unroll(vectors)
+    for loop in (*row_inner, vectors):
+        sch.unroll(loop)
     vectorize_innermost(sch, write_back, dot.lanes)
     return (tiles if int(annotations[TILE_ALIGNED_ATTR]) else None), write_back
 

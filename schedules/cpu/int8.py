@@ -5,7 +5,8 @@ NCHW{b}c lanes; the kernel is packed ``OIHW{i/d}i{o}o{d}i`` (``passes/legalize.p
 target's ``ByteDot.depth``, so one instruction multiplies a broadcast group of ``d`` input channels
 of one pixel by a vector of output lanes' ``d`` weights each and adds the sums to an accumulator:
 AVX-512 VNNI's ``vpdpbusd`` 4 bytes deep (64 multiply-adds an instruction, 4x float32's FMA), and
-without VNNI ``pmaddwd`` 2 deep on the data zero-extended to int16 and int16 weights (exact; 2x).
+without VNNI ``vpmaddubsw`` (pairs of products summed into int16, saturated) then ``pmaddwd`` with
+ones (the pairs summed into int32), as onnxruntime's kernels there compute.
 Register tile: ``rows`` output pixels of a row by ``blocks`` vectors of output channels (at most
 ``most_accumulators``: all vector registers but 4), the reduction (input blocks, kernel rows, columns, groups
 of ``d`` channels) inside it, the tiles in one parallel loop; the epilogue (the scale to float,
@@ -35,12 +36,12 @@ BLOCKS = (4, 3, 2, 1)  # output channel vectors of a tile
 
 def intrinsic(dot: ByteDot) -> str:
     """The name of the tensor intrinsic adding ``dot.lanes`` lanes' dot products of ``dot.depth``
-    broadcast data elements (uint8, or zero-extended to int16) by their weights to int32
-    accumulators (registered on first use)."""
-    name = f"relaxc_dot_{dot.lanes}x{dot.depth}_{dot.data}_{dot.weights}"
+    broadcast uint8 data elements by their int8 weights to int32 accumulators (registered on first
+    use)."""
+    name = f"relaxc_dot_{dot.lanes}x{dot.depth}_{dot.instruction.split('.', 2)[2].replace('.', '_')}"
     if name in _REGISTERED:
         return name
-    lanes, depth, data, weights, instruction = dot
+    lanes, depth, data, weights, instruction, pairs = dot
     accumulated, paired = f"int32x{lanes}", f"{weights}x{lanes * depth}"
     group = f"{data}x{depth}"  # one int32 lane's worth of data
 
@@ -55,7 +56,7 @@ def intrinsic(dot: ByteDot) -> str:
                     vi, vk = T.axis.remap("SR", [i, k])
                     C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
-    accumulates = depth == 4  # vpdpbusd adds to its first operand; pmaddwd's sums are added here
+    accumulates = pairs is None  # vpdpbusd adds to its first operand; pmaddwd's sums are added here
 
     @T.prim_func(s_tir=True)
     def implemented(A: T.Buffer((depth,), data, offset_factor=1), B: T.Buffer((lanes, depth), weights, offset_factor=1),
@@ -68,11 +69,13 @@ def intrinsic(dot: ByteDot) -> str:
                     T.llvm_lookup_intrinsic_id(instruction), C.vload([0], dtype=accumulated),
                     T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], group), dtype="int32"), lanes), dtype=paired),
                     B.vload([0, 0], dtype=paired), dtype=accumulated)
-            else:
+            else:  # vpmaddubsw's int16 pair sums (saturated), added in pairs by pmaddwd with ones
                 C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=accumulated) + T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(instruction),
-                    T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], group), dtype="int32"), lanes), dtype=paired),
-                    B.vload([0, 0], dtype=paired), dtype=accumulated)
+                    T.llvm_lookup_intrinsic_id(pairs), T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id(instruction),
+                        T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], group), dtype="int32"), lanes), dtype=paired),
+                        B.vload([0, 0], dtype=paired), dtype=f"int16x{lanes * 2}"),
+                    T.broadcast(T.int16(1), lanes * 2), dtype=accumulated)
 
     TensorIntrin.register(name, described, implemented, override=True)  # accumulators in registers
     _REGISTERED.add(name)
@@ -96,7 +99,7 @@ def tile(width: int | None, out_blocks: int | None, accumulators: int) -> tuple[
 
 def most_accumulators(registers: int) -> int:
     """Accumulators a tile may keep: all registers but 4, which hold the broadcast data, a vector
-    of weights and pmaddwd's product before its add (28 of 32 measured best with VNNI)."""
+    of weights and the pair sums before their add (28 of 32 measured best with VNNI)."""
     return registers - 4
 
 
@@ -107,7 +110,7 @@ class Int8(CpuRule):
         return byte_dot(target) is not None
 
     def may_fit(self, func: tirx.PrimFunc) -> bool:
-        return any(b.name_hint.startswith("conv2d_NCHWc") and _dtypes(b)[0] in ("uint8", "int16")
+        return any(b.name_hint.startswith("conv2d_NCHWc") and _dtypes(b)[0] == "uint8"
                    and _dtypes(b)[2] == "int32" for b in kernel_blocks(func))
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:
@@ -144,9 +147,7 @@ class Int8(CpuRule):
             vector, lane = sch.split(lane, [vectors, dot.lanes])
             inner.append(vector)
         group, depth = sch.split(rib, [None, dot.depth])
-        outer = [spatial[dim] for dim in sorted(spatial)]
-        if not outer:  # one tile (a 1x1 map's few channels): no loop to split between threads
-            return None
+        outer = [spatial[dim] for dim in sorted(spatial)] or [sch.add_unit_loop(conv)]  # one tile: a 1x1 map's
         sch.reorder(*outer, *reduction, group, *inner, lane, depth)
         parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         sch.parallel(parallel)
@@ -164,7 +165,7 @@ class Int8(CpuRule):
             vectorize_innermost(sch, block, unit.lanes)
         if epilogue and attached:
             sch.compute_inline(write_back)
-        for stage in inputs:  # the data padded (and widened for pmaddwd)
+        for stage in inputs:  # the data padded
             schedule_padding(sch, stage, unit.lanes)
         return sch
 

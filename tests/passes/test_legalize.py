@@ -131,3 +131,17 @@ def test_bit_shift_by_any_amount(dtype, direction):
         want = np.where(in_range, wide >> np.clip(shift, 0, bits - 1), fill).astype(dtype)
     art = compiler.compile(model, target="cpu", tuning="off")
     np.testing.assert_array_equal(art.run({"x": x, "y": y})[0], want)
+
+
+@pytest.mark.parametrize("amount_shape", [(4,), (), (3, 1)])
+def test_bit_shift_broadcasts_its_amount(amount_shape):
+    """An amount of another shape broadcasts, as ONNX's BitShift does (a scalar shift of a tensor)."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (3, 4)).astype(np.uint8)
+    y = rng.integers(0, 8, amount_shape).astype(np.uint8)
+    model = reference._model([helper.make_node("BitShift", ["x", "y"], ["out"], direction="RIGHT")],
+                             [helper.make_tensor_value_info("x", TensorProto.UINT8, [3, 4]),
+                              helper.make_tensor_value_info("y", TensorProto.UINT8, list(amount_shape))],
+                             [helper.make_tensor_value_info("out", TensorProto.UINT8, [3, 4])], [])
+    art = compiler.compile(model, target="cpu", tuning="off")
+    np.testing.assert_array_equal(art.run({"x": x, "y": y})[0], x >> y)
