@@ -214,10 +214,11 @@ class _Bindings(relax.PyExprVisitor):
 class _Graph:
     """The quantized convolutions of one function and the chains they end, found before any rewrite."""
 
-    def __init__(self, func: relax.Function, refused: collections.Counter) -> None:
+    def __init__(self, func: relax.Function, refused: collections.Counter, saturated_pairs: bool) -> None:
         self.bindings = _Bindings()
         self.bindings.visit_expr(func)
         self.refused = refused
+        self.saturated_pairs = saturated_pairs
         self.convs: dict[relax.Var, _Operands] = {}
         for var, value in self.bindings.values.items():
             if is_op(value, "relax.nn.conv2d") or is_op(value, "relax.matmul"):
@@ -282,7 +283,8 @@ class _Graph:
             why = "weights scaled along an axis other than the output channels'"
         elif x_scale is None or x_zero is None:
             why = "data with per-channel or variable scale or zero point"
-        elif not matmul and int(attrs.groups) != 1 and weights[0].size * 255 * 128 >= FLOAT_EXACT // 2:
+        elif not matmul and _in_float(weights, int(attrs.groups), self.saturated_pairs) \
+                and weights[0].size * 255 * 128 >= FLOAT_EXACT // 2:
             why = "a grouped convolution whose sums can leave float32's exact integers"
         if why is not None:
             self.refused[why] += 1
@@ -483,11 +485,8 @@ class _IntegerConv(relax.PyExprMutator):
         padding = [int(p) for p in attrs.padding]
         offset = offset.reshape(1, channels, 1, 1)
         groups = int(attrs.groups)
-        # one input and one output channel a group: onnxruntime's depthwise kernel, which sums exactly
-        depthwise = operands.weights.shape[1] == 1 and operands.weights.shape[0] == groups
-        pairs = self.saturated_pairs and not exact and not depthwise
-        paired_groups = pairs and groups > 1
-        if groups > 1 and not paired_groups:  # depthwise or grouped: every partial sum exact in float32 (_operands)
+        pairs = self.saturated_pairs and not exact and not _depthwise(operands.weights, groups)
+        if _in_float(operands.weights, groups, self.saturated_pairs):  # every partial sum exact in float32 (_operands)
             floats = norm(relax.op.astype(data, "float32"))
             if isinstance(operands.x_zero, relax.Expr) or operands.x_zero:  # xq - zx, padded with 0 as x is
                 floats = norm(relax.op.subtract(floats, self._zero(operands.x_zero, "float32")))
@@ -502,7 +501,8 @@ class _IntegerConv(relax.PyExprMutator):
             return relax.op.astype(total, "float32")  # a large bias: added to the integers, rounded once
         weights = operands.weights
         sums = weights.astype(np.int64).sum(axis=(1, 2, 3)).reshape(offset.shape)
-        taps = pairs and (weights.shape[1] % 2 == 1 or paired_groups) and weights.shape[2] * weights.shape[3] > 1
+        grouped = groups > 1  # here: in pairs computed apart (_grouped_in_pairs), exact too by nibbles
+        taps = (pairs and weights.shape[1] % 2 == 1 or grouped) and weights.shape[2] * weights.shape[3] > 1
         if isinstance(operands.x_zero, relax.Expr):
             data = self._padded_with(data, padding, operands.x_zero) if any(padding) else data
             padding = [0, 0, 0, 0]
@@ -517,16 +517,13 @@ class _IntegerConv(relax.PyExprMutator):
             strides = [1, 1]
 
         def conv(data: relax.Expr) -> relax.Expr:
+            if grouped:
+                return self._grouped_in_pairs(data, weights, groups, strides)
             return norm(relax.op.nn.conv2d(
                 data, relax.const(np.ascontiguousarray(weights)), strides=strides, padding=padding,
-                dilation=[1, 1] if taps else attrs.dilation, groups=groups, out_dtype="int32"))
+                dilation=[1, 1] if taps else attrs.dilation, out_dtype="int32"))
 
-        if paired_groups:
-            total = self._grouped_in_pairs(data, weights, groups, strides)
-        elif self.saturated_pairs and not pairs:
-            total = self._nibbles(data, conv)
-        else:
-            total = conv(data)
+        total = self._nibbles(data, conv) if self.saturated_pairs and not pairs else conv(data)
         if isinstance(operands.x_zero, relax.Expr):  # zx sum(wq), a vector computed at run time
             total = norm(relax.op.subtract(total, norm(relax.op.multiply(
                 self._zero(operands.x_zero, "int32"), relax.const(sums.astype(np.int32))))))
@@ -684,6 +681,17 @@ def _stats() -> dict:
             "float": collections.Counter()}
 
 
+def _depthwise(weights: np.ndarray, groups: int) -> bool:
+    """One input and one output channel a group: onnxruntime's depthwise kernel, which sums exactly."""
+    return weights.shape[1] == 1 and weights.shape[0] == groups
+
+
+def _in_float(weights: np.ndarray, groups: int, saturated_pairs: bool) -> bool:
+    """Whether a grouped or depthwise convolution sums in float32 (exact below ``FLOAT_EXACT``): all
+    but the grouped ones whose byte products pair (``_grouped_in_pairs``)."""
+    return groups > 1 and not (saturated_pairs and not _depthwise(weights, groups))
+
+
 def _taps(shape: tuple[int, ...], dtype: str, rows: int, columns: int, strides: list[int], dilation: list[int],
           out: tuple[int, ...]) -> tirx.PrimFunc:
     """The kernel copying the taps of a ``rows`` x ``columns`` convolution over padded NCHW data of
@@ -732,7 +740,7 @@ class QuantizedToIntegers:
 
     def _graph(self, func: relax.Function) -> _Graph:
         """``func``'s quantized chains, counted in the summary."""
-        graph = _Graph(func, self.stats["float"])
+        graph = _Graph(func, self.stats["float"], self.saturated_pairs)
         kinds = collections.Counter(type(chain) for chain in graph.chains.values())
         matmuls = sum(is_op(ops.conv, "relax.matmul") for ops in graph.convs.values())
         self.stats["convolutions"] += len(graph.convs) - matmuls

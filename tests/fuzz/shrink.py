@@ -24,10 +24,12 @@ def _with_outputs(model: onnx.ModelProto, outputs: list[str], nodes: list[onnx.N
             kept.append(node)
             needed |= {i for i in node.input if i}
     kept.reverse()
-    shapes = _shapes(model)
+    types = _types(model)
+    if any(o not in types for o in outputs):  # not inferred (a com.microsoft QLinear operator's)
+        return None
     graph = helper.make_graph(
         kept, model.graph.name, list(model.graph.input),
-        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, shapes[o]) for o in outputs],
+        [helper.make_tensor_value_info(o, *types[o]) for o in outputs],
         [t for t in model.graph.initializer if t.name in needed])
     smaller = helper.make_model(graph, opset_imports=list(model.opset_import), producer_name=model.producer_name)
     smaller.ir_version = model.ir_version
@@ -38,10 +40,12 @@ def _with_outputs(model: onnx.ModelProto, outputs: list[str], nodes: list[onnx.N
     return smaller
 
 
-def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+def _types(model: onnx.ModelProto) -> dict[str, tuple[int, list[int]]]:
+    """Each tensor's inferred element type and shape."""
     inferred = onnx.shape_inference.infer_shapes(model)
     values = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
-    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+    return {v.name: (v.type.tensor_type.elem_type, [d.dim_value for d in v.type.tensor_type.shape.dim])
+            for v in values}
 
 
 def _cuts(model: onnx.ModelProto) -> list[onnx.ModelProto]:
@@ -57,8 +61,8 @@ def _cuts(model: onnx.ModelProto) -> list[onnx.ModelProto]:
 
 
 def _bypasses(model: onnx.ModelProto) -> list[onnx.ModelProto]:
-    """The graph without one node whose first input has the shape of its output."""
-    shapes = _shapes(model)
+    """The graph without one node whose first input has the type and shape of its output."""
+    shapes = _types(model)
     outputs = [o.name for o in model.graph.output]
     candidates = []
     for index, node in enumerate(model.graph.node):
