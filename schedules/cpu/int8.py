@@ -147,7 +147,8 @@ class Int8(CpuRule):
             vector, lane = sch.split(lane, [vectors, dot.lanes])
             inner.append(vector)
         group, depth = sch.split(rib, [None, dot.depth])
-        outer = [spatial[dim] for dim in sorted(spatial)] or [sch.add_unit_loop(conv)]  # one tile: a 1x1 map's
+        # one tile (a 1x1 map's few channels, as in squeeze-excitation blocks): a unit loop to hold it
+        outer = [spatial[dim] for dim in sorted(spatial)] or [sch.add_unit_loop(conv)]
         sch.reorder(*outer, *reduction, group, *inner, lane, depth)
         parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         sch.parallel(parallel)
