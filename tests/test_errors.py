@@ -205,6 +205,37 @@ def test_nan_and_infinities_pass_through_as_in_onnxruntime():
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=name)  # NaN where it has NaN
 
 
+def test_a_quantized_nan_is_the_lowest_value_as_in_onnxruntime():
+    """A softmax over a fully masked row is 0/0: its QuantizeLinear gives the type's lowest value as
+    onnxruntime's does, on every CPU (the clamp's NaN reached LLVM's float-to-integer conversion,
+    which is poison: Zen 4 and Zen 5 code read garbage there), fused with what follows or not."""
+    x = np.random.default_rng(1).standard_normal((1, 4, 16, 128)).astype(np.float32)
+    x[0, 1] = -np.inf  # every row of a head masked
+    x[0, 2, 3, 5] = np.nan
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("IsNaN", ["d"], ["n"]),  # as attention masks are written: a NaN-free DQ needs none
+             helper.make_node("Where", ["n", "zero", "d"], ["w"]),
+             helper.make_node("QuantizeLinear", ["w", "s2", "z"], ["q2"]),
+             helper.make_node("DequantizeLinear", ["q2", "s2", "z"], ["y"]),
+             helper.make_node("QuantizeLinear", ["x", "s", "zs"], ["qs"])]
+    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 16, 128))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 4, 16, 128)),
+                               helper.make_tensor_value_info("qs", TensorProto.INT8, (1, 4, 16, 128))],
+                              [numpy_helper.from_array(np.array(1 / 255, np.float32), "s"),
+                               numpy_helper.from_array(np.array(3, np.uint8), "z"),
+                               numpy_helper.from_array(np.array(-2, np.int8), "zs"),
+                               numpy_helper.from_array(np.array(0, np.float32), "zero"),
+                               numpy_helper.from_array(np.array(6e-5, np.float32), "s2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = reference.ORT_MAX_IR_VERSION
+    expected = reference.ort_run(model, {"x": x})
+    assert np.allclose(expected[0][0, 1], -3 * 6e-5) and expected[1][0, 2, 3, 5] == -128  # the case is there
+    for got, want in zip(compiler.compile(model, tuning="off").run(x), expected):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_export_to_missing_directory(small_artifact, tmp_path):
     with pytest.raises(compiler.ExportError, match="does not exist"):
         small_artifact.export(tmp_path / "nope" / "m.so")
