@@ -28,16 +28,18 @@ def onnxruntime():
 
 
 def ort_session(model: onnx.ModelProto, threads: int = 2, profile_prefix: str | None = None,
-                optimized_path: str | None = None, config: dict[str, str] | None = None):
+                optimized_path: str | None = None, config: dict[str, str] | None = None, optimize: bool = True):
     """An onnxruntime CPU session; ``profile_prefix``: profile every node into a file named so;
     ``optimized_path``: write the model as onnxruntime optimised it there; ``config``: session
-    configuration entries."""
+    configuration entries; ``optimize=False``: no graph optimisations (each node on its own kernel)."""
     ort = onnxruntime()
     model = _ort_compatible(model)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix

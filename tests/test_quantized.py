@@ -14,7 +14,8 @@ from tests import reference
 
 pytest.importorskip("onnxruntime.quantization", reason="onnxruntime's quantization tool makes the QDQ models")
 
-from relaxc.benchmarks.quantized import SIGNED_KERNELS, agreement, output_step, quantize  # noqa: E402
+from relaxc.benchmarks.quantized import (SIGNED_KERNELS, agreement, dynamic_agreements, output_step,  # noqa: E402
+                                         quantize, with_activations)
 
 
 def _float_cnn(seed: int = 3) -> onnx.ModelProto:
@@ -332,6 +333,28 @@ def test_dynamic_quantization_multiplies_bytes_as_onnxruntime(weight_type):
         x = np.random.default_rng(seed).standard_normal((2, 5, 38)).astype(np.float32)
         want = session.run(None, {"x": x})[0]
         np.testing.assert_allclose(art.run(x)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_dynamic_agreement_is_averaged_over_inputs_beside_onnxruntimes_own():
+    """The benchmark's agreement for a dynamically quantized model: every quantized activation
+    compared, the share of equal elements averaged over the inputs, the worst over all of them, and
+    onnxruntime's unoptimised session measured against its default one the same way."""
+    model = with_activations(_dynamic_mlp())
+    session = reference.ort_session(model)
+    samples = [{"x": np.random.default_rng(seed).standard_normal((2, 5, 38)).astype(np.float32)} for seed in range(3)]
+
+    def one_step_off_on_the_first(sample: dict) -> list[np.ndarray]:
+        outputs = session.run(None, sample)
+        if sample is samples[0]:
+            outputs[1] = outputs[1].copy()
+            outputs[1].flat[0] += 1 if outputs[1].flat[0] < 255 else -1
+        return outputs
+
+    (equal, worst, relative), own = dynamic_agreements(one_step_off_on_the_first, model, samples, threads=1)
+    activations = sum(o.size for o in session.run(None, samples[0])[1:])
+    assert len(session.get_outputs()) == 3 and equal == pytest.approx(1 - 1 / activations / len(samples))
+    assert worst == 1 and relative == 0
+    assert own == (1.0, 0.0, 0.0)  # two matmuls and a ReLU: onnxruntime's kernels round alike either way
 
 
 def test_dynamically_quantized_convolutions_sum_the_bytes_as_onnxruntime():
