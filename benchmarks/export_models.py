@@ -30,6 +30,10 @@ class Export:
     build: Callable[[], tuple[object, tuple, list[str], list[str], dict[str, int]]]
     dynamo: bool  # the dynamo exporter (external data) or TorchScript (opset 17)
     opset: int = 18  # the dynamo exporter's: 23 makes it emit the standard Attention and Gelu
+    dynamic: tuple[str, ...] = ()  # dims exported as dynamic, by name: every input's "batch" (dim 0), "sequence" (dim 1)
+
+
+DYNAMIC_AXES = {"batch": 0, "sequence": 1}  # where each named dynamic dim is in every input that has it
 
 
 def _tokens(torch, seq: int, vocab: int, mask: bool):
@@ -258,6 +262,13 @@ EXPORTS: dict[str, Export] = {
         "resnext50_32x4d", "googlenet", "mobilenet_v2", "regnet_x_400mf", "shufflenet_v2_x0_5",
         # shifted-window attention: TVM's importer alone cannot import its export
         "swin_t")},
+    # exported with dynamic dims, as served: one artifact for every batch size and sequence length
+    "bert_dynamic": Export(_bert, dynamo=False, dynamic=("batch", "sequence")),
+    "gpt2_dynamic": Export(_gpt2, dynamo=True, dynamic=("batch", "sequence")),
+    "vit_b16_dynamic": Export(_vit, dynamo=True, dynamic=("batch",)),
+    "llama_dynamic": Export(_decoder("LlamaConfig", "LlamaModel"), dynamo=True, dynamic=("batch", "sequence")),
+    **{f"{name}_dynamic": Export(_torchvision(name), dynamo=False, dynamic=("batch",))
+       for name in ("resnet50", "mobilenet_v3_large")},
     # a detector ending in NonMaxSuppression: its post-processing runs on an external backend
     "ssdlite320_mobilenet_v3_large": Export(_detection("ssdlite320_mobilenet_v3_large", 320), dynamo=False),
     **FAMILIES,
@@ -303,13 +314,21 @@ def export(name: str, out_dir: str, seed: int = 0) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{name}.onnx")
         with torch.no_grad():
+            axes = {name: {DYNAMIC_AXES[dim]: dim for dim in spec.dynamic} for name in input_names}
+            if "batch" in spec.dynamic:  # an example batch of 1 would be specialised to 1
+                args = tuple(torch.cat([a, a]) for a in args)
             if spec.dynamo:
+                dims = {dim: torch.export.Dim(dim) for dim in spec.dynamic}
+                shapes = (tuple({axis: dims[dim] for axis, dim in axes[name].items()} for name in input_names),) \
+                    if spec.dynamic else None  # one entry: the wrapper's *args
                 program = torch.onnx.export(model, args, dynamo=True, opset_version=spec.opset,
-                                            input_names=input_names, output_names=output_names)
+                                            input_names=input_names, output_names=output_names,
+                                            dynamic_shapes=shapes)
                 program.save(path, external_data=True)  # as users get it: weights in a .data file
             else:
                 torch.onnx.export(model, args, path, dynamo=False, opset_version=17,
-                                  input_names=input_names, output_names=output_names)
+                                  input_names=input_names, output_names=output_names,
+                                  dynamic_axes=axes if spec.dynamic else None)
         full = onnx.load(path)  # reads the external data file too
     drop_provenance(full)
     light = models.make_light(full, source=f"{type(model.model).__name__} exported by "

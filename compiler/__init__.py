@@ -22,7 +22,7 @@ from relaxc.support.errors import (ExportError, InputError, ModelError, ShapeErr
 
 if TYPE_CHECKING:
     from relaxc.artifact import Artifact
-    from relaxc.frontend import Constants, ModelLike, Shapes
+    from relaxc.frontend import Constants, DimBounds, ModelLike, Shapes
     from relaxc.options import Options, TuneOptions
     from relaxc.support.targets import TargetLike
 
@@ -32,7 +32,7 @@ __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Options", "Tu
 
 
 def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,  # noqa: A001
-            constants: "Constants | None" = None, **options: Any) -> "Artifact":
+            constants: "Constants | None" = None, dim_bounds: "DimBounds | None" = None, **options: Any) -> "Artifact":
     """Compile an ONNX model for a target and return a runnable ``Artifact``.
 
     model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
@@ -40,6 +40,8 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
         ``"cuda:sm_90"`` to choose), ``"rocm"`` (gfx90a; ``"rocm:gfx942"``), a JSON dict or a
         ``tvm.target.Target``. GPU targets cross-compile here; running needs the GPU.
     shapes: binds dynamic input dims, e.g. ``{"input": (1, 3, 224, 224)}``.
+    dim_bounds: keeps the other dynamic dims dynamic, each by its name in the model up to a bound,
+        e.g. ``{"batch": 32, "sequence": 512}``: one artifact runs every size within them.
     constants: inputs fixed at compile time, e.g. ``{"axes": np.array([1])}``: each becomes a constant
         of the model and is no longer an input of the artifact (for inputs that must be static: a
         reduction's axes, pads, a Reshape's shape).
@@ -49,7 +51,7 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     from relaxc.options import Options
     from relaxc.pipeline import compile_model
 
-    return compile_model(model, target, shapes, Options(**options), constants)
+    return compile_model(model, target, shapes, Options(**options), constants, dim_bounds)
 
 
 def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,

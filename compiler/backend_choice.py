@@ -85,6 +85,11 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
     relaxc's folding can make it faster there (Swin-T on onnxruntime, 84.9 ms against 93.4) or
     slower (MobileNetV2, 7.8 against 6.5: weights copied out of Identity nodes), so both are measured."""
     cpu = config.target.kind.name == "llvm"
+    if prepared.bounds:
+        if config.backends == "measure" or config.backend_overrides:
+            raise UserError("external backends do not run models with dynamic dims yet: bind them with shapes= "
+                            "(--shape), or compile with backends='relaxc'")
+        return frontend.Partitioning(), {"why": "a model with dynamic dims runs on relaxc's own kernels"}
     if config.backends == "relaxc" or not cpu:
         if config.backend_overrides:
             raise UserError("backend_overrides pin nodes to external backends, which run on CPU targets only: "

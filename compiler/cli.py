@@ -36,6 +36,16 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... (e.g. input=1,3,224,224), got {text!r}") from None
 
 
+def _size_arg(text: str) -> tuple[str, int]:
+    name, sep, size = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, int(size)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=N (e.g. sequence=512), got {text!r}") from None
+
+
 def _input_arg(text: str) -> tuple[str, str]:
     name, sep, path = text.rpartition("=")
     if not sep or not name or not path:
@@ -82,6 +92,9 @@ def _add_model_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = 
     parser.add_argument("--constant", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
                         help="fix an input at compile time to the array in a .npy file; the artifact no "
                              "longer takes it (repeatable)")
+    parser.add_argument("--dim-bound", action="append", type=_size_arg, default=[], metavar="NAME=N",
+                        help="keep the dynamic dim NAME (as the model names it) dynamic, up to N: one artifact "
+                             "for every size (repeatable)")
     add_option_args(parser, Options, exclude)
 
 
@@ -89,6 +102,8 @@ def _add_input_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
                         help="input from a .npy file (repeatable); others are random")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--dim", action="append", type=_size_arg, default=[], metavar="NAME=N",
+                        help="size of a dynamic dim in the random inputs (repeatable; default: its bound)")
 
 
 def _shapes(args: argparse.Namespace) -> dict | None:
@@ -96,6 +111,13 @@ def _shapes(args: argparse.Namespace) -> dict | None:
     if len(shapes) != len(args.shape):
         raise ShapeError("an input is given more than one --shape")
     return shapes or None
+
+
+def _named_sizes(pairs: list[tuple[str, int]], flag: str) -> dict[str, int] | None:
+    sizes = dict(pairs)
+    if len(sizes) != len(pairs):
+        raise ShapeError(f"a dim is given more than one {flag}")
+    return sizes or None
 
 
 def _constants(args: argparse.Namespace) -> dict[str, np.ndarray] | None:
@@ -116,7 +138,7 @@ def _compile(args: argparse.Namespace):
     from relaxc.pipeline import compile_model
 
     return compile_model(args.model, args.target, _shapes(args), Options(**option_values(args, Options)),
-                         _constants(args))
+                         _constants(args), _named_sizes(args.dim_bound, "--dim-bound"))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -148,8 +170,14 @@ def _model_inputs(args: argparse.Namespace) -> list[str]:
     return [value.name for value in frontend.graph_inputs(proto.graph) if value.name not in fixed]
 
 
-def _inputs_for(runner, given: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
-    arrays = random_inputs(runner.inputs, seed, runner.input_high)
+def _inputs_for(runner, given: dict[str, np.ndarray], seed: int, dims: list[tuple[str, int]] = ()) -> dict[str, np.ndarray]:
+    """Random inputs (each dynamic dim at its bound, or at its ``--dim``) and the ``--input`` ones."""
+    sizes = {**runner.dim_bounds, **(_named_sizes(list(dims), "--dim") or {})}
+    unknown = sorted(set(sizes) - set(runner.dim_bounds))
+    if unknown:
+        raise ShapeError(f"--dim names dim(s) {unknown} the model does not have; its dynamic dims are "
+                         f"{sorted(runner.dim_bounds) or 'none'}")
+    arrays = random_inputs(runner.inputs, seed, runner.input_high, sizes)
     arrays.update(given)
     return arrays
 
@@ -172,7 +200,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         given = _given_inputs(args, _model_inputs(args)) if args.input else {}  # usage errors before a compile
         runner = _compile(args)
         report = runner.report()
-    inputs = _inputs_for(runner, given, args.seed)
+    inputs = _inputs_for(runner, given, args.seed, args.dim)
     outputs = runner.run(inputs)  # first run also warms up
     times = []
     for _ in range(args.repeat):
@@ -223,7 +251,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     given = _given_inputs(args, _model_inputs(args)) if args.input else {}
     art = _compile(args)
     machine = roofline.machine(art.target, args.cache_dir, remeasure=args.measure_machine)
-    result = profile.profile(art, _inputs_for(art, given, args.seed), machine)
+    result = profile.profile(art, _inputs_for(art, given, args.seed, args.dim), machine)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:

@@ -225,7 +225,8 @@ PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)  # Artifa
 
 
 def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes: frontend.Shapes | None = None,
-                  options: Options = Options(), constants: frontend.Constants | None = None) -> Artifact:
+                  options: Options = Options(), constants: frontend.Constants | None = None,
+                  dim_bounds: frontend.DimBounds | None = None) -> Artifact:
     """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
     configure_threads()  # constant folding runs kernels: TVM's thread pool may start right here
     fast_math.register()
@@ -233,7 +234,7 @@ def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes:
     recorder = PhaseRecorder()
     with tvm_log.captured() as said:
         prepared = recorder.run("import", frontend.prepare_model, model, shapes, constants,
-                                config.backends == "relaxc")
+                                config.backends == "relaxc", dim_bounds)
     warned, logged = diagnostics.translate(said)
     partitioning, choice = backend_choice.partitioning(
         prepared, config, lambda part, given: _artifact(part, given, config, PhaseRecorder()),

@@ -169,6 +169,7 @@ def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:
         "versions": {**versions(), **config.tools, **backend_versions},
         "inputs": [spec_json(s, model.input_high.get(s[0])) for s in model.inputs],
         "outputs": [spec_json(s) for s in model.outputs],
+        "dim_bounds": model.dim_bounds,
         "phases": recorder.timings,
         "compile_seconds": recorder.seconds,
         "ops": model.ops,

@@ -125,7 +125,7 @@ class Runner:
     def __init__(self, program: Any, device: tvm.runtime.Device | None, inputs: list[TensorSpec],
                  outputs: list[TensorSpec], concurrency: int | None = None,
                  input_high: dict[str, int] | None = None, subgraphs: Sequence[ExternalSubgraph] = (),
-                 program_outputs: list[str] | None = None) -> None:
+                 program_outputs: list[str] | None = None, dim_bounds: dict[str, int] | None = None) -> None:
         # external subgraphs first: the program calls them by name
         sessions = [external.open_subgraph(sub, pool_threads()) for sub in subgraphs] if device else []
         self._sessions = sessions  # held here: the process keeps them only while a runner does
@@ -145,6 +145,7 @@ class Runner:
         # bytecode costs several times its price: what can be, is worked out here
         self._names = [name for name, _, _ in inputs]
         self._expected = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in inputs]
+        self.dim_bounds = dict(dim_bounds or {})  # each dynamic dim's largest size
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
@@ -180,7 +181,25 @@ class Runner:
 
     def _checked(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The inputs in order, checked against the signature."""
-        return [self._check(spec, value) for spec, value in zip(self._expected, self._order(arrays))]
+        checked = [self._check(spec, value) for spec, value in zip(self._expected, self._order(arrays))]
+        if self.dim_bounds:
+            self._check_dims(checked)
+        return checked
+
+    def _check_dims(self, arrays: list[np.ndarray]) -> None:
+        """Each dynamic dim within its bound and the same in every input that has it."""
+        sizes: dict[str, tuple[int, str]] = {}
+        for (name, shape, _), array in zip(self._expected, arrays):
+            for axis, (dim, size) in enumerate(zip(shape, array.shape)):
+                if not isinstance(dim, str):
+                    continue
+                if not 1 <= size <= self.dim_bounds[dim]:
+                    raise InputError(f"input {name!r} dim {axis} ({dim!r}) is {size}, outside its bound "
+                                     f"1..{self.dim_bounds[dim]} (dim_bounds at compile time)")
+                seen = sizes.setdefault(dim, (size, name))
+                if seen[0] != size:
+                    raise InputError(f"input {name!r} dim {axis} ({dim!r}) is {size}, but input {seen[1]!r} "
+                                     f"has {dim} {seen[0]}: inputs sharing a dim must agree")
 
     def _order(self, arrays: Sequence[Any]) -> list[Any]:
         names = self._names
@@ -204,7 +223,7 @@ class Runner:
             array = array.astype(dtype)  # the same type in the other byte order (a big-endian file's)
         if array.dtype != dtype:
             raise InputError(f"input {name!r}: expected dtype {dtype}, got {array.dtype}")
-        if array.shape != shape:
+        if len(array.shape) != len(shape) or any(isinstance(d, int) and d != size for d, size in zip(shape, array.shape)):
             raise InputError(f"input {name!r}: expected shape {shape}, got {tuple(array.shape)}")
         if array.flags.c_contiguous:
             return array
@@ -257,7 +276,8 @@ class Deployed(Runner):
             weakref.finalize(self, launcher.release, library)
         super().__init__(self.executable, dev, [spec_from_json(t) for t in manifest["inputs"]],
                          [spec_from_json(t) for t in manifest["outputs"]], concurrency, input_high(manifest["inputs"]),
-                         _subgraphs(folder or os.path.dirname(library), manifest), manifest.get("program_outputs"))
+                         _subgraphs(folder or os.path.dirname(library), manifest), manifest.get("program_outputs"),
+                         manifest.get("dim_bounds"))
         self.manifest = manifest
 
     @property
@@ -396,14 +416,16 @@ def _mapped_from(path: str, manifest: dict) -> str:
 
 
 def random_inputs(inputs: Sequence[TensorSpec], seed: int = 0,
-                  high: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+                  high: Mapping[str, int] | None = None, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Seeded random inputs for a model's signature: standard normals for floats, 0-1 for
     booleans, integers from 0 up to ``high[name]`` (exclusive; default 10). A bound of 2 (an
-    attention mask) gives ones with the last quarter of each row zero, as padded batches have."""
+    attention mask) gives ones with the last quarter of each row zero, as padded batches have.
+    ``dims``: the size of each dynamic dim (by name)."""
     rng = np.random.default_rng(seed)
     high = high or {}
     arrays = {}
-    for name, shape, dtype in inputs:
+    for name, dynamic, dtype in inputs:
+        shape = tuple(dims[d] if isinstance(d, str) else d for d in dynamic) if dims else dynamic
         if np.issubdtype(np.dtype(dtype), np.floating):
             arrays[name] = rng.standard_normal(shape).astype(dtype)
         elif high.get(name) == 2 and shape:

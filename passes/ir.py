@@ -54,6 +54,17 @@ def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims)
 
 
+def constant_ints(expr: relax.Expr) -> list[int] | None:
+    """The integers of a tuple of ``PrimValue`` constants (a slice's axes, begins, ends), else None:
+    a dynamic dim's extent among them."""
+    if not isinstance(expr, relax.Tuple):
+        return None
+    values = [getattr(field, "value", field) for field in expr.fields]
+    if not all(isinstance(v, (int, tvm.tirx.IntImm)) for v in values):
+        return None
+    return [int(v) for v in values]
+
+
 TVM_ALIGNMENT = 64  # bytes: TVM wraps an array's memory as a tensor only at this alignment
 
 

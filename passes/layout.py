@@ -30,7 +30,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from relaxc.passes.ir import constant_array, rewrite_emitting, static_shape
+from relaxc.passes.ir import constant_array, constant_ints, rewrite_emitting, static_shape
 from relaxc.passes.layout_algebra import (REGISTRY, STANDARD, Layout, block_constant, blocked, input_block, pack_conv_weight,
                                          pack_windowed_conv_weight)
 from relaxc.passes.legalize import channel_tables, conv2d_nchwc, gather_channels_nchwc
@@ -431,8 +431,7 @@ class _Rewriter(relax.PyExprMutator):
         """A slice of blocked data along H and W (the same slice of the blocked layout), or along C
         only (ShuffleNetV2's channel split: a blocked gather)."""
         data, value, layout = call.args[0], self._value(call.args[0]), self._target(var, call.args[:1])
-        axes, begin, end, *strides = ([int(i) for i in arg.fields] if isinstance(arg, relax.Tuple) else None
-                                      for arg in call.args[1:])
+        axes, begin, end, *strides = (constant_ints(arg) for arg in call.args[1:])
         if value is None or layout is None or None in (axes, begin, end):
             return None
         if all(a % 4 in (2, 3) for a in axes):  # along H and W: the same axes of the blocked layout

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 import tvm
 from tvm import relax, tirx
+from tvm.sym.analyzer import Analyzer, ConstIntBound
 
 from relaxc.passes.ir import is_op
 
@@ -153,12 +154,34 @@ def verify_placement(tensors: Sequence[Tensor], offsets: dict[str, int], arena_b
 
 # --- lifetimes of the lowered main function ------------------------------------------------------
 
-def _static_bytes(call: relax.Call) -> int | None:
-    shape, dtype = call.args[0], call.args[1]
-    if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(d, tirx.IntImm) for d in shape.values):
+def upper_bounds(func: relax.Function) -> dict[str, int]:
+    """The largest size of each dynamic dim of ``func`` (its ``tir_var_upper_bound``)."""
+    attrs = func.attrs or {}
+    return {str(name): int(bound) for name, bound in (attrs["tir_var_upper_bound"].items()
+                                                       if "tir_var_upper_bound" in attrs else [])}
+
+
+def bytes_at_bounds(shape: relax.Expr, dtype: str, bounds: dict[str, int]) -> int | None:
+    """Bytes of a tensor of ``shape``, its dynamic dims at the most their bounds allow (None for a
+    shape that is no expression of them: one computed at run time)."""
+    if not isinstance(shape, relax.ShapeExpr):
         return None
-    elements = int(np.prod([int(d) for d in shape.values]))
-    return elements * tvm.runtime.DataType(str(dtype.value)).bits // 8
+    analyzer = Analyzer()
+    elements = tirx.const(1, "int64")
+    for dim in shape.values:
+        elements = elements * dim
+    for var in tirx.analysis.undefined_vars(elements):
+        if var.name not in bounds:
+            return None
+        analyzer.bind(var, tvm.ir.Range(1, bounds[var.name] + 1))
+    largest = analyzer.const_int_bound(elements).max_value
+    if largest >= ConstIntBound.POS_INF:
+        return None
+    return int(largest) * tvm.runtime.DataType(dtype).bits // 8
+
+
+def _static_bytes(call: relax.Call, bounds: dict[str, int]) -> int | None:
+    return bytes_at_bounds(call.args[0], str(call.args[1].value), bounds)
 
 
 def _vars_in(expr: relax.Expr) -> list[relax.Var]:
@@ -183,6 +206,7 @@ class Lifetimes:
 def analyse(func: relax.Function, unshared: Sequence[str] = ()) -> Lifetimes:
     """Lifetimes of the intermediate tensors of ``func`` (after CallTIRRewrite)."""
     bindings = [b for block in func.body.blocks for b in block.bindings]
+    bounds = upper_bounds(func)
     owners: dict[relax.Var, set[str]] = {}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
@@ -190,7 +214,7 @@ def analyse(func: relax.Function, unshared: Sequence[str] = ()) -> Lifetimes:
     for index, binding in enumerate(bindings):
         value, var = binding.value, binding.var
         if is_op(value, "relax.builtin.alloc_tensor"):
-            size = _static_bytes(value)
+            size = _static_bytes(value, bounds)
             if size is None:
                 result.dynamic += 1
                 continue

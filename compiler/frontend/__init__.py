@@ -31,6 +31,7 @@ from relaxc.support.errors import (DynamicOutputError, ImportFailure, InputError
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 Shapes = Mapping[str, Sequence[int]]
+DimBounds = Mapping[str, int]  # a dynamic dim's name -> the largest size it takes
 Constants = Mapping[str, np.ndarray]
 
 # Ops the importer handles itself rather than through its converter table. Ops it converts
@@ -54,6 +55,7 @@ class ImportedModel:
     index_readers: dict[str, str]  # Relax parameter -> the nodes indexing with it, for error messages
     subgraphs: list[partition.Subgraph] = dataclasses.field(default_factory=list)  # run by external backends
     program_outputs: list[str] | None = None  # what relaxc's program returns, where not the outputs
+    dim_bounds: dict[str, int] = dataclasses.field(default_factory=dict)  # each dynamic dim's largest size
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Prepared:
     name: str
     ops: dict[str, int]
     inputs: list[TensorSpec]
+    bounds: dict[str, int] = dataclasses.field(default_factory=dict)  # each dynamic dim's largest size
 
 
 def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
@@ -207,15 +210,16 @@ def bind_constants(proto: onnx.ModelProto, constants: Constants | None) -> onnx.
     return copy
 
 
-def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None) -> list[TensorSpec]:
-    """Static (name, shape, dtype) of each input, with ``shapes`` binding the dynamic dims."""
-    shapes = dict(shapes or {})
+def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None, dim_bounds: DimBounds | None = None) -> list[TensorSpec]:
+    """(name, shape, dtype) of each input, with ``shapes`` binding dynamic dims to sizes and the
+    others kept by name, each needing a bound in ``dim_bounds``."""
+    shapes, bounds = dict(shapes or {}), dict(dim_bounds or {})
     inputs = graph_inputs(graph)
     unknown = set(shapes) - {value.name for value in inputs}
     if unknown:
         raise ShapeError(f"shapes names unknown input(s) {sorted(unknown)}; the model's inputs are "
                          f"{[value.name for value in inputs]}")
-    specs = []
+    specs, named = [], set()
     for value in inputs:
         dims = value.type.tensor_type.shape.dim
         given = shapes.get(value.name)
@@ -232,33 +236,61 @@ def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None) -> list[TensorSpe
                     raise ShapeError(f"input {value.name!r} dim {axis}: size must not be negative, got {size}")
             specs.append((value.name, given, _dtype(value)))
             continue
+        shape: list[int | str] = []
         for axis, dim in enumerate(dims):
-            if not (dim.HasField("dim_value") and dim.dim_value > 0):
-                label = f" ({dim.dim_param!r})" if dim.dim_param else ""
-                raise ShapeError(f"input {value.name!r} has a dynamic dimension {axis}{label}; bind it "
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                shape.append(dim.dim_value)
+                continue
+            name = dim.dim_param
+            if not name or name not in bounds:
+                label = f" ({name!r})" if name else " (unnamed)"
+                how = (f"give it an upper bound with dim_bounds={{{name!r}: N}} (--dim-bound {name}=N), or "
+                       if name else "")
+                raise ShapeError(f"input {value.name!r} has a dynamic dimension {axis}{label}; {how}bind it "
                                  f"with shapes={{{value.name!r}: (...)}} or --shape {value.name}=...")
-        specs.append((value.name, tuple(d.dim_value for d in dims), _dtype(value)))
+            shape.append(name)
+            named.add(name)
+        specs.append((value.name, tuple(shape), _dtype(value)))
+    unused = sorted(set(bounds) - named)
+    if unused:
+        dynamic = sorted({d.dim_param for v in inputs for d in v.type.tensor_type.shape.dim if d.dim_param})
+        raise ShapeError(f"dim_bounds names dim(s) {unused} that no dynamic input dim has; the model's are "
+                         f"{dynamic or 'none'}")
+    for name, bound in bounds.items():
+        if not isinstance(bound, (int, np.integer)) or isinstance(bound, bool) or bound < 1:
+            raise ShapeError(f"dim_bounds[{name!r}] must be a whole number of at least 1, got {bound!r}")
     return specs
 
 
 def _output_specs(names: list[str], module: IRModule) -> list[TensorSpec]:
     ret = module["main"].ret_ty
     fields = list(ret.fields) if hasattr(ret, "fields") else [ret]
-    shapes = [_static_shape(ty) for ty in fields]
+    dims = {str(v) for p in module["main"].params for v in tvm.relax.analysis.tir_vars_in_type(p.ty)}
+    shapes = [_shape_of(ty, dims) for ty in fields]
     dynamic = [name for name, shape in zip(names, shapes) if shape is None]
     if dynamic:
         raise DynamicOutputError(f"output(s) {dynamic} have no static shape after import: their shape depends "
                                  f"on input values (NonZero, Unique, Compress, or a shape computed from an "
-                                 f"input); relaxc compiles static shapes only (constants= fixes shape-deciding "
-                                 f"inputs)")
+                                 f"input); relaxc compiles shapes that inputs' shapes decide only (constants= "
+                                 f"fixes shape-deciding inputs)")
     return [(name, shape, str(ty.dtype)) for name, shape, ty in zip(names, shapes, fields)]
 
 
-def _static_shape(ty) -> tuple[int, ...] | None:
-    dims = getattr(getattr(ty, "shape", None), "values", None)
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+def _shape_of(ty, dims: set[str]) -> tuple[int | str, ...] | None:
+    """A tensor type's shape: sizes, and expressions of the inputs' dynamic dims (None where a dim
+    is neither)."""
+    values = getattr(getattr(ty, "shape", None), "values", None)
+    if values is None:
         return None
-    return tuple(int(d) for d in dims)
+    shape: list[int | str] = []
+    for d in values:
+        if isinstance(d, tvm.tirx.IntImm):
+            shape.append(int(d))
+        elif {str(v) for v in tvm.tirx.analysis.undefined_vars(d)} <= dims:
+            shape.append(str(d))
+        else:
+            return None
+    return tuple(shape)
 
 
 def _identifier_inputs(proto: onnx.ModelProto, names: list[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -288,6 +320,7 @@ def _identifier_inputs(proto: onnx.ModelProto, names: list[str]) -> tuple[onnx.M
     return copy, mapping
 
 
+QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QGemm"}
 INDEX_OPS = ("Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND", "Scatter")
 VALUE_KEEPING_OPS = ("Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
@@ -309,9 +342,10 @@ def _index_readers(graph: onnx.GraphProto) -> dict[str, str]:
 
 
 def prepare_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None,
-                  strict: bool = True) -> Prepared:
+                  strict: bool = True, dim_bounds: DimBounds | None = None) -> Prepared:
     """Validate the model, bind its shapes and fold what they decide; ``strict``: refuse operators
-    TVM's importer does not convert here, rather than leave them to an external backend."""
+    TVM's importer does not convert here, rather than leave them to an external backend;
+    ``dim_bounds``: the largest size of each dynamic dim kept dynamic."""
     proto, name, path = load_model(model)
     check_model(proto, path)
     ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
@@ -322,11 +356,15 @@ def prepare_model(model: ModelLike, shapes: Shapes | None = None, constants: Con
     problems = exactness.graph_problems(proto)
     if problems:
         raise UnsupportedOperatorError("; ".join(problems))
-    inputs = bind_shapes(proto.graph, shapes)
+    inputs = bind_shapes(proto.graph, shapes, dim_bounds)
+    quantized = sorted({op for op in ops if op in QUANTIZED_OPS or op.startswith("QLinear")})
+    if dim_bounds and quantized:
+        raise ShapeError(f"quantized models ({', '.join(quantized)}) with dynamic dims are not supported yet: "
+                         f"bind the dims with shapes= (--shape)")
     bound = {name: shape for name, shape, _ in inputs}
     proto = rewrites.rewrite(prepare.fold_shape_computations(proto, bound), bound)
     proto = decompose.decompose(proto, bound)
-    return Prepared(proto, name, dict(sorted(ops.items())), inputs)
+    return Prepared(proto, name, dict(sorted(ops.items())), inputs, dict(dim_bounds or {}))
 
 
 def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None,
@@ -354,17 +392,18 @@ def convert(prepared: Prepared, partitioning: Partitioning = Partitioning()) -> 
                 return _convert_partitioned(prepared, plan)
     check_operators(proto.graph)
     exactness.refuse_inexact(proto, inputs, nodes, facts)
-    module, names = _from_onnx(proto, inputs)
+    module, names = _from_onnx(proto, inputs, prepared.bounds)
     outputs = _output_specs([value.name for value in proto.graph.output], module)
     return ImportedModel(prepared.name, module, inputs, outputs, prepared.ops,
                          {new: old for old, new in names.items() if new != old}, models.input_high(proto),
-                         {names[n]: nodes for n, nodes in _index_readers(proto.graph).items() if n in names})
+                         {names[n]: nodes for n, nodes in _index_readers(proto.graph).items() if n in names},
+                         dim_bounds=prepared.bounds)
 
 
 def _convert_partitioned(prepared: Prepared, plan: partition.Plan) -> ImportedModel:
     proto, inputs = prepared.proto, prepared.inputs
     part = plan.relaxc
-    module, names = _from_onnx(part, plan.relaxc_inputs)
+    module, names = _from_onnx(part, plan.relaxc_inputs, prepared.bounds)
     calls = [splice.Call(sub.function, sub.inputs, sub.outputs) for sub in plan.subgraphs if not sub.tail]
     results = [value.name for value in part.graph.output]
     module = splice.splice(module, [n for n, _, _ in plan.relaxc_inputs], results, plan.program_outputs, calls)
@@ -376,18 +415,26 @@ def _convert_partitioned(prepared: Prepared, plan: partition.Plan) -> ImportedMo
                          {new: old for old, new in names.items() if new != old and old in real},
                          models.input_high(proto),
                          {names[n]: nodes for n, nodes in _index_readers(part.graph).items() if n in real},
-                         plan.subgraphs, plan.program_outputs)
+                         plan.subgraphs, plan.program_outputs, prepared.bounds)
 
 
-def _from_onnx(proto: onnx.ModelProto, inputs: list[TensorSpec]) -> tuple[IRModule, dict[str, str]]:
-    """TVM's import of ``proto`` with these input shapes, and the inputs' Relax names."""
+def _from_onnx(proto: onnx.ModelProto, inputs: list[TensorSpec],
+               bounds: Mapping[str, int]) -> tuple[IRModule, dict[str, str]]:
+    """TVM's import of ``proto`` with these input shapes, and the inputs' Relax names; ``main``
+    carries each dynamic dim's bound (``tir_var_upper_bound``, as TVM's memory planning reads it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
         try:
             renamed, names = _identifier_inputs(proto, [n for n, _, _ in inputs])
-            module = from_onnx(renamed, shape_dict={names[n]: list(s) for n, s, _ in inputs},
-                               dtype_dict={names[n]: d for n, _, d in inputs}, keep_params_in_input=False)
+            dims: dict[str, tvm.tirx.Var] = {}  # one variable per dynamic dim, whichever inputs have it
+            shape_dict = {names[n]: [dims.setdefault(d, tvm.tirx.Var(d, "int64")) if isinstance(d, str) else d
+                                     for d in s] for n, s, _ in inputs}
+            module = from_onnx(renamed, shape_dict=shape_dict, dtype_dict={names[n]: d for n, _, d in inputs},
+                               keep_params_in_input=False)
         except Exception as err:  # the importer raises bare Python errors for unconvertible nodes
             raise ImportFailure(f"TVM's ONNX importer cannot convert this model: "
                                 f"{type(err).__name__}: {_first_line(err)}") from err
+    if dims:
+        module["main"] = module["main"].with_attrs({"tir_var_upper_bound": {d: bounds[d] for d in dims},
+                                                    "tir_var_lower_bound": {d: 1 for d in dims}})
     return module, names

@@ -65,9 +65,7 @@ class Facts:
             copy.ir_version = max(copy.ir_version, 4)
         for value in copy.graph.input:
             if value.name in bound:
-                for dim, size in zip(value.type.tensor_type.shape.dim, bound[value.name]):
-                    dim.Clear()
-                    dim.dim_value = size
+                prepare.set_shape(value, bound[value.name])
         inferred = onnx.shape_inference.infer_shapes(copy)
         shapes, types = {}, {t.name: t.data_type for t in self._proto.graph.initializer}
         others = set()

@@ -17,6 +17,8 @@ whose folding stays with the simplify phase (a model's large constants are not d
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -28,8 +30,14 @@ _NEVER_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUni
                  "DequantizeLinear"}  # int8 weights stay int8: passes/quantized.py reads them
 
 
-def static_shapes(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """Every value's static shape that ONNX shape inference finds, the inputs bound to ``inputs``.
+def static_shapes(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> dict[str, tuple[int, ...]]:
+    """Every value's static shape that ONNX shape inference finds, the inputs bound to ``inputs``
+    (a dynamic dim by its name)."""
+    return {name: shape for name, (shape, _) in _inferred(model, inputs).items() if shape is not None}
+
+
+def _inferred(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> dict[str, tuple[tuple[int, ...] | None, int]]:
+    """Every value's static shape (None where it has none) and element type, by ONNX shape inference.
 
     Inference runs on the graph without its large initializers (declared as inputs of their shape
     instead): their values never decide a shape, and copying and serialising ViT's 344 MB of
@@ -45,24 +53,35 @@ def static_shapes(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) ->
         opset_imports=model.opset_import, ir_version=max(model.ir_version, 4), functions=model.functions)
     for value in bound.graph.input:
         if value.name in inputs:
-            shape = value.type.tensor_type.shape
-            del shape.dim[:]
-            for size in inputs[value.name]:
-                shape.dim.add().dim_value = size
+            set_shape(value, inputs[value.name])
     try:
         inferred = onnx.shape_inference.infer_shapes(bound, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return {}
-    shapes = {}
+    found = {init.name: (tuple(init.dims), init.data_type) for init in small}
     graph = inferred.graph
     for value in list(graph.value_info) + list(graph.input) + list(graph.output):
         tensor = value.type.tensor_type
-        if not tensor.HasField("shape"):
-            continue
-        dims = tensor.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            shapes[value.name] = tuple(d.dim_value for d in dims)
-    return shapes
+        dims = tensor.shape.dim if tensor.HasField("shape") else None
+        static = dims is not None and all(d.HasField("dim_value") for d in dims)
+        found[value.name] = (tuple(d.dim_value for d in dims) if static else None, tensor.elem_type)
+    return found
+
+
+def set_shape(value: onnx.ValueInfoProto, shape: Sequence[int | str]) -> None:
+    """Give ``value`` this shape: sizes, and dynamic dims by name."""
+    dims = value.type.tensor_type.shape
+    del dims.dim[:]
+    for size in shape:
+        if isinstance(size, str):
+            dims.dim.add().dim_param = size
+        else:
+            dims.dim.add().dim_value = size
+
+
+def element_types(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> dict[str, int]:
+    """Every value's element type (``onnx.TensorProto`` codes) that ONNX shape inference finds."""
+    return {name: elem for name, (_, elem) in _inferred(model, inputs).items() if elem}
 
 
 def _small(init: onnx.TensorProto) -> bool:

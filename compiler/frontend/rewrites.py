@@ -10,6 +10,15 @@ Each rewrite replaces one node by standard ONNX nodes computing what the specifi
 - ``SpaceToDepth`` with ``mode=CRD`` (opset 28; the importer produces DCR order): the reshape,
   transpose, reshape that defines it.
 A form not rewritten here is refused by ``compiler/frontend/exactness.py``.
+
+And shape computations over dynamic dims into the forms whose values the importer follows as
+expressions of the dims (a shape's element it reads as ``sequence``, an Add of it as
+``sequence + 1``): where it met a ``Cast`` to the type a value already has, or a ``Reshape`` of a
+scalar to one element, it made a run-time tensor of the value, and a ``Range`` of that one a fresh
+size nothing bounds. In a model with dynamic dims those become ``Identity`` and ``Unsqueeze``; an integer ``Range`` whose limit
+is such a value (its start and step constants) becomes ``start + step (CumSum(ones) - 1)``, the
+ones a ``ConstantOfShape`` of the count ``(limit - start + step - 1) / step``, which the importer
+sizes by the expression.
 """
 
 from __future__ import annotations
@@ -26,15 +35,21 @@ from relaxc.frontend import prepare
 Shapes = Callable[[], dict[str, tuple[int, ...]]]  # static shapes, inferred on the first call
 
 
-def rewrite(proto: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+def rewrite(proto: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> onnx.ModelProto:
     """A copy of ``proto`` with every rewritable node of its main graph rewritten (``proto``
     itself when there is none); ``inputs`` are the bound input shapes. Shape inference runs only
     when a rule first asks for shapes."""
     shapes = functools.cache(lambda: prepare.static_shapes(proto, inputs))
+    types = functools.cache(lambda: prepare.element_types(proto, inputs))
+    dynamic = any(isinstance(d, str) for shape in inputs.values() for d in shape)
+    rules = {**_RULES, **(_DYNAMIC_RULES if dynamic else {})}
     nodes, changed = [], False
     for node in proto.graph.node:
-        rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        replacement = rule(node, proto, shapes) if rule else None
+        rule = rules.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if node.op_type == "Cast" and dynamic and node.domain in ("", "ai.onnx"):
+            replacement = _cast_to_own_type(node, types)
+        else:
+            replacement = rule(node, proto, shapes) if rule else None
         nodes.extend(replacement if replacement is not None else [node])
         changed |= replacement is not None
     return prepare.with_nodes(proto, nodes) if changed else proto
@@ -117,8 +132,57 @@ def _space_to_depth_crd(node: onnx.NodeProto, _proto: onnx.ModelProto,
             helper.make_node("Reshape", [f"{name}__crd", f"{name}__merged"], [node.output[0]], name=name)]
 
 
+def _cast_to_own_type(node: onnx.NodeProto, types: Callable[[], dict[str, int]]) -> list[onnx.NodeProto] | None:
+    if prepare.attributes(node).get("to") != types().get(node.input[0]):
+        return None
+    return [helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name or node.output[0])]
+
+
+def _scalar_to_one_element(node: onnx.NodeProto, _proto: onnx.ModelProto,
+                           shapes: Shapes) -> list[onnx.NodeProto] | None:
+    if shapes().get(node.input[0]) != () or shapes().get(node.output[0]) != (1,):
+        return None
+    name = node.name or node.output[0]
+    return [helper.make_node("Constant", [], [f"{name}__axes"], value=numpy_helper.from_array(np.array([0], np.int64))),
+            helper.make_node("Unsqueeze", [node.input[0], f"{name}__axes"], [node.output[0]], name=name)]
+
+
+def _constant(proto: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """The value of an initializer or ``Constant`` node output ``name``, if it is one."""
+    for init in proto.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    node = next((n for n in proto.graph.node if name in n.output), None)
+    return prepare._constant_value(node) if node is not None else None
+
+
+def _range_of_dynamic_length(node: onnx.NodeProto, proto: onnx.ModelProto,
+                             _shapes: Shapes) -> list[onnx.NodeProto] | None:
+    start, limit, step = (_constant(proto, name) for name in node.input)
+    if limit is not None or start is None or step is None or start.dtype.kind != "i" or int(step) <= 0:
+        return None
+    name, out = node.name or node.output[0], node.output[0]
+    emit = lambda op, inputs, suffix, **attrs: helper.make_node(  # noqa: E731
+        op, inputs, [f"{name}__{suffix}"], name=f"{name}__{suffix}", **attrs)
+    const = lambda suffix, value: helper.make_node(  # noqa: E731
+        "Constant", [], [f"{name}__{suffix}"], value=numpy_helper.from_array(np.array(value, start.dtype)))
+    return [const("start", start), const("step", step), const("rounding", int(step) - 1),
+            const("one", [1]),
+            helper.make_node("Constant", [], [f"{name}__axes"], value=numpy_helper.from_array(np.array([0], np.int64))),
+            emit("Sub", [node.input[1], f"{name}__start"], "span"),
+            emit("Add", [f"{name}__span", f"{name}__rounding"], "rounded"),
+            emit("Div", [f"{name}__rounded", f"{name}__step"], "count"),
+            emit("Unsqueeze", [f"{name}__count", f"{name}__axes"], "shape"),
+            emit("ConstantOfShape", [f"{name}__shape"], "ones", value=numpy_helper.from_array(np.array([1], start.dtype))),
+            emit("CumSum", [f"{name}__ones", f"{name}__axes"], "counted"),
+            emit("Sub", [f"{name}__counted", f"{name}__one"], "index"),
+            emit("Mul", [f"{name}__index", f"{name}__step"], "scaled"),
+            helper.make_node("Add", [f"{name}__scaled", f"{name}__start"], [out], name=name)]
+
+
 _RULES: dict[str, Callable[[onnx.NodeProto, onnx.ModelProto, Shapes], list[onnx.NodeProto] | None]] = {
     "IsInf": _isinf,
     "ConvTranspose": _conv_transpose_output_shape,
     "SpaceToDepth": _space_to_depth_crd,
 }
+_DYNAMIC_RULES = {"Reshape": _scalar_to_one_element, "Range": _range_of_dynamic_length}  # with dynamic dims only

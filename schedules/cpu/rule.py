@@ -29,6 +29,12 @@ def kernel_blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
     return found
 
 
+def has_dynamic_extents(func: tirx.PrimFunc) -> bool:
+    """Whether a buffer of the kernel's has a dynamic dim (a variable of the model's dynamic dims)."""
+    return any(not isinstance(d, tirx.IntImm) for param in func.params
+               if isinstance(param.ty, tirx.BufferType) for d in param.ty.shape)
+
+
 class CpuRule(dl.ScheduleRule):
     """Subclasses implement ``schedule(func, unit)``: a schedule, or None if the kernel is not theirs;
     and may implement ``may_fit(func)``, a test of the kernel's blocks that rules out a kernel
@@ -47,6 +53,11 @@ class CpuRule(dl.ScheduleRule):
             return self.schedule(func, vector_unit(target))
         except (s_tir.ScheduleError, ValueError) as err:
             log.debug("%s schedule does not fit: %s", type(self).__name__, str(err).splitlines()[0])
+            return None
+        except TypeError as err:  # an extent read as a number where the kernel has a dynamic one
+            if not has_dynamic_extents(func):
+                raise
+            log.debug("%s schedule does not take dynamic extents: %s", type(self).__name__, str(err).splitlines()[0])
             return None
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:

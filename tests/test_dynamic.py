@@ -1,0 +1,129 @@
+"""Models with dynamic dims compiled once, run at every size within their bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import relaxc as compiler
+from relaxc import cli, frontend
+from tests import reference
+
+BERT = "zoo:bert_dynamic"  # transformers' BERT exported with dynamic batch and sequence
+BOUNDS = {"batch": 4, "sequence": 64}
+
+
+def _dynamic_cnn() -> onnx.ModelProto:
+    model = reference.small_cnn()
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    return model
+
+
+@pytest.fixture(scope="module")
+def bert() -> compiler.Artifact:
+    return compiler.compile(BERT, tuning="off", backends="relaxc", dim_bounds=BOUNDS)
+
+
+def _bert_inputs(art: compiler.Artifact, batch: int, sequence: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return reference.random_inputs(art.inputs, seed, art.input_high, {"batch": batch, "sequence": sequence})
+
+
+def test_a_dynamic_transformer_matches_onnxruntime_at_every_size(bert):
+    """One artifact, its dims kept by the model's names, sized by each call's inputs."""
+    assert bert.inputs == [("input_ids", ("batch", "sequence"), "int64"),
+                           ("attention_mask", ("batch", "sequence"), "int64")]
+    assert bert.outputs == [("last_hidden_state", ("batch", "sequence", 256), "float32")]
+    assert bert.report()["dim_bounds"] == BOUNDS
+    session = reference.ort_session(frontend.load_model(BERT)[0])
+    for batch, sequence in ((1, 16), (2, 7), (4, 64), (3, 1)):
+        inputs = _bert_inputs(bert, batch, sequence)
+        (got,) = bert.run(inputs)
+        assert got.shape == (batch, sequence, 256)
+        reference.assert_matches([got], session.run(None, inputs))
+
+
+def test_memory_is_planned_once_for_the_bounds(bert):
+    memory = bert.report()["memory"]
+    assert memory["dynamic_allocations"] == 0 and memory["arena_bytes"] >= memory["lower_bound_bytes"] > 0
+    hidden = BOUNDS["batch"] * BOUNDS["sequence"] * 256 * 4  # one activation at the bounds
+    assert memory["lower_bound_bytes"] >= hidden
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ({"batch": 5, "sequence": 8}, r"input 'input_ids' dim 0 \('batch'\) is 5, outside its bound 1\.\.4"),
+    ({"batch": 1, "sequence": 65}, r"dim 1 \('sequence'\) is 65, outside its bound 1\.\.64"),
+])
+def test_a_size_outside_its_bound_is_refused(bert, sizes, message):
+    with pytest.raises(compiler.InputError, match=message):
+        bert.run(_bert_inputs(bert, sizes["batch"], sizes["sequence"]))
+
+
+def test_inputs_sharing_a_dim_must_agree(bert):
+    inputs = _bert_inputs(bert, 2, 8)
+    inputs["attention_mask"] = inputs["attention_mask"][:, :6]
+    with pytest.raises(compiler.InputError, match=r"input 'attention_mask' dim 1 \('sequence'\) is 6, but input "
+                                                  r"'input_ids' has sequence 8"):
+        bert.run(inputs)
+
+
+def test_export_and_load_keep_the_dynamic_dims(bert, tmp_path):
+    bert.export(tmp_path / "bert.so")
+    loaded = compiler.load(str(tmp_path / "bert.so"))
+    assert loaded.inputs == bert.inputs and loaded.dim_bounds == BOUNDS
+    for batch, sequence in ((1, 5), (3, 64)):
+        inputs = _bert_inputs(bert, batch, sequence, seed=1)
+        np.testing.assert_array_equal(loaded.run(inputs)[0], bert.run(inputs)[0])
+    with pytest.raises(compiler.InputError, match="outside its bound"):
+        loaded.run(_bert_inputs(bert, 1, 70))
+
+
+def test_a_cnn_with_a_dynamic_batch():
+    model = _dynamic_cnn()
+    art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8})
+    assert art.inputs == [("x", ("batch", 3, 32, 32), "float32")] and art.outputs == [("y", ("batch", 10), "float32")]
+    for batch in (1, 3, 8):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
+
+
+@pytest.mark.parametrize("bounds, message", [
+    (None, r"dynamic dimension 0 \('batch'\); give it an upper bound with dim_bounds=\{'batch': N\} "
+           r"\(--dim-bound batch=N\)"),
+    ({"batch": 8, "sequence": 16}, r"dim_bounds names dim\(s\) \['sequence'\] that no dynamic input dim has; "
+                                   r"the model's are \['batch'\]"),
+    ({"batch": 0}, r"dim_bounds\['batch'\] must be a whole number of at least 1, got 0"),
+])
+def test_bad_bounds_are_refused_before_any_work(bounds, message):
+    with pytest.raises(compiler.ShapeError, match=message):
+        compiler.compile(_dynamic_cnn(), tuning="off", dim_bounds=bounds)
+
+
+def test_a_dim_without_a_name_must_be_bound_by_shapes():
+    model = _dynamic_cnn()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = ""
+    with pytest.raises(compiler.ShapeError, match=r"dynamic dimension 0 \(unnamed\); bind it with shapes="):
+        compiler.compile(model, tuning="off", dim_bounds={"batch": 8})
+
+
+def test_the_command_line_bounds_dims_and_sizes_the_random_inputs(tmp_path, capsys):
+    path = str(tmp_path / "cnn.onnx")
+    onnx.save(_dynamic_cnn(), path)
+    assert cli.main(["run", path, "-q", "--tuning", "off", "--dim-bound", "batch=8", "--dim", "batch=3"]) == 0
+    assert "output y: shape (3, 10)" in capsys.readouterr().out
+    assert cli.main(["run", path, "-q", "--tuning", "off", "--dim-bound", "batch=8", "--dim", "seq=3"]) == 2
+    assert "--dim names dim(s) ['seq']" in capsys.readouterr().err
+
+
+def test_combinations_that_do_not_work_yet_are_refused():
+    with pytest.raises(compiler.UserError, match="external backends do not run models with dynamic dims yet"):
+        compiler.compile(_dynamic_cnn(), tuning="off", dim_bounds={"batch": 8}, backends="measure")
+    from relaxc.benchmarks.quantized import quantize
+
+    pytest.importorskip("onnxruntime.quantization")
+    quantized = quantize(reference.small_cnn())
+    quantized.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    with pytest.raises(compiler.ShapeError, match=r"quantized models \(DequantizeLinear, QuantizeLinear\) with "
+                                                  r"dynamic dims are not supported yet"):
+        compiler.compile(quantized, tuning="off", dim_bounds={"batch": 8})
