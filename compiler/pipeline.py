@@ -10,6 +10,7 @@
                passes/cse.py               canonicalize, CSE (weights compared by object), dead code
     layout     passes/layout_choice.py     (layouts="measure"/"replay") each op's layout, converters costed
                passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
+               passes/attention.py         a dynamic key length padded to whole vectors in attention
                passes/dense.py             constant matmul weights packed into column panels
     dispatch   passes/dispatch.py          each 3x3 conv: direct or Winograd, as measured (schedules/dispatch.py)
     legalize   passes/legalize.py          Relax operators to TIR PrimFuncs (blocked convs: ours)
@@ -44,6 +45,7 @@ from relaxc.backend import codegen
 from relaxc.instrument import PhaseRecorder
 from relaxc.options import Config, Options
 from relaxc.passes import fast_math
+from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
 from relaxc.schedules.cache import LAYOUT_FILE, store_for
@@ -141,7 +143,8 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
                if target.kind.name == "llvm" else [])  # GPUs: dlight's matmul rules
     planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
                and c.config.layouts != "rule" else None)
-    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner), *packing]
+    attention = [PadAttentionKeys(vector_lanes(target))] if target.kind.name == "llvm" else []
+    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner), *attention, *packing]
 
 
 def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:

@@ -182,7 +182,9 @@ def model_calls(program: Any, inputs: dict[str, np.ndarray]) -> tuple[relax.Virt
 
 
 def _prim_funcs(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
-    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    """The kernels, not the VM's shape functions (a dynamic model's sizes, computed on the host)."""
+    return {gv.name_hint: f for gv, f in mod.functions.items()
+            if isinstance(f, tirx.PrimFunc) and not (f.attrs or {}).get("tirx.is_host_func")}
 
 
 def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | None = None) -> Profile:
@@ -206,9 +208,11 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
     vm["main"](*args)
     seconds: dict[str, float] = collections.defaultdict(float)
     counts: collections.Counter = collections.Counter()
+    shapes: dict[str, list[tuple[int, ...]]] = {}  # each kernel's argument shapes (its first call's)
     for symbol, func, copies in calls:
         seconds[symbol] += time_call(lambda: func(*copies))
         counts[symbol] += 1
+        shapes.setdefault(symbol, [tuple(a.shape) for a in copies if isinstance(a, tvm.runtime.Tensor)])
     tail = next((sub for sub in art.subgraphs if sub.tail), None)
     if tail is not None:
         session = external.open_subgraph(tail, pool_threads())  # the artifact's own: one per process
@@ -221,7 +225,7 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
         if name in backends:
             rows.append(KernelTime(name, backends[name], "external", counts[name], s * 1e3, s / total if total else 0.0))
             continue
-        cost = kernel_cost(unscheduled[name]) if machine else Cost(0.0, 0)
+        cost = kernel_cost(unscheduled[name], shapes[name]) if machine else Cost(0.0, 0)
         label = schedule_kind(kernels[name])
         speedup = dot.products_per_multiply if dot is not None and sums_bytes(unscheduled[name]) else 1.0  # products a lane sums
         bound_ms = machine.bound_s(cost.flops, cost.nbytes, speedup) * 1e3 * counts[name] if machine else 0.0

@@ -17,6 +17,7 @@ and thread count, in about four seconds, and kept in the record store (``machine
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -29,6 +30,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from relaxc.passes import fast_math
+from relaxc.passes.ir import at_sizes
 from relaxc.schedules.cache import store_for
 from relaxc.schedules.cpu.steps import buffer_bytes
 from relaxc.schedules.dispatch import DispatchStore
@@ -79,12 +81,18 @@ class Cost:
     nbytes: int
 
 
-def kernel_cost(func: tirx.PrimFunc) -> Cost:
+def kernel_cost(func: tirx.PrimFunc, shapes: list[tuple[int, ...]] | None = None) -> Cost:
     """FLOPs as TVM estimates them from the loops and their bodies, with each call of a function that
     ``fast_math`` expands (exp, tanh, erf, sigmoid) counted as the arithmetic of its expansion (TVM
     counts it as nothing: a softmax read as 4 FLOPs an element, 42 with its exp); bytes of every
-    buffer argument."""
-    nbytes = sum(buffer_bytes(param) for param in func.params if tirx.is_buffer_var(param))
+    buffer argument. ``shapes``: the buffer arguments' shapes in a call (a kernel of dynamic
+    extents is counted as that call runs it)."""
+    buffers = [param for param in func.params if tirx.is_buffer_var(param)]
+    if shapes is None:
+        nbytes = sum(buffer_bytes(param) for param in buffers)
+    else:
+        func = at_sizes(func, shapes)
+        nbytes = sum(math.prod(shape) * param.dtype.bits // 8 for param, shape in zip(buffers, shapes))
     return Cost(float(s_tir.analysis.estimate_tir_flops(_expansions_spelled_out(func.body))), nbytes)
 
 

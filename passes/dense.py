@@ -10,8 +10,8 @@ it (``schedules/cpu/dense.py`` orders the loops that way). Measured on a 2-core 
 
 The kernel is emitted here as a TE compute (``dense_packed``) so FuseOps fuses its epilogue (bias,
 GELU, residual add) into it as for any matmul. Rows (the product of x's leading dims) that no good
-register tile divides (ViT's 197 tokens) are padded inside the kernel to ``row_tile``'s multiple;
-the padding never leaves it. The panel width and the tile's rows fit the target's vector registers
+register tile divides (ViT's 197 tokens), and dynamic ones (a sequence length), are padded inside
+the kernel to the tile's multiple; the padding never leaves it. The panel width and the tile's rows fit the target's vector registers
 (``register_tile``: 8 rows by 3 vectors on AVX-512, 6 by 2 on AVX2, where N allows); an N that no
 panel divides (a language model's 50,257-word vocabulary) gets zero weight columns up to the next
 panel, computed and never stored. A single-row product (a CNN's classifier head, batch 1) stays as
@@ -29,7 +29,8 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from relaxc.passes.ir import aligned_empty, constant, constant_array, is_op, rewrite_emitting, static_shape
+from relaxc.passes.ir import (OUT_ELEMWISE_FUSABLE, aligned_empty, constant, constant_array, is_op, rewrite_emitting,
+                              static_shape)
 from relaxc.support.targets import ByteDot, accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
@@ -128,7 +129,10 @@ def padded_rows(rows: int, limit: int = ROW_TILE_MAX, fewest: int | None = None)
 def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: int) -> te.Tensor:
     """``data`` (..., M, K) times the packed weights (ceil(N / panel), K, panel): (..., M, N), in
     register tiles of at most ``tile_rows`` rows; uint8 data times int8 weights ``pack_bytes``
-    packed, summed in int32."""
+    packed, summed in int32. With dynamic dims (M's, or the matrices' before it) the product is
+    computed per matrix, M padded to whole tiles (``_dense_dynamic``)."""
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in data.shape):
+        return _dense_dynamic(data, packed, columns, tile_rows)
     *lead, depth = (int(d) for d in data.shape)
     rows = math.prod(lead)
     padded = padded_rows(rows, tile_rows)
@@ -174,6 +178,48 @@ def dense_packed(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: in
     return te.compute((*lead, columns), unpadded, name="dense_unpad")
 
 
+def _dense_dynamic(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: int) -> te.Tensor:
+    """``dense_packed`` of data whose leading dims are dynamic: the matrices (the dims before M,
+    flattened) by M padded up to a multiple of ``tile_rows``, each register tile within one matrix,
+    so that the epilogue computed on a tile reads that tile alone (a tile of flattened rows may
+    straddle two matrices: ``schedules/cpu/dense.py``). Float weights only."""
+    *lead, rows, depth = data.shape
+    blocks, reach, panel = (int(d) for d in packed.shape)
+    matrices = math.prod(lead) if lead else tvm.tirx.const(1, "int64")
+    padded = (rows + tile_rows - 1) // tile_rows * tile_rows
+
+    def unflatten(m):  # the outermost index as it is: TVM reads no op pattern through a % of a dynamic dim
+        index = []
+        for size in reversed(lead[1:]):
+            index.append(m % size)
+            m = m // size
+        return [m, *index[::-1]] if lead else []
+
+    pad = te.compute((matrices, padded, reach), lambda m, r, k: te.if_then_else(
+        r < rows, data[(*unflatten(m), te.min(r, rows - 1), k)], tvm.tirx.const(0, data.dtype)), name="dense_rows_pad")
+    k = te.reduce_axis((0, reach), name="k")
+    product = te.compute((matrices, padded, blocks * panel), lambda m, r, j: te.sum(
+        pad[m, r, k] * packed[j // panel, k, j % panel], axis=k), name="dense_packed",
+        attrs={PANEL_ATTR: panel, ROW_TILE_ATTR: tile_rows, TILE_ALIGNED_ATTR: 1})
+
+    def unpadded(*index):
+        flat = 0
+        for i, size in zip(index[:-2], lead):
+            flat = flat * size + i
+        return product[flat, index[-2], index[-1]]
+
+    return te.compute((*lead, rows, columns), unpadded, name="dense_unpad")
+
+
+def _dims(expr: relax.Expr) -> tuple | None:
+    """A tensor's shape, its dynamic dims as expressions, when the last one (K) is static."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in ty.shape.values)
+    return dims if dims and isinstance(dims[-1], int) else None
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, lanes: int, registers: int, dot: ByteDot | None, stats: dict) -> None:
@@ -189,9 +235,11 @@ class _Rewriter(relax.PyExprMutator):
             return call
         data, weight = call.args
         shape = static_shape(data)
-        if shape is not None and len(shape) >= 2 and data.ty.dtype == "uint8" and self.dot is not None:
+        if shape is None:
+            return self._dynamic(call)
+        if len(shape) >= 2 and data.ty.dtype == "uint8" and self.dot is not None:
             return self._bytes(call, shape)
-        if shape is None or len(shape) < 2 or data.ty.dtype != "float32":
+        if len(shape) < 2 or data.ty.dtype != "float32":
             return call
         w = constant_array(weight)
         if w is None:
@@ -211,6 +259,22 @@ class _Rewriter(relax.PyExprMutator):
         self.stats["padded_columns"] += packed.shape[0] * panel - columns
         return self.builder_.call_te(dense_packed, data, constant(packed), columns, tile.rows,
                                      primfunc_name_hint="dense_packed")
+
+    def _dynamic(self, call: relax.Call) -> relax.Expr:
+        """A float matmul by constant weights whose rows are dynamic: packed as a static one,
+        its rows in whole register tiles of the most rows the target's registers allow."""
+        data, weight = call.args
+        shape, w = _dims(data), constant_array(weight)
+        if shape is None or len(shape) < 2 or data.ty.dtype != "float32" or w is None or w.dtype != np.float32 \
+                or w.ndim != 2 or w.shape[0] != shape[-1] or 1 in w.shape:
+            return call
+        tile = register_tile(w.shape[1], self.lanes, self.registers)
+        packed = pack_panels(w, tile.vectors * self.lanes)
+        self.stats["packed"] += 1
+        self.stats["padded_columns"] += packed.shape[0] * packed.shape[2] - w.shape[1]
+        return self.builder_.call_te(dense_packed, data, constant(packed), w.shape[1], tile.rows,
+                                     primfunc_name_hint="dense_packed",  # TVM reads opaque through its clamped rows
+                                     primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
 
     def _bytes(self, call: relax.Call, shape: tuple[int, ...]) -> relax.Expr:
         """A uint8 x int8 product summed in int32 (``passes/integer_matmul.py``): its weights

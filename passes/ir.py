@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
@@ -63,6 +64,22 @@ def constant_ints(expr: relax.Expr) -> list[int] | None:
     if not all(isinstance(v, (int, tvm.tirx.IntImm)) for v in values):
         return None
     return [int(v) for v in values]
+
+
+def at_sizes(func: tvm.tirx.PrimFunc, shapes: list[tuple[int, ...]]) -> tvm.tirx.PrimFunc:
+    """``func``'s body with each dynamic dim of its buffers set to the size the tensors it is called
+    with (``shapes``, its buffer parameters' in order) have there: a kernel of dynamic extents as
+    one call runs it, to count its work (its signature keeps the dims)."""
+    sizes: dict[tvm.tirx.Var, int] = {}
+    buffers = [p for p in func.params if isinstance(p.ty, tvm.tirx.BufferType)]
+    for param, shape in zip(buffers, shapes):
+        for dim, size in zip(param.ty.shape, shape):
+            if isinstance(dim, tvm.tirx.Var):
+                sizes.setdefault(dim, size)
+    if not sizes:
+        return func
+    uses = lambda v, kind: tvm.tirx.const(sizes[v], v.ty.dtype) if kind == 0 and v in sizes else v  # noqa: E731
+    return tvm_ffi.structural_map(func, [], with_def_region_kind=[(tvm.tirx.Var, uses)])
 
 
 TVM_ALIGNMENT = 64  # bytes: TVM wraps an array's memory as a tensor only at this alignment

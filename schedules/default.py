@@ -14,16 +14,26 @@ rule for GPUs), placed in ``RULES`` before the rules it should take kernels from
 from __future__ import annotations
 
 import collections
+import math
+import logging
 from typing import Callable
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR
+from relaxc.passes.memory import upper_bounds
 from relaxc.schedules import cpu
+from relaxc.schedules.cpu.rule import has_dynamic_extents
+from relaxc.support.tvm_internals import UncheckedSchedule
+from tvm.sym.analyzer import Analyzer
 
+
+log = logging.getLogger("relaxc")
+REPRESENTATIVE_MULTIPLE = 16
 
 # (label, rule factory), in the order the rules are tried
 RULES: tuple[tuple[str, Callable[[], dl.ScheduleRule]], ...] = (
@@ -58,17 +68,90 @@ def default_schedule(func: tirx.PrimFunc, target: Target) -> tuple[s_tir.Schedul
 
 
 class _Labelled(dl.ScheduleRule):
-    """A rule whose schedules carry its label in ``SCHEDULE_ATTR``."""
+    """A rule whose schedules carry its label in ``SCHEDULE_ATTR``; a kernel of dynamic extents
+    gets the schedule the rule gives it at ``sizes`` (``replayed``)."""
 
-    def __init__(self, label: str, rule: dl.ScheduleRule) -> None:
+    def __init__(self, label: str, rule: dl.ScheduleRule, sizes: dict[str, int] | None = None) -> None:
         self.label = label
         self.rule = rule
+        self.sizes = sizes or {}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        sch = self.rule.apply(func, target, tunable)
+        sch = replayed(self.rule, func, target, self.sizes) if self.sizes and has_dynamic_extents(func) else None
+        sch = sch or self.rule.apply(func, target, tunable)
         if sch is None:
             return None
         return s_tir.Schedule(sch.mod["main"].with_attr(SCHEDULE_ATTR, self.label))
+
+
+def at_representative(func: tirx.PrimFunc, sizes: dict[str, int]) -> tirx.PrimFunc:
+    """``func`` with each dynamic dim at its size in ``sizes``: its scalar parameters of them
+    specialised away (a dynamic key length a kernel takes), then every other use."""
+    scalars = {p: tirx.const(sizes[p.name], p.ty.dtype) for p in func.params
+               if not isinstance(p.ty, tirx.BufferType) and p.name in sizes}
+    func = func.specialize(scalars) if scalars else func
+    sized = lambda v, _kind: tirx.const(sizes[v.name], v.ty.dtype) if v.name in sizes else v  # noqa: E731
+    return tvm_ffi.structural_map(func, [], with_def_region_kind=[(tirx.Var, sized)])
+
+
+def _check_split(sch: s_tir.Schedule, inst, inputs: list, inexact: list[str]) -> None:
+    """Note in ``inexact`` a split or partition of a dynamic extent that its factors do not divide
+    (the analyzer proves ``(s + 15) // 16 * 16`` a multiple of 16; a bare ``s`` is a multiple of
+    nothing). The compute-at bound tests TVM adds where it cannot prove a fused loop's range under
+    dynamic extents stay: at exact splits they hold wherever they do at the static size."""
+    if inst.kind.name not in ("Split", "LoopPartition"):
+        return
+    extent = sch.get(inputs[0]).extent
+    if isinstance(extent, tirx.IntImm):
+        return
+    factors = [int(f) for f in inputs[1:] if isinstance(f, (int, tirx.IntImm))]
+    whole = math.prod(factors) if inst.kind.name == "Split" else None
+    if whole is None or not Analyzer().can_prove(tirx.floormod(extent, whole) == 0):
+        inexact.append(f"{inst.kind.name} of {extent} by {factors}")
+
+
+def _dynamic_vectors(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` vectorises a loop of dynamic extent (a loop whose extent was one vector at
+    the representative size: LLVM code has no vector of dynamic length)."""
+    found = []
+    tvm_ffi.structural_map(func.body, (tirx.For, lambda loop: found.append(
+        loop.kind == tirx.ForKind.VECTORIZED and not isinstance(loop.extent, tirx.IntImm)) or loop))
+    return any(found)
+
+
+def representative_sizes(bounds: dict[str, int]) -> dict[str, int]:
+    """The size each dynamic dim is scheduled at: 16 times a prime of at least 11, about its bound
+    (384: 464). The rules tile an extent by its factors; those of a dynamic extent padded to whole
+    vectors (keys, 16) or register tiles (rows, 8) then come from the padding's multiple alone,
+    which divides the extent at every size, and never from the prime."""
+    def prime_at_least(n: int) -> int:
+        return next(p for p in range(n, 2 * n + 2) if all(p % d for d in range(2, int(p ** 0.5) + 1)))
+    return {name: REPRESENTATIVE_MULTIPLE * prime_at_least(max(11, -(-bound // REPRESENTATIVE_MULTIPLE)))
+            for name, bound in bounds.items()}
+
+
+def replayed(rule: dl.ScheduleRule, func: tirx.PrimFunc, target: Target, sizes: dict[str, int]) -> s_tir.Schedule | None:
+    """``func`` (of dynamic extents) scheduled as ``rule`` schedules it with each dynamic dim at its
+    size in ``sizes``: the static kernel's trace applied to the dynamic one, whose loops have the
+    same nest. None if the rule takes no such kernel, a primitive refuses, or a split does not
+    divide a dynamic extent (``_check_split``): a tile whose lanes each test a bound runs at scalar
+    speed (a vector loop over 100,003 floats 12x slower than over 100,000), and BERT's softmax so
+    replayed (the ``Rows`` rule's trace at 384 keys) gave wrong rows at 7 keys."""
+    try:
+        static = rule.apply(at_representative(func, sizes), target, False)
+        if static is None:
+            return None
+        sch = UncheckedSchedule(func)
+        inexact: list[str] = []
+        static.trace.apply_to_schedule(sch, remove_postproc=False,
+                                       decision_provider=lambda inst, inputs, _attrs, decision: _check_split(
+                                           sch, inst, inputs, inexact) or decision)
+        if inexact or _dynamic_vectors(sch.mod["main"]):
+            return None  # a split that does not divide a dynamic extent, or a vector as long as one
+        return sch
+    except (s_tir.ScheduleError, ValueError, TypeError, tvm.error.InternalError) as err:
+        log.debug("%s schedule does not replay on dynamic extents: %s", type(rule).__name__, str(err).splitlines()[0])
+        return None
 
 
 def schedule_kind(func: tirx.PrimFunc) -> str:
@@ -94,7 +177,9 @@ class DefaultSchedules:
         return self.counts
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        labelled = [_Labelled(label, rule) for label, rule in rules(self.target)]
+        main = mod.get_global_var("main") if any(gv.name_hint == "main" for gv in mod.get_global_vars()) else None
+        sizes = representative_sizes(upper_bounds(mod[main])) if main is not None else {}
+        labelled = [_Labelled(label, rule, sizes) for label, rule in rules(self.target)]
         mod = dl.ApplyDefaultSchedule(*labelled)(mod.clone())
         kinds = [schedule_kind(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
         self.counts = dict(sorted(collections.Counter(kinds).items()))

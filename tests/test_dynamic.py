@@ -36,6 +36,7 @@ def test_a_dynamic_transformer_matches_onnxruntime_at_every_size(bert):
                            ("attention_mask", ("batch", "sequence"), "int64")]
     assert bert.outputs == [("last_hidden_state", ("batch", "sequence", 256), "float32")]
     assert bert.report()["dim_bounds"] == BOUNDS
+    assert bert.report()["attention"] == {"padded_attentions": 4}  # keys to whole vectors, queries to tiles
     session = reference.ort_session(frontend.load_model(BERT)[0])
     for batch, sequence in ((1, 16), (2, 7), (4, 64), (3, 1)):
         inputs = _bert_inputs(bert, batch, sequence)

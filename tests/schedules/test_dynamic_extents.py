@@ -1,0 +1,60 @@
+"""Kernels of dynamic extents get the schedule their rule gives them at a representative size,
+replayed, where every split of a dynamic extent divides it; otherwise the next rule takes them."""
+
+import numpy as np
+import tvm
+from tvm import te, tirx
+
+from relaxc.passes import tir_pipeline
+from relaxc.schedules.cpu import Tiled
+from relaxc.schedules.default import replayed, representative_sizes
+from relaxc.support import targets
+
+TARGET = targets.resolve("cpu")
+
+
+def _scaled(extent) -> tirx.PrimFunc:
+    x = te.placeholder((extent, 64), "float32", name="x")
+    return te.create_prim_func([x, te.compute(x.shape, lambda i, j: x[i, j] * 2.0 + 1.0, name="y")])
+
+
+def _run(func: tirx.PrimFunc, rows: int) -> np.ndarray:
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=tir_pipeline.pipeline(TARGET))
+    x = np.random.default_rng(rows).standard_normal((rows, 64)).astype(np.float32)
+    y = tvm.runtime.tensor(np.zeros_like(x))
+    lib["main"](tvm.runtime.tensor(x), y)
+    return x, y.numpy()
+
+
+def test_representative_sizes_are_sixteen_times_a_prime():
+    assert representative_sizes({"sequence": 384, "batch": 16}) == {"sequence": 16 * 29, "batch": 16 * 11}
+
+
+def test_a_replayed_schedule_runs_at_every_size():
+    n = tirx.Var("n", "int64")
+    sch = replayed(Tiled(), _scaled(n), TARGET, representative_sizes({"n": 64}))
+    assert sch is not None and "T.parallel" in sch.mod["main"].script() and "T.vectorized" in sch.mod["main"].script()
+    for rows in (1, 5, 64, 113):
+        x, y = _run(sch.mod["main"], rows)
+        np.testing.assert_array_equal(y, x * 2 + 1)
+
+
+def test_a_split_that_does_not_divide_a_dynamic_extent_is_not_replayed():
+    """Tiles of 16 rows over a padded extent replay (16 divides it at every size); over the bare
+    one they would test every row of the last tile, so the rule's schedule is not used."""
+    n = tirx.Var("n", "int64")
+
+    def tiled_rows(func):  # a rule that tiles rows by 16
+        from tvm import s_tir
+
+        class Rows16(Tiled):
+            def schedule(self, f, unit):
+                sch = s_tir.Schedule(f)
+                i, j = sch.get_loops(sch.get_sblock("y"))
+                sch.split(i, [None, 16])
+                sch.vectorize(j)
+                return sch
+        return replayed(Rows16(), func, TARGET, representative_sizes({"n": 64}))
+
+    assert tiled_rows(_scaled((n + 15) // 16 * 16)) is not None
+    assert tiled_rows(_scaled(n)) is None
