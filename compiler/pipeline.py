@@ -18,6 +18,7 @@
     tune       schedules/tuning.py         apply tuning records (replay, strict) or tune first (tune)
     schedule   schedules/default.py        default schedule rules for every kernel without a record
     lower      passes/memory.py + TVM      VM lowering, arena storage planning on the final shapes
+               passes/shape_reuse.py       a dynamic model's shapes built once per call
     build      compiler/backend/codegen.py code generation, CPU kernels on every core
                (exp, tanh, erf, pow lowered to vector polynomials: passes/fast_math.py)
 
@@ -67,12 +68,13 @@ from relaxc.passes.legalize import legalize_ops
 from relaxc.passes.quantized import QuantizedToIntegers
 from relaxc.passes.signed_activations import SignedActivationsAsUnsigned
 from relaxc.passes.memory import ArenaPlan
+from relaxc.passes.shape_reuse import ReuseShapes
 from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords
 from relaxc.support import remote, tvm_log
 from relaxc.support.reporting import summaries
 from relaxc.support.errors import UserError
-from relaxc.support.targets import TargetLike, byte_dot, vector_lanes, vector_registers
+from relaxc.support.targets import TargetLike, byte_dot, dynamic_multiple, vector_lanes, vector_registers
 from relaxc.support.threads import configure_threads, pool_threads
 
 log = logging.getLogger("relaxc")
@@ -143,7 +145,7 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
                if target.kind.name == "llvm" else [])  # GPUs: dlight's matmul rules
     planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
                and c.config.layouts != "rule" else None)
-    attention = [PadAttentionKeys(vector_lanes(target))] if target.kind.name == "llvm" else []
+    attention = [PadAttentionKeys(dynamic_multiple(target))] if target.kind.name == "llvm" else []
     return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner), *attention, *packing]
 
 
@@ -211,7 +213,7 @@ def _lower(c: Compilation) -> list[tvm.transform.Pass]:
     backend = BACKENDS[target.kind.name]
     arena = ArenaPlan(c.config.memory_planner, c.config.unshared, c.config.validate_memory,
                       padding_bytes=c.report.get("layout", {}).get("padding_bytes", 0))  # none: a dispatch candidate
-    return backend.dataflow_lower_passes(target) + [arena] + backend.finalize_passes(target)
+    return backend.dataflow_lower_passes(target) + [arena] + backend.finalize_passes(target) + [ReuseShapes()]
 
 
 PHASES: tuple[Phase, ...] = (

@@ -24,7 +24,8 @@ from tvm import relax, te, tirx
 from relaxc.passes.ir import is_op, rewrite_emitting
 
 INJECTIVE = 2  # FuseOps' kInjective: TVM's analysis reads opaque through the padding's clamped index
-ROWS = 8  # dynamic query rows are padded to whole register tiles of this many (schedules/cpu/tiled.py's)
+ROWS = 8  # dynamic query rows are padded to whole register tiles of this many (schedules/cpu/tiled.py's;
+# schedules/default.py's representative sizes keep them whole)
 ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.where", "relax.maximum",
                "relax.minimum", "relax.negative", "relax.isnan", "relax.astype", "relax.exp"}
 
@@ -66,9 +67,10 @@ class _Padder(relax.PyExprMutator):
         self.stats = stats
         self.bound: dict[relax.Var, relax.Expr] = {}  # every binding of the function, by its variable
         self.users: dict[relax.Var, set[relax.Var]] = {}  # the bindings that read each variable
+        self.pads: dict[tuple, relax.Expr] = {}  # each padding made, by (value, axis): a mask all layers add is padded once
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
-        self.bound, self.users = {}, {}
+        self.bound, self.users, self.pads = {}, {}, {}
         for block in func.body.blocks:
             for binding in block.bindings:
                 self.bound[binding.var] = binding.value
@@ -142,8 +144,11 @@ class _Padder(relax.PyExprMutator):
         emit = self.builder_.emit
 
         def pad(expr: relax.Expr, axis: int, length: tirx.PrimExpr = keys, to: tirx.PrimExpr = padded) -> relax.Expr:
-            return emit(self.builder_.call_te(pad_keys, expr, axis, length, to, primfunc_name_hint="pad_keys",
-                                              primfunc_attrs={"op_pattern": INJECTIVE}))
+            key = (expr, axis)
+            if key not in self.pads:
+                self.pads[key] = emit(self.builder_.call_te(pad_keys, expr, axis, length, to, primfunc_name_hint="pad_keys",
+                                                            primfunc_attrs={"op_pattern": INJECTIVE}))
+            return self.pads[key]
 
         def pad_rows(expr: relax.Expr) -> relax.Expr:
             return pad(expr, -2, queries, rows) if rows is not None and _same(_last(expr, -2), queries) else expr

@@ -28,12 +28,13 @@ from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR
 from relaxc.passes.memory import upper_bounds
 from relaxc.schedules import cpu
 from relaxc.schedules.cpu.rule import has_dynamic_extents
+from relaxc.support.targets import dynamic_multiple
 from relaxc.support.tvm_internals import UncheckedSchedule
 from tvm.sym.analyzer import Analyzer
 
 
 log = logging.getLogger("relaxc")
-REPRESENTATIVE_MULTIPLE = 16
+ROW_MULTIPLE = 8  # dynamic query rows are padded to register tiles of 8 (passes/attention.py)
 
 # (label, rule factory), in the order the rules are tried
 RULES: tuple[tuple[str, Callable[[], dl.ScheduleRule]], ...] = (
@@ -91,7 +92,11 @@ def at_representative(func: tirx.PrimFunc, sizes: dict[str, int]) -> tirx.PrimFu
                if not isinstance(p.ty, tirx.BufferType) and p.name in sizes}
     func = func.specialize(scalars) if scalars else func
     sized = lambda v, _kind: tirx.const(sizes[v.name], v.ty.dtype) if v.name in sizes else v  # noqa: E731
-    return tvm_ffi.structural_map(func, [], with_def_region_kind=[(tirx.Var, sized)])
+    func = tvm_ffi.structural_map(func, [], with_def_region_kind=[(tirx.Var, sized)])
+    analyzer = Analyzer()  # then the padded extents' arithmetic folded: (463 + 15) // 16 * 16 is 464
+    constant = lambda e: analyzer.simplify(e) if not tirx.analysis.undefined_vars(e) else e  # noqa: E731
+    return tvm_ffi.structural_map(func, ((tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min,
+                                          tirx.Max), constant))
 
 
 def _check_split(sch: s_tir.Schedule, inst, inputs: list, inexact: list[str]) -> None:
@@ -119,15 +124,25 @@ def _dynamic_vectors(func: tirx.PrimFunc) -> bool:
     return any(found)
 
 
-def representative_sizes(bounds: dict[str, int]) -> dict[str, int]:
-    """The size each dynamic dim is scheduled at: 16 times a prime of at least 11, about its bound
-    (384: 464). The rules tile an extent by its factors; those of a dynamic extent padded to whole
-    vectors (keys, 16) or register tiles (rows, 8) then come from the padding's multiple alone,
-    which divides the extent at every size, and never from the prime."""
-    def prime_at_least(n: int) -> int:
-        return next(p for p in range(n, 2 * n + 2) if all(p % d for d in range(2, int(p ** 0.5) + 1)))
-    return {name: REPRESENTATIVE_MULTIPLE * prime_at_least(max(11, -(-bound // REPRESENTATIVE_MULTIPLE)))
-            for name, bound in bounds.items()}
+def _prime(n: int) -> bool:
+    return n > 1 and all(n % d for d in range(2, int(n ** 0.5) + 1))
+
+
+def representative_sizes(bounds: dict[str, int], multiple: int = 32) -> dict[str, int]:
+    """The size each dynamic dim is scheduled at: a prime q just below ``multiple`` times p, p a
+    prime of at least 11 about bound / ``multiple`` (384 at 32: 409, 32 x 13 = 416). The rules tile
+    an extent by its factors: a bare dim (q) then has none, and one padded to whole multiples (keys,
+    ``dynamic_multiple``) or register tiles of 8 rows (queries), which is ``multiple`` p, has those
+    of the padding's multiple alone, which divides it at every size."""
+    def size(bound: int) -> int:
+        p = max(11, -(-bound // multiple))
+        while True:
+            whole = multiple * p
+            q = next((q for q in range(whole, whole - ROW_MULTIPLE, -1) if _prime(q)), None)
+            if _prime(p) and q is not None:
+                return q
+            p += 1
+    return {name: size(bound) for name, bound in bounds.items()}
 
 
 def replayed(rule: dl.ScheduleRule, func: tirx.PrimFunc, target: Target, sizes: dict[str, int]) -> s_tir.Schedule | None:
@@ -146,8 +161,10 @@ def replayed(rule: dl.ScheduleRule, func: tirx.PrimFunc, target: Target, sizes: 
         static.trace.apply_to_schedule(sch, remove_postproc=False,
                                        decision_provider=lambda inst, inputs, _attrs, decision: _check_split(
                                            sch, inst, inputs, inexact) or decision)
-        if inexact or _dynamic_vectors(sch.mod["main"]):
-            return None  # a split that does not divide a dynamic extent, or a vector as long as one
+        if inexact or _dynamic_vectors(sch.mod["main"]):  # a split that does not divide a dynamic extent, or a
+            log.debug("%s schedule does not replay on dynamic extents: %s", type(rule).__name__,  # dynamic vector
+                      "; ".join(inexact) or "a vector of dynamic length")
+            return None
         return sch
     except (s_tir.ScheduleError, ValueError, TypeError, tvm.error.InternalError) as err:
         log.debug("%s schedule does not replay on dynamic extents: %s", type(rule).__name__, str(err).splitlines()[0])
@@ -178,7 +195,7 @@ class DefaultSchedules:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         main = mod.get_global_var("main") if any(gv.name_hint == "main" for gv in mod.get_global_vars()) else None
-        sizes = representative_sizes(upper_bounds(mod[main])) if main is not None else {}
+        sizes = representative_sizes(upper_bounds(mod[main]), dynamic_multiple(self.target)) if main is not None else {}
         labelled = [_Labelled(label, rule, sizes) for label, rule in rules(self.target)]
         mod = dl.ApplyDefaultSchedule(*labelled)(mod.clone())
         kinds = [schedule_kind(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]

@@ -283,3 +283,11 @@ def vector_unit(target: Target) -> VectorUnit:
 def vector_lanes(target: Target, dtype_bits: int = 32) -> int:
     """SIMD lanes of ``dtype_bits``-wide elements the target's widest vector register holds."""
     return max(1, vector_bits(target) // dtype_bits)
+
+
+def dynamic_multiple(target: Target) -> int:
+    """What a dynamic extent that a kernel tiles along is padded to a multiple of: two vectors of
+    fp32 lanes, so a register tile two vectors wide divides it (a dynamic BERT's attention scores,
+    AVX-512: 0.128 ms a layer against 0.137 with one vector; the model 1-3 % faster at batch 1 and
+    4, sequence 128 and 384, 2 % slower at sequence 16)."""
+    return 2 * vector_lanes(target)
