@@ -54,6 +54,12 @@ def _bounds(spec: str, dims: set[str]) -> dict[str, int]:
     return {name: bound for name, bound in BOUNDS.get(spec, DEFAULT_BOUNDS).items() if name in dims}
 
 
+def _within(sizes: list[tuple[int, ...]], bounds: dict[str, int]) -> list[tuple[int, ...]]:
+    """``sizes`` with each dim at most its bound (GPT-2's 384 tokens: its 256), each once."""
+    limits = [bounds.get(name, size) for name, size in zip(("batch", "sequence"), (10 ** 9, 10 ** 9))]
+    return list(dict.fromkeys(tuple(min(v, limit) for v, limit in zip(size, limits)) for size in sizes))
+
+
 def _size_of(art, size: tuple[int, ...]) -> dict[str, int]:
     return dict(zip(("batch", "sequence"), size)) if set(art.dim_bounds) - {"batch"} else {"batch": size[0]}
 
@@ -74,7 +80,8 @@ def bench_model(spec: str, repeat: int, rounds: int, threads: int, sizes: list[t
     dynamic_s = time.perf_counter() - start
     session = reference.ort_session(model, threads=threads)
     rows, static_s, static_mb = [], [], []
-    for size in sizes or (TRANSFORMER_SIZES if "sequence" in dims else CNN_SIZES):
+    bounds = _bounds(spec, dims)
+    for size in sizes or _within(TRANSFORMER_SIZES if "sequence" in dims else CNN_SIZES, bounds):
         named = _size_of(dynamic, size)
         inputs = random_inputs(dynamic.inputs, seed=0, high=dynamic.input_high, dims=named)
         start = time.perf_counter()
@@ -118,12 +125,13 @@ def run(specs: Sequence[str], sizes: list[tuple[int, ...]] | None, repeat: int, 
     print(f"{this_cpu('cpu')}, tuning off, {threads} threads each, {repeat} runs each in {rounds} paired rounds",
           flush=True)
     print(table_line(COLUMNS) + "\n" + table_line(ALIGN), flush=True)
-    table = [row for spec in specs for row in bench_model(spec, repeat, rounds, threads, sizes)]
-    if markdown:
-        text = open(markdown).read() if os.path.exists(markdown) else ""
-        with open(markdown, "w") as f:
-            f.write(merge_results(text, this_cpu("cpu"), table, markdown, COLUMNS, ALIGN, HEADER))
-        print(f"{markdown} updated")
+    for spec in specs:  # each model's rows written as it is done: an interrupted run keeps them
+        rows = bench_model(spec, repeat, rounds, threads, sizes)
+        if markdown:
+            text = open(markdown).read() if os.path.exists(markdown) else ""
+            with open(markdown, "w") as f:
+                f.write(merge_results(text, this_cpu("cpu"), rows, markdown, COLUMNS, ALIGN, HEADER))
+            print(f"{markdown} updated", flush=True)
     return 0
 
 

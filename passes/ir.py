@@ -21,6 +21,12 @@ SCHEDULE_ATTR = "relaxc.schedule"  # the label of what scheduled a kernel (a rul
 
 OUT_ELEMWISE_FUSABLE = 4  # FuseOps' kOutEWiseFusable: takes an elementwise epilogue, fuses into nothing
 
+
+def is_dynamic(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether a kernel has a buffer of a dynamic size (an expression of the model's dynamic dims)."""
+    return any(not isinstance(d, tvm.tirx.IntImm) for param in func.params
+               if isinstance(param.ty, tvm.tirx.BufferType) for d in param.ty.shape)
+
 def map_relax_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], relax.Function]) -> tvm.IRModule:
     """A copy of ``mod`` with every Relax function replaced by ``rewrite(function)``."""
     new = mod.clone()

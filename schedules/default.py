@@ -24,10 +24,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR
+from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR, is_dynamic
 from relaxc.passes.memory import upper_bounds
 from relaxc.schedules import cpu
-from relaxc.schedules.cpu.rule import has_dynamic_extents
 from relaxc.support.targets import dynamic_multiple
 from relaxc.support.tvm_internals import UncheckedSchedule
 from tvm.sym.analyzer import Analyzer
@@ -78,7 +77,7 @@ class _Labelled(dl.ScheduleRule):
         self.sizes = sizes or {}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        sch = replayed(self.rule, func, target, self.sizes) if self.sizes and has_dynamic_extents(func) else None
+        sch = replayed(self.rule, func, target, self.sizes) if self.sizes and is_dynamic(func) else None
         sch = sch or self.rule.apply(func, target, tunable)
         if sch is None:
             return None

@@ -11,6 +11,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from relaxc.passes.ir import is_dynamic
 from relaxc.support.targets import VectorUnit, vector_unit
 
 log = logging.getLogger("relaxc")
@@ -27,12 +28,6 @@ def kernel_blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
 
     tvm_ffi.structural_map(func.body, (s_tir.SBlock, collect))
     return found
-
-
-def has_dynamic_extents(func: tirx.PrimFunc) -> bool:
-    """Whether a buffer of the kernel's has a dynamic dim (a variable of the model's dynamic dims)."""
-    return any(not isinstance(d, tirx.IntImm) for param in func.params
-               if isinstance(param.ty, tirx.BufferType) for d in param.ty.shape)
 
 
 class CpuRule(dl.ScheduleRule):
@@ -55,7 +50,7 @@ class CpuRule(dl.ScheduleRule):
             log.debug("%s schedule does not fit: %s", type(self).__name__, str(err).splitlines()[0])
             return None
         except TypeError as err:  # an extent read as a number where the kernel has a dynamic one
-            if not has_dynamic_extents(func):
+            if not is_dynamic(func):
                 raise
             log.debug("%s schedule does not take dynamic extents: %s", type(self).__name__, str(err).splitlines()[0])
             return None
