@@ -61,6 +61,18 @@ def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims)
 
 
+def batched_shape(expr: relax.Expr) -> tuple | None:
+    """The shape of a tensor-typed ``expr`` whose dims are constants but perhaps the first (a
+    dynamic batch, an expression), else None: what passes that lay out images take."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = ty.shape.values
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims[1:]):
+        return None
+    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in dims)
+
+
 def constant_ints(expr: relax.Expr) -> list[int] | None:
     """The integers of a tuple of ``PrimValue`` constants (a slice's axes, begins, ends), else None:
     a dynamic dim's extent among them."""

@@ -30,7 +30,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from relaxc.passes.ir import constant_array, constant_ints, rewrite_emitting, static_shape
+from relaxc.passes.memory import upper_bounds
+from relaxc.passes.ir import batched_shape, constant_array, constant_ints, rewrite_emitting, static_shape
 from relaxc.passes.layout_algebra import (REGISTRY, STANDARD, Layout, block_constant, blocked, input_block, pack_conv_weight,
                                          pack_windowed_conv_weight)
 from relaxc.passes.legalize import channel_tables, conv2d_nchwc, gather_channels_nchwc
@@ -102,6 +103,7 @@ class _Rewriter(relax.PyExprMutator):
         self.plan = plan
         self.values: dict[relax.Var, _Value] = {}
         self.origin: dict[relax.Var, Layout] = {}  # the layout each var had in the input graph
+        self.bounds: dict[str, int] = {}  # the function's dynamic dims' bounds (a dynamic batch's)
         self.handlers = {"relax.nn.conv2d": self._conv2d, "relax.concat": self._concat,
                          "relax.layout_transform": self._layout_transform,
                          "relax.strided_slice": self._strided_slice, "relax.take": self._take,
@@ -114,13 +116,17 @@ class _Rewriter(relax.PyExprMutator):
         self.unsliced: dict[relax.Var, relax.Var] = {}  # to-standard result still padded -> its source
         self.concats: dict[relax.Var, tuple[Layout, list[relax.Expr], list[int]]] = {}  # layout, parts, channels
 
+    def visit_function_(self, func: relax.Function) -> relax.Expr:
+        self.bounds = upper_bounds(func)
+        return super().visit_function_(func)
+
     # --- values and converters -------------------------------------------------------------
     def _value(self, expr: relax.Expr) -> _Value | None:
         """The tracked tensor behind ``expr``; graph inputs are tracked on first use."""
         if not isinstance(expr, relax.Var):
             return None
         if expr not in self.values:
-            shape = static_shape(expr)
+            shape = batched_shape(expr)
             if shape is None or len(shape) != 4 or expr.ty.dtype != "float32":
                 return None
             self.values[expr] = _Value(shape[1], {STANDARD.name: self.visit_expr(expr)})
@@ -157,8 +163,9 @@ class _Rewriter(relax.PyExprMutator):
         padded = layout.padded(channels)
         if padded == channels:
             return
-        shape = static_shape(expr)
-        per_channel = int(np.prod(shape)) // (shape[1] * (shape[4] if len(shape) == 5 else 1))
+        shape = batched_shape(expr)
+        batch = shape[0] if isinstance(shape[0], int) else self.bounds.get(str(shape[0]), 1)  # a dynamic batch at its bound
+        per_channel = batch * int(np.prod(shape[1:])) // (shape[1] * (shape[4] if len(shape) == 5 else 1))
         self.stats.padded_tensors.append({"name": name, "from": channels, "to": padded})
         self.stats.padding_bytes += (padded - channels) * per_channel * 4
 
@@ -197,7 +204,7 @@ class _Rewriter(relax.PyExprMutator):
             emitted = self.builder_.emit_output(new, name_hint=var.name)
         else:
             emitted = self.builder_.emit(new, name_hint=var.name)
-        shape = static_shape(emitted)
+        shape = batched_shape(emitted)
         if not layout.standard or (shape is not None and len(shape) == 4):
             self.values[var] = _Value(channels if channels is not None else shape[1], {layout.name: emitted})
             self.origin[var] = STANDARD
@@ -305,7 +312,7 @@ class _Rewriter(relax.PyExprMutator):
         return self._unary(call, var)
 
     def _binary(self, call: relax.Call, var: relax.Var):
-        shape, layout = static_shape(call), self._target(var, call.args)
+        shape, layout = batched_shape(call), self._target(var, call.args)
         if shape is None or len(shape) != 4 or layout is None:
             return None
         channels = shape[1]
@@ -399,7 +406,7 @@ class _Rewriter(relax.PyExprMutator):
     def _layout_transform(self, call: relax.Call, var: relax.Var):
         """A converter already in the graph: its result is an alias of the value it converts."""
         source = call.args[0]
-        value, shape = self._value(source), static_shape(call)
+        value, shape = self._value(source), batched_shape(call)
         if value is None or shape is None:
             return None
         source_layout = self.origin[source]
@@ -419,7 +426,7 @@ class _Rewriter(relax.PyExprMutator):
         return self._alias(var, value, target)
 
     def _strided_slice(self, call: relax.Call, var: relax.Var):
-        shape = static_shape(call)
+        shape = batched_shape(call)
         source = self.unsliced.get(call.args[0])
         if source is None:
             return self._channel_slice(call, var)

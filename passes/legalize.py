@@ -37,7 +37,8 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     (``kernel_grouped``), ``d`` input channels of each output lane together, as the target's byte
     dot product reads them (``schedules/cpu/int8.py``).
     """
-    batch, data_outer, height, width, block = (int(d) for d in data.shape)
+    batch, data_outer, height, width, block = (d if i == 0 and not isinstance(d, tvm.tirx.IntImm) else int(d)
+                                               for i, d in enumerate(data.shape))  # a batch may be dynamic
     out_outer, in_outer, kh, kw = (int(d) for d in kernel.shape[:4])
     in_block, out_block = int(kernel.shape[4]) * (int(kernel.shape[6]) if len(kernel.shape) == 7 else 1), int(kernel.shape[5])
     sh, sw = (int(s) for s in strides)
