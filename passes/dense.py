@@ -29,8 +29,8 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from relaxc.passes.ir import (OUT_ELEMWISE_FUSABLE, aligned_empty, constant, constant_array, is_op, rewrite_emitting,
-                              static_shape)
+from relaxc.passes.ir import (OUT_ELEMWISE_FUSABLE, aligned_empty, batched_shape, constant, constant_array, is_op,
+                              rewrite_emitting, static_shape)
 from relaxc.support.targets import ByteDot, accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
@@ -265,6 +265,9 @@ class _Rewriter(relax.PyExprMutator):
         its rows in whole register tiles of the most rows the target's registers allow."""
         data, weight = call.args
         shape, w = _dims(data), constant_array(weight)
+        if w is None and data.ty.dtype == "float32":  # attention's products, over a dynamic batch (ViT's 197 tokens)
+            a, b = batched_shape(data), batched_shape(weight)
+            return call if a is None or b is None else self._pad(call, a, b)
         if shape is None or len(shape) < 2 or data.ty.dtype != "float32" or w is None or w.dtype != np.float32 \
                 or w.ndim != 2 or w.shape[0] != shape[-1] or 1 in w.shape:
             return call
