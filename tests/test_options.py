@@ -24,11 +24,11 @@ def _dests(parser, *argv) -> set[str]:
 
 def test_each_command_offers_the_api_options():
     parser = build_parser()
-    own = {"command", "quiet", "model", "target", "shape", "constant", "func"}
+    own = {"command", "quiet", "model", "target", "shape", "constant", "dim_bound", "func"}
     assert _dests(parser, "compile", "m.onnx") - own - {"output"} == _names(Options)
     assert _dests(parser, "inspect", "m.onnx") - own - {"phase", "memory", "show_dispatch", "plan", "json"} == _names(Options)
-    assert _dests(parser, "run", "m.onnx") - own - {"input", "repeat", "seed", "report", "json", "device"} == _names(Options)
-    assert _dests(parser, "profile", "m.onnx") - own - {"input", "seed", "top", "json", "worst", "measure_machine"} == _names(Options)
+    assert _dests(parser, "run", "m.onnx") - own - {"input", "dim", "repeat", "seed", "report", "json", "device"} == _names(Options)
+    assert _dests(parser, "profile", "m.onnx") - own - {"input", "dim", "seed", "top", "json", "worst", "measure_machine"} == _names(Options)
     assert _dests(parser, "tune", "m.onnx") - own == (_names(Options) - {"tuning"}) | _names(TuneOptions)
     bench_own = {"models", "target", "repeat", "threads", "quiet", "markdown", "quantized", "form", "activations"}
     assert _dests(bench_parser()) - bench_own == _names(Options)
