@@ -14,9 +14,10 @@
                passes/dense.py             constant matmul weights packed into column panels
     dispatch   passes/dispatch.py          each 3x3 conv: direct or Winograd, as measured (schedules/dispatch.py)
     legalize   passes/legalize.py          Relax operators to TIR PrimFuncs (blocked convs: ours)
-    fuse       TVM FuseOps/FuseTIR         fuse producers with their elementwise consumers
+    fuse       TVM FuseOps/FuseTIR         fuse producers with their elementwise consumers, reshapes as views
     tune       schedules/tuning.py         apply tuning records (replay, strict) or tune first (tune)
     schedule   schedules/default.py        default schedule rules for every kernel without a record
+               passes/positive_dims.py     kernels told a dynamic dim is at least 1
     lower      passes/memory.py + TVM      VM lowering, arena storage planning on the final shapes
                passes/shape_reuse.py       a dynamic model's shapes built once per call
     build      compiler/backend/codegen.py code generation, CPU kernels on every core
@@ -53,7 +54,7 @@ from relaxc.schedules.cache import LAYOUT_FILE, store_for
 from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
 from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, Conv1dAsConv2d, DepthwisePointwiseToMultiply,
-                                 DivideByConstantToMultiply, DropoutToIdentity, GroupNormAsRows,
+                                 DivideByConstantToMultiply, DropoutToIdentity, GroupNormAsRows, MatmulOfFlattenedRows,
                                  SplitAlongChannelsToSlices, SumOfStackToAdd, WholeReductionsInSlabs)
 from relaxc.passes.check_indices import CheckIndices
 from relaxc.passes.conv_taps import DropPaddingTaps
@@ -68,6 +69,7 @@ from relaxc.passes.legalize import legalize_ops
 from relaxc.passes.quantized import QuantizedToIntegers
 from relaxc.passes.signed_activations import SignedActivationsAsUnsigned
 from relaxc.passes.memory import ArenaPlan
+from relaxc.passes.positive_dims import PositiveDims
 from relaxc.passes.shape_reuse import ReuseShapes
 from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords
@@ -130,6 +132,7 @@ def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
         ClipFromTIR(),
         DropoutToIdentity(),
         DivideByConstantToMultiply(),
+        MatmulOfFlattenedRows(),
         ChannelsLastToNCHW(),
         CheckIndices(c.config.target.kind.name == "llvm", c.model.index_readers, c.model.onnx_names),
         EliminateCommonSubexpr(),  # TVM's, without hashing every weight's bytes
@@ -194,7 +197,10 @@ def _legalize(c: Compilation) -> list[tvm.transform.Pass]:
 
 
 def _fuse(_c: Compilation) -> list[tvm.transform.Pass]:
-    return [relax.transform.FuseOps(), relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()]
+    # a reshape left unfused is a view, not a copy (TVM does it after scheduling, when a scheduled
+    # reshape no longer reads as one: a dynamic one, which fuses with nothing, copied)
+    return [relax.transform.FuseOps(), relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape(),
+            relax.transform.DeadCodeElimination()]
 
 
 def _tune(c: Compilation) -> list[tvm.transform.Pass]:
@@ -202,7 +208,7 @@ def _tune(c: Compilation) -> list[tvm.transform.Pass]:
 
 
 def _schedule(c: Compilation) -> list[tvm.transform.Pass]:
-    return [DefaultSchedules(c.config.target)]
+    return [DefaultSchedules(c.config.target), PositiveDims()]
 
 
 BACKENDS = {"llvm": cpu_generic, "cuda": cuda_backend, "rocm": rocm_backend}

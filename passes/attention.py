@@ -225,7 +225,8 @@ class _Padder(relax.PyExprMutator):
         if rows is None:
             return result
         rank = len(product.ty.shape.values)
-        return relax.op.strided_slice(emit(result), [rank - 2], [0], [queries])
+        # within the padded rows: its shape is then (.., queries, ..), as the reshapes after it read
+        return relax.op.strided_slice(emit(result), [rank - 2], [0], [queries], assume_inbound=True)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.PadAttentionKeys")

@@ -6,8 +6,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relaxc import frontend
 from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DepthwisePointwiseToMultiply,
-                                 DivideByConstantToMultiply, DropoutToIdentity, SumOfStackToAdd,
-                                 WholeReductionsInSlabs)
+                                 DivideByConstantToMultiply, DropoutToIdentity, MatmulOfFlattenedRows,
+                                 SumOfStackToAdd, WholeReductionsInSlabs)
 from tests.passes import relax_ops
 
 
@@ -171,3 +171,39 @@ def test_a_whole_tensor_max_runs_in_slabs_of_vectors():
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         got = compiler.compile(model, tuning="off").run(x)[0]
         np.testing.assert_allclose(got, reference.ort_session(model).run(None, {"x": x})[0], rtol=1e-5)
+
+
+def _flattened_linear(static: bool = False) -> tuple[tvm.IRModule, np.ndarray, np.ndarray]:
+    """x (b, s, 4, 8) flattened to (b s, 32), times W plus b, viewed back as (b, s, 12): a Linear as
+    GPT-2's Conv1D exports it, after attention's heads."""
+    from tvm import relax, tirx
+
+    rng = np.random.default_rng(0)
+    weight, bias = rng.standard_normal((32, 12)).astype(np.float32), rng.standard_normal(12).astype(np.float32)
+    b, seq = (2, 3) if static else (tirx.Var("batch", "int64"), tirx.Var("sequence", "int64"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([b, seq, 4, 8], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.reshape(x, [b * seq, 32]))
+            product = bb.emit(relax.op.add(bb.emit(relax.op.matmul(rows, relax.const(weight))), relax.const(bias)))
+            out = bb.emit_output(relax.op.reshape(product, [b, seq, 12]))
+        bb.emit_func_output(out)
+    return bb.get(), weight, bias
+
+
+def test_a_matmul_of_dynamic_rows_flattened_and_viewed_back_takes_the_rows_as_they_are():
+    mod, weight, bias = _flattened_linear()
+    rewritten = _rewritten(MatmulOfFlattenedRows(), mod)
+    assert relax_ops(rewritten) == ["relax.reshape", "relax.matmul", "relax.add"]
+    assert "batch * sequence" not in rewritten["main"].script()  # the reshape left is (b, s, 4, 8) to (b, s, 32)
+    vm = tvm.relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    for shape in ((1, 1, 4, 8), (3, 5, 4, 8)):
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, x.reshape(*shape[:2], 32) @ weight + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_a_static_flattened_matmul_is_left_alone():
+    mod, _, _ = _flattened_linear(static=True)
+    assert relax_ops(_rewritten(MatmulOfFlattenedRows(), mod)) == relax_ops(mod)
