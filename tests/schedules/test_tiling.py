@@ -412,6 +412,27 @@ def test_a_transpose_copies_in_tiles_of_vectors_by_input_columns(shape, perm):
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
 
 
+def test_keys_padded_and_written_transposed_copy_in_tiles():
+    """A pad of attention's keys (batch, tokens, heads, depth) written transposed to (batch, heads,
+    depth, padded tokens), the transpose inlined into the pad: the block iterates as its input does,
+    and the output's innermost iterator (tokens) is not its last; it still runs in tiles, a vector
+    of tokens by input columns (one vector along the depth scattered across the output ran 16x
+    slower)."""
+    x = te.placeholder((1, 409, 4, 64), name="x")
+    pad = te.compute((1, 416, 4, 64), lambda n, s, h, d: te.if_then_else(s < 409, x[n, te.min(s, 408), h, d], 0.0),
+                     name="pad_keys")
+    out = te.compute((1, 4, 64, 416), lambda n, h, d, s: pad[n, s, h, d] * 0.125, name="scaled")
+    sch = Tiled().apply(te.create_prim_func([x, out]), AVX512, False)
+    script = sch.mod["main"].script()
+    assert "T.unroll" in script and "T.vectorized" in script, script
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target="llvm")
+    data = np.random.default_rng(0).standard_normal((1, 409, 4, 64)).astype(np.float32)
+    got = tvm.runtime.tensor(np.zeros((1, 4, 64, 416), np.float32))
+    lib["main"](tvm.runtime.tensor(data), got)
+    want = np.pad(data, ((0, 0), (0, 7), (0, 0), (0, 0))).transpose(0, 2, 3, 1) * 0.125
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
 def _batched_matmul(heads: int, rows: int, depth: int, columns: int) -> tirx.PrimFunc:
     a = te.placeholder((heads, rows, depth), name="a")
     b = te.placeholder((heads, depth, columns), name="b")
