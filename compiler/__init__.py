@@ -55,7 +55,7 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
 
 
 def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,
-         constants: "Constants | None" = None, **options: Any) -> dict:
+         constants: "Constants | None" = None, dim_bounds: "DimBounds | None" = None, **options: Any) -> dict:
     """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the record store.
 
     options: the fields of ``compiler.TuneOptions`` (``trials``, ``trials_per_task``, ``minutes``,
@@ -74,9 +74,14 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     the implementations it changes to (those without records) are tuned with the same trials, and
     only then are the schedules selected.
     Returns a summary (tasks, trials, records, selection, minutes, stop reason, dispatch choices).
+    ``dim_bounds`` (dims kept dynamic) is refused: MetaSchedule tunes kernels of static extents only.
     """
     from relaxc.tuning import tune_model
 
+    if dim_bounds:
+        raise UserError(f"tuning kernels of dynamic extents is not supported yet (dim_bounds {dim_bounds}): "
+                        "MetaSchedule tunes static kernels, and the dynamic artifact runs relaxc's default "
+                        "schedules; tune a static build (shapes=, --shape) for a size that needs records")
     return tune_model(model, target, shapes, constants, options)
 
 

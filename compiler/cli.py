@@ -265,6 +265,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import relaxc as compiler
 
     summary = compiler.tune(args.model, target=args.target, shapes=_shapes(args), constants=_constants(args),
+                            dim_bounds=_named_sizes(args.dim_bound, "--dim-bound"),
                             **option_values(args, Options, TuneOptions))
     print(json.dumps(summary, indent=2))
     return 0

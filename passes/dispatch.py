@@ -23,8 +23,8 @@ from tvm.ir import GenericConst
 
 from relaxc.passes import winograd
 from relaxc.passes.dense import Tile, register_tile, round_up
-from relaxc.passes.ir import (OUT_ELEMWISE_FUSABLE, aligned_empty, constant, constant_array, is_op, rewrite_emitting,
-                              static_shape)
+from relaxc.passes.ir import (OUT_ELEMWISE_FUSABLE, aligned_empty, batched_shape, constant, constant_array, is_op,
+                              rewrite_emitting, static_shape)
 
 log = logging.getLogger("relaxc")
 DIRECT = "direct"
@@ -52,14 +52,16 @@ Chooser = Callable[[ConvWorkload, list[str], relax.Call], tuple[str, dict]]
 
 def candidates(call: relax.Call) -> tuple[ConvWorkload, list[str]] | None:
     """The workload of a blocked float convolution and the implementations that apply to it, or
-    None when only the direct one does (a quantized one: ``schedules/cpu/int8.py``)."""
+    None when only the direct one does (a quantized one: ``schedules/cpu/int8.py``). A dynamic
+    batch is decided as batch 1 is: the choice follows the image and the channels."""
     if not is_op(call, "relax.nn.conv2d") or not call.attrs.data_layout.endswith("c"):
         return None
     attrs = call.attrs
-    data, kernel = static_shape(call.args[0]), static_shape(call.args[1])
+    data, kernel = batched_shape(call.args[0]), static_shape(call.args[1])
     dtype = str(call.args[0].ty.dtype)
     if data is None or kernel is None or len(kernel) != 6 or dtype != "float32":
         return None
+    data = data if isinstance(data[0], int) else (1, *data[1:])
     if (kernel[2:4] != (3, 3) or int(attrs.groups) != 1 or any(int(s) != 1 for s in attrs.strides)
             or any(int(d) != 1 for d in attrs.dilation) or not isinstance(call.args[1], GenericConst)):
         return None
@@ -91,19 +93,24 @@ class WinogradPlan:
     """The shapes of a Winograd convolution: tile size, product rows and columns, register tile."""
 
     m: int
-    rows: int  # tiles, padded to whole register tiles (V's extra rows are cheap)
+    rows: int | tvm.tirx.PrimExpr  # tiles, padded to whole register tiles (V's extra rows are cheap)
     columns: int  # output channels, padded to whole weight panels
     tile: Tile
 
     @classmethod
-    def of(cls, workload: ConvWorkload, m: int, lanes: int, registers: int) -> "WinogradPlan":
-        batch, _, height, width, _ = workload.data
+    def of(cls, workload: ConvWorkload, m: int, lanes: int, registers: int,
+           batch: int | tvm.tirx.PrimExpr | None = None) -> "WinogradPlan":
+        """The plan of ``workload``, at ``batch`` images (an expression of a dynamic batch) if given."""
+        _, _, height, width, _ = workload.data
+        batch = workload.data[0] if batch is None else batch
         top, left, bottom, right = workload.padding
         th, tw = winograd.tiles(height + top + bottom - 2, width + left + right - 2, m)
         out_channels = workload.kernel[0] * workload.kernel[5]
         tile = register_tile(out_channels, lanes, registers)
         panel = tile.vectors * lanes
-        return cls(m, round_up(batch * th * tw, tile.rows), round_up(out_channels, panel), tile)
+        rows = (round_up(batch * th * tw, tile.rows) if isinstance(batch, int)
+                else (batch * th * tw + tile.rows - 1) // tile.rows * tile.rows)
+        return cls(m, rows, round_up(out_channels, panel), tile)
 
     def scratch_bytes(self, channels: int) -> int:
         """Bytes of V and M, the intermediate tensors."""
@@ -135,20 +142,22 @@ class Kernels:
              pattern: int | None = None) -> relax.Expr:
         """``function``'s kernel applied to ``tensors``; ``pattern``, if given, is the kernel's
         fusion pattern (``op_pattern``), which AnnotateTIROpPattern then keeps instead of deriving it."""
-        key = (function.__name__, tuple((static_shape(t), t.ty.dtype) for t in tensors), params)
+        key = (function.__name__, tuple((str(t.ty.shape), t.ty.dtype) for t in tensors), str(params))
         if key not in self.made:
-            func, _, output = relax.utils.gen_call_tir_inputs(function, *tensors, *params)
+            func, arguments, output = relax.utils.gen_call_tir_inputs(function, *tensors, *params)
             if pattern is not None:
                 func = func.with_attr("op_pattern", pattern)
-            self.made[key] = (self.bb.add_func(func, function.__name__), output)
-        gvar, output = self.made[key]
-        return relax.call_tir(gvar, tensors, output)
+            dims = arguments[len(tensors):]  # a dynamic dim the kernel reads but no shape of its own gives
+            self.made[key] = (self.bb.add_func(func, function.__name__), output, dims)
+        gvar, output, dims = self.made[key]
+        return relax.call_tir(gvar, [*tensors, *dims], output)
 
 
 def emit_winograd(kernels: Kernels, call: relax.Call, workload: ConvWorkload, m: int, lanes: int,
                   registers: int) -> relax.Expr:
-    """The three Winograd kernels for the blocked 3x3 convolution ``call`` of ``workload``."""
-    plan = WinogradPlan.of(workload, m, lanes, registers)
+    """The three Winograd kernels for the blocked 3x3 convolution ``call`` of ``workload`` (its
+    batch perhaps dynamic)."""
+    plan = WinogradPlan.of(workload, m, lanes, registers, batched_shape(call.args[0])[0])
     taps = blocked_taps(constant_array(call.args[1]), plan.tile.vectors * lanes)
     packed = winograd.transform_weight(taps, m)
     bb = kernels.bb
@@ -160,7 +169,7 @@ def emit_winograd(kernels: Kernels, call: relax.Call, workload: ConvWorkload, m:
     # those fused kernels are slow to build (VGG-19's compile 11.2 s with them, 8.8 without; Inception
     # v2's 10.2 and 8.3) for no run time gained; the cost is the copy a concat makes of the output
     # transform's tensor (SqueezeNet about 5 %).
-    return kernels.call(winograd.winograd_output, [product], m, static_shape(call), pattern=OUT_ELEMWISE_FUSABLE)
+    return kernels.call(winograd.winograd_output, [product], m, batched_shape(call), pattern=OUT_ELEMWISE_FUSABLE)
 
 
 @relax.expr_functor.mutator

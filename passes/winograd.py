@@ -116,10 +116,11 @@ def transform_weight(taps: np.ndarray, m: int) -> np.ndarray:
     return packed
 
 
-def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int], rows: int) -> te.Tensor:
+def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int],
+                   rows: int | tvm.tirx.PrimExpr) -> te.Tensor:
     """NCHW{b}c data to V: (alpha^2, ``rows``, C), tile p = (n, tile row, tile column) row-major;
     rows past the real tiles repeat the last one (the product pads its rows to a register tile)."""
-    batch, outer, height, width, block = (int(d) for d in data.shape)
+    batch, (outer, height, width, block) = data.shape[0], (int(d) for d in data.shape[1:])  # a batch may be dynamic
     top, left, bottom, right = padding
     out_h, out_w = height + top + bottom - 2, width + left + right - 2
     th, tw = tiles(out_h, out_w, m)
@@ -145,7 +146,7 @@ def winograd_input(data: te.Tensor, m: int, padding: tuple[int, int, int, int], 
 
 def winograd_product(v: te.Tensor, packed: te.Tensor, tile_rows: int) -> te.Tensor:
     """M[t] = V[t] U[t] for every t, with U packed as (alpha^2, K / panel, C, panel)."""
-    positions, rows, depth = (int(d) for d in v.shape)
+    positions, rows, depth = int(v.shape[0]), v.shape[1], int(v.shape[2])  # rows: of a dynamic batch, an expression
     k = te.reduce_axis((0, depth), name="k")
     _, panels, _, panel = (int(d) for d in packed.shape)
     return te.compute((positions, rows, panels * panel), lambda t, r, j: te.sum(
@@ -160,7 +161,7 @@ def winograd_output(product: te.Tensor, m: int, shape: tuple[int, int, int, int,
     th, tw = tiles(out_h, out_w, m)
     alpha = m + 2
     at, _, _ = MATRICES[m]
-    _, rows, columns = (int(d) for d in product.shape)
+    _, rows, columns = product.shape
     ma = te.compute((alpha, m, rows, columns), lambda a, col, p, c: _select(
         col, [_combine(at[k], [product[a * alpha + b, p, c] for b in range(alpha)]) for k in range(m)]),
         name="winograd_output_columns", attrs={STAGE_ATTR: 1})

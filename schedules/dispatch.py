@@ -251,9 +251,11 @@ class MeasuredLayoutCosts:
 
 
 def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) -> tvm.IRModule:
-    """A module whose ``main`` runs one candidate of the convolution ``call`` on its input."""
+    """A module whose ``main`` runs one candidate of the convolution ``call`` on its input, at the
+    batch its workload has (1 for a dynamic one)."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", call.args[0].ty)
+    workload, _ = candidates(call)
+    x = relax.Var("x", relax.TensorType(list(workload.data), call.args[0].ty.dtype))
     conv = relax.Call(call.op, [x, call.args[1]], call.attrs, call.ty_args)
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -261,7 +263,6 @@ def candidate_module(call: relax.Call, name: str, lanes: int, registers: int) ->
                 out = bb.emit(conv)
             else:
                 conv = bb.normalize(conv)  # typed: emit_winograd reads its output shape
-                workload, _ = candidates(conv)
                 out = bb.emit(emit_winograd(Kernels(bb), conv, workload, tile_size(name), lanes, registers))
             result = bb.emit_output(out)
         bb.emit_func_output(result)

@@ -67,6 +67,20 @@ def test_concurrency_limit_bounds_the_vms(compiled):
         compiler.load(compiled[1], concurrency=0)
 
 
+def test_threads_running_a_dynamic_artifact_at_different_sizes(tmp_path):
+    """One artifact of a dynamic batch, each thread's calls at their own sizes, loaded from disk."""
+    model = reference.small_cnn()
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    library = tmp_path / "dynamic.so"
+    compiler.compile(model, tuning="off", dim_bounds={"batch": 8}).export(library)
+    runner = compiler.load(str(library))
+    inputs = [random_inputs(runner.inputs, seed, dims={"batch": batch}) for seed, batch in enumerate((1, 5, 8))]
+    expected = [runner.run(x)[0] for x in inputs]
+    assert [e.shape[0] for e in expected] == [1, 5, 8]
+    assert _hammer(runner, inputs, expected) == []
+
+
 def _run_in_child(runner, inputs, queue) -> None:
     queue.put(runner.run(inputs)[0])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import tvm
 
 import relaxc as compiler
 from relaxc import cli, frontend
@@ -37,6 +38,10 @@ def test_a_dynamic_transformer_matches_onnxruntime_at_every_size(bert):
     assert bert.outputs == [("last_hidden_state", ("batch", "sequence", 256), "float32")]
     assert bert.report()["dim_bounds"] == BOUNDS
     assert bert.report()["attention"] == {"padded_attentions": 4}  # keys to whole vectors, queries to tiles
+    kernels = {gv.name_hint: f.script() for gv, f in bert.module("final").functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc)}
+    assert not any(name.startswith("reshape") for name in kernels)  # views, not copies
+    assert not any("dense_rows_pad" in text for text in kernels.values())  # padding rows read the last one again
     session = reference.ort_session(frontend.load_model(BERT)[0])
     for batch, sequence in ((1, 16), (2, 7), (4, 64), (3, 1)):
         inputs = _bert_inputs(bert, batch, sequence)
@@ -87,6 +92,26 @@ def test_a_cnn_with_a_dynamic_batch():
     for batch in (1, 3, 8):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
         reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
+    assert compiler.compile(model, tuning="off", dim_bounds={"batch": 4}).fingerprint != art.fingerprint  # the bounds
+
+
+@pytest.mark.parametrize("candidate", ["winograd2", "winograd4"])
+def test_winograd_takes_a_dynamic_batch(candidate):
+    """Each 3x3 convolution of a dynamic batch dispatched as batch 1 is, its tiles' rows an
+    expression of the batch."""
+    from relaxc.schedules.dispatch import forcing
+
+    model = _dynamic_cnn()
+    keys = [c["workload"] for c in compiler.compile(model, tuning="off", dim_bounds={"batch": 8},
+                                                    dispatch="heuristic").report()["dispatch"]["convolutions"]]
+    assert keys and all("-1x" in key for key in keys)  # the workload at batch 1
+    with forcing({key: candidate for key in keys}):
+        art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8}, dispatch="heuristic")
+    assert art.report()["dispatch"]["choices"] == {candidate: len(keys)}
+    assert art.report()["schedules"].get("winograd")
+    for batch in (1, 3, 8):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
 
 
 @pytest.mark.parametrize("bounds, message", [
@@ -117,9 +142,15 @@ def test_the_command_line_bounds_dims_and_sizes_the_random_inputs(tmp_path, caps
     assert "--dim names dim(s) ['seq']" in capsys.readouterr().err
 
 
-def test_combinations_that_do_not_work_yet_are_refused():
+def test_combinations_that_do_not_work_yet_are_refused(capsys):
     with pytest.raises(compiler.UserError, match="external backends do not run models with dynamic dims yet"):
         compiler.compile(_dynamic_cnn(), tuning="off", dim_bounds={"batch": 8}, backends="measure")
+    with pytest.raises(compiler.UserError, match=r"tuning kernels of dynamic extents is not supported yet \(dim_bounds "
+                                                 r"\{'batch': 8\}\)"):
+        compiler.tune(_dynamic_cnn(), dim_bounds={"batch": 8}, trials=4)
+    path = frontend.models.bundled_path("onnx:squeezenet")  # any model: refused before it is read
+    assert cli.main(["tune", path, "-q", "--dim-bound", "batch=8", "--trials", "4"]) == 2
+    assert "tuning kernels of dynamic extents is not supported yet" in capsys.readouterr().err
     from relaxc.benchmarks.quantized import quantize
 
     pytest.importorskip("onnxruntime.quantization")
