@@ -34,6 +34,8 @@ from tvm.sym.analyzer import Analyzer
 
 log = logging.getLogger("relaxc")
 ROW_MULTIPLE = 8  # dynamic query rows are padded to register tiles of 8 (passes/attention.py)
+PARALLEL_ITERATIONS = 4  # a dynamic kernel's parallel loop has at least these at every size (2 threads)
+ATTACHING = {"ComputeAt", "ReverseComputeAt"}  # a block attached under a parallel loop computes its whole range
 
 # (label, rule factory), in the order the rules are tried
 RULES: tuple[tuple[str, Callable[[], dl.ScheduleRule]], ...] = (
@@ -114,6 +116,42 @@ def _check_split(sch: s_tir.Schedule, inst, inputs: list, inexact: list[str]) ->
         inexact.append(f"{inst.kind.name} of {extent} by {factors}")
 
 
+def _at_size_one(extent: tirx.PrimExpr) -> int:
+    """An extent with every dynamic dim at 1: its smallest value."""
+    analyzer = Analyzer()
+    for var in tirx.analysis.undefined_vars(extent):
+        analyzer.bind(var, tirx.const(1, var.ty.dtype))
+    return int(analyzer.simplify(extent))
+
+
+def _parallel_prefix(sch: s_tir.Schedule, inst, inputs: list) -> int | None:
+    """How many leading loops a Fuse of a dynamic kernel's loops keeps fused, the rest nested
+    serially inside: the fewest that give ``PARALLEL_ITERATIONS`` at every size. A fused loop
+    indexes each loop it fuses by dividing by the extents of those after it, per iteration: by a
+    dynamic one that LLVM cannot turn into a multiply (BERT's keys padded and transposed, 16 floats
+    per iteration: ~ 3x the static copy's time). None: all of them (no dynamic extent after the
+    first)."""
+    if inst.kind.name != "Fuse":
+        return None
+    loops = [sch.get(rv) for rv in inputs]
+    if all(isinstance(loop.extent, tirx.IntImm) for loop in loops[1:]):
+        return None
+    iterations = 1
+    for kept, loop in enumerate(loops[:-1], start=1):
+        iterations *= _at_size_one(loop.extent)
+        if iterations >= PARALLEL_ITERATIONS:
+            return kept
+    return None
+
+
+def _fused_prefixes(trace: s_tir.schedule.Trace, prefixes: dict[int, int]) -> s_tir.schedule.Trace:
+    """``trace`` with the Fuse at each position of ``prefixes`` fusing only that many loops."""
+    insts = [s_tir.schedule.Instruction(inst.kind, list(inst.inputs)[:prefixes[i]], inst.attrs, inst.outputs)
+             if i in prefixes else inst for i, inst in enumerate(trace.insts)]
+    return s_tir.schedule.Trace(insts, {insts[i]: d for i, inst in enumerate(trace.insts)
+                                        if (d := trace.decisions.get(inst)) is not None})
+
+
 def _dynamic_vectors(func: tirx.PrimFunc) -> bool:
     """Whether ``func`` vectorises a loop of dynamic extent (a loop whose extent was one vector at
     the representative size: LLVM code has no vector of dynamic length)."""
@@ -150,16 +188,27 @@ def replayed(rule: dl.ScheduleRule, func: tirx.PrimFunc, target: Target, sizes: 
     same nest. None if the rule takes no such kernel, a primitive refuses, or a split does not
     divide a dynamic extent (``_check_split``): a tile whose lanes each test a bound runs at scalar
     speed (a vector loop over 100,003 floats 12x slower than over 100,000), and BERT's softmax so
-    replayed (the ``Rows`` rule's trace at 384 keys) gave wrong rows at 7 keys."""
+    replayed (the ``Rows`` rule's trace at 384 keys) gave wrong rows at 7 keys. In a kernel that
+    attaches no block to its loops, a parallel loop fuses only as many leading loops as
+    ``_parallel_prefix`` keeps."""
     try:
         static = rule.apply(at_representative(func, sizes), target, False)
         if static is None:
             return None
         sch = UncheckedSchedule(func)
         inexact: list[str] = []
-        static.trace.apply_to_schedule(sch, remove_postproc=False,
-                                       decision_provider=lambda inst, inputs, _attrs, decision: _check_split(
-                                           sch, inst, inputs, inexact) or decision)
+        prefixes: dict[int, int] = {}  # a Fuse's position in the trace: how many loops it keeps fused
+
+        def provider(inst, inputs, _attrs, decision):
+            _check_split(sch, inst, inputs, inexact)
+            if (kept := _parallel_prefix(sch, inst, inputs)) is not None:
+                prefixes[next(i for i, x in enumerate(static.trace.insts) if x.same_as(inst))] = kept
+            return decision
+
+        static.trace.apply_to_schedule(sch, remove_postproc=False, decision_provider=provider)
+        if prefixes and not inexact and not any(inst.kind.name in ATTACHING for inst in static.trace.insts):
+            sch = UncheckedSchedule(func)
+            _fused_prefixes(static.trace, prefixes).apply_to_schedule(sch, remove_postproc=False)
         if inexact or _dynamic_vectors(sch.mod["main"]):  # a split that does not divide a dynamic extent, or a
             log.debug("%s schedule does not replay on dynamic extents: %s", type(rule).__name__,  # dynamic vector
                       "; ".join(inexact) or "a vector of dynamic length")

@@ -3,6 +3,7 @@ replayed, where every split of a dynamic extent divides it; otherwise the next r
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import te, tirx
 
 from relaxc.passes import tir_pipeline
@@ -59,3 +60,34 @@ def test_a_split_that_does_not_divide_a_dynamic_extent_is_not_replayed():
 
     assert tiled_rows(_scaled((n + 15) // 16 * 16)) is not None
     assert tiled_rows(_scaled(n)) is None
+
+
+def _divisors(func: tirx.PrimFunc) -> list:
+    """The divisors of every division and modulo in ``func``."""
+    found = []
+    tvm_ffi.structural_map(func.body, [(kind, lambda node: found.append(node.b) or node)
+                                       for kind in (tirx.FloorDiv, tirx.FloorMod)])
+    return found
+
+
+def test_a_dynamic_copy_runs_in_parallel_over_its_leading_loops_only():
+    """Keys padded and laid out per head (batch, sequence, 4, 64 -> batch, 4, padded, 64): the
+    parallel loop fuses batch and heads, the padded keys run inside it, so no iteration divides by
+    a dynamic extent; and it runs right at every size."""
+    b, s = tirx.Var("batch", "int64"), tirx.Var("sequence", "int64")
+    padded = (s + 31) // 32 * 32
+    x = te.placeholder((b, s, 4, 64), "float32", name="x")
+    y = te.compute((b, 4, padded, 64), lambda i, h, k, d: tvm.te.if_then_else(
+        k < s, x[i, tvm.te.min(k, s - 1), h, d], tirx.const(0.0, "float32")), name="y")
+    sch = replayed(Tiled(), te.create_prim_func([x, y]), TARGET, representative_sizes({"batch": 16, "sequence": 384}))
+    assert sch is not None
+    divisors = _divisors(sch.mod["main"])
+    assert divisors and all(isinstance(d, tirx.IntImm) for d in divisors), divisors
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=TARGET, tir_pipeline=tir_pipeline.pipeline(TARGET))
+    for batch, keys in ((1, 7), (3, 40)):
+        data = np.random.default_rng(keys).standard_normal((batch, keys, 4, 64)).astype(np.float32)
+        out = tvm.runtime.tensor(np.full((batch, 4, -(-keys // 32) * 32, 64), np.nan, np.float32))
+        lib["main"](tvm.runtime.tensor(data), out)
+        expected = np.zeros(out.shape, np.float32)
+        expected[:, :, :keys] = data.transpose(0, 2, 1, 3)
+        np.testing.assert_array_equal(out.numpy(), expected)
