@@ -3,6 +3,8 @@ every form checked against numpy through the whole pipeline."""
 
 import numpy as np
 import pytest
+import tvm
+import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc as compiler
@@ -108,3 +110,20 @@ def test_attention_products_of_awkward_sizes_are_padded_and_correct():
     assert art.report()["schedules"].get("rows", 0) >= 1  # the softmax
     x = reference.random_inputs(art.inputs, seed=2)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
+
+
+def test_a_dense_layer_over_a_dynamic_batch_runs_each_panel_over_every_batch():
+    """Rows of batch x sequence, one weight: the parallel loop takes panels outermost, so each
+    panel is read once for every batch's rows (batch outermost it was read once per batch), and
+    the result is right at every size."""
+    weight = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32)
+    model = _matmul_model(("batch", "sequence", 64), weight, bias=True)
+    art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8, "sequence": 40})
+    (kernel,) = [f for gv, f in art.module().functions_items() if "dense_packed" in gv.name_hint]
+    realizes = []
+    tvm_ffi.structural_map(kernel.body, [(tvm.s_tir.SBlockRealize, lambda r: realizes.append(r) or r)])
+    (update,) = [r for r in realizes if r.block.name_hint == "dense_packed_update"]
+    assert isinstance(update.iter_values[0], tvm.tirx.FloorMod), update.iter_values[0]  # batch: fused % batch
+    for batch, sequence in ((1, 1), (3, 17), (8, 40)):
+        x = {"x": np.random.default_rng(batch).standard_normal((batch, sequence, 64)).astype(np.float32)}
+        reference.assert_matches(art.run(x), reference.ort_run(model, x))
