@@ -30,7 +30,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from relaxc.passes import fast_math
-from relaxc.passes.ir import at_sizes
+from relaxc.passes.ir import at_sizes, call_sizes
 from relaxc.schedules.cache import store_for
 from relaxc.schedules.cpu.steps import buffer_bytes
 from relaxc.schedules.dispatch import DispatchStore
@@ -91,7 +91,7 @@ def kernel_cost(func: tirx.PrimFunc, shapes: list[tuple[int, ...]] | None = None
     if shapes is None:
         nbytes = sum(buffer_bytes(param) for param in buffers)
     else:
-        func = at_sizes(func, shapes)
+        func = at_sizes(func, call_sizes(func, shapes))
         nbytes = sum(math.prod(shape) * param.dtype.bits // 8 for param, shape in zip(buffers, shapes))
     return Cost(float(s_tir.analysis.estimate_tir_flops(_expansions_spelled_out(func.body))), nbytes)
 

@@ -61,7 +61,7 @@ from tvm.ir import GenericConst
 from tvm.ir.expr import TensorLoad
 from tvm.sym.analyzer import Analyzer
 
-from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import constant_array, dims_of, is_op, map_relax_functions, static_shape
 
 
 @relax.expr_functor.mutator
@@ -287,11 +287,6 @@ class DropoutToIdentity:
         return map_relax_functions(mod, _DropoutOutput(mod).visit_expr)
 
 
-def _dims(expr: relax.Expr) -> list | None:
-    ty = getattr(expr, "ty", None)
-    return list(ty.shape.values) if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) else None
-
-
 def _same_dims(a: list, b: list) -> bool:
     analyzer = Analyzer()
     return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
@@ -301,7 +296,7 @@ def _same_dims(a: list, b: list) -> bool:
 class _FlattenedMatmul(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)
-        target = _dims(call)
+        target = dims_of(call)
         if not is_op(call, "relax.reshape") or target is None or static_shape(call) is not None:
             return call
         value = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
@@ -314,11 +309,11 @@ class _FlattenedMatmul(relax.PyExprMutator):
                 or len(value.args[1].ty.shape.values) != 2 or not isinstance(value.args[0], relax.Var):
             return call
         flatten = self.lookup_binding(value.args[0])
-        rows = _dims(flatten) if is_op(flatten, "relax.reshape") else None
+        rows = dims_of(flatten) if is_op(flatten, "relax.reshape") else None
         if rows is None or len(rows) != 2 or not _same_dims([rows[0]], [math.prod(target[:-1])]):
             return call  # not the rows of the leading dims the reshape restores
         x = flatten.args[0]
-        if not _same_dims(_dims(x), [*target[:-1], rows[1]]):  # (b, s, heads, d) flattened to (b s, heads d)
+        if not _same_dims(dims_of(x), [*target[:-1], rows[1]]):  # (b, s, heads, d) flattened to (b s, heads d)
             x = self.builder_.emit(relax.op.reshape(x, [*target[:-1], rows[1]]))
         product = relax.op.matmul(x, value.args[1], out_dtype=value.attrs.out_dtype)
         return relax.op.add(self.builder_.emit(product), bias) if bias is not None else product

@@ -29,8 +29,8 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from relaxc.passes.ir import (OUT_ELEMWISE_FUSABLE, aligned_empty, batched_shape, constant, constant_array, is_op,
-                              rewrite_emitting, static_shape)
+from relaxc.passes.ir import (OUT_ELEMWISE_FUSABLE, aligned_empty, batched_shape, constant, constant_array, dims_of,
+                              is_op, rewrite_emitting, static_shape)
 from relaxc.support.targets import ByteDot, accumulators
 
 ROW_TILE_MAX = 8  # rows of a register tile: more rows means more broadcast streams than L1 serves
@@ -211,15 +211,6 @@ def _dense_dynamic(data: te.Tensor, packed: te.Tensor, columns: int, tile_rows: 
     return te.compute((*lead, rows, columns), unpadded, name="dense_unpad")
 
 
-def _dims(expr: relax.Expr) -> tuple | None:
-    """A tensor's shape, its dynamic dims as expressions, when the last one (K) is static."""
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in ty.shape.values)
-    return dims if dims and isinstance(dims[-1], int) else None
-
-
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, lanes: int, registers: int, dot: ByteDot | None, stats: dict) -> None:
@@ -264,12 +255,12 @@ class _Rewriter(relax.PyExprMutator):
         """A float matmul by constant weights whose rows are dynamic: packed as a static one,
         its rows in whole register tiles of the most rows the target's registers allow."""
         data, weight = call.args
-        shape, w = _dims(data), constant_array(weight)
+        shape, w = dims_of(data), constant_array(weight)
         if w is None and data.ty.dtype == "float32":  # attention's products, over a dynamic batch (ViT's 197 tokens)
             a, b = batched_shape(data), batched_shape(weight)
             return call if a is None or b is None else self._pad(call, a, b)
-        if shape is None or len(shape) < 2 or data.ty.dtype != "float32" or w is None or w.dtype != np.float32 \
-                or w.ndim != 2 or w.shape[0] != shape[-1] or 1 in w.shape:
+        if shape is None or len(shape) < 2 or not isinstance(shape[-1], int) or data.ty.dtype != "float32" \
+                or w is None or w.dtype != np.float32 or w.ndim != 2 or w.shape[0] != shape[-1] or 1 in w.shape:
             return call
         tile = register_tile(w.shape[1], self.lanes, self.registers)
         packed = pack_panels(w, tile.vectors * self.lanes)

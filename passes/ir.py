@@ -12,8 +12,9 @@ from typing import Callable
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, tirx
 from tvm.ir import GenericConst
+from tvm.sym.analyzer import Analyzer
 
 IS_SCHEDULED = "tirx.is_scheduled"  # set on every scheduled kernel; dlight and tuning skip those
 SCHEDULE_ATTR = "relaxc.schedule"  # the label of what scheduled a kernel (a rule, the index checks)
@@ -26,6 +27,7 @@ def is_dynamic(func: tvm.tirx.PrimFunc) -> bool:
     """Whether a kernel has a buffer of a dynamic size (an expression of the model's dynamic dims)."""
     return any(not isinstance(d, tvm.tirx.IntImm) for param in func.params
                if isinstance(param.ty, tvm.tirx.BufferType) for d in param.ty.shape)
+
 
 def map_relax_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], relax.Function]) -> tvm.IRModule:
     """A copy of ``mod`` with every Relax function replaced by ``rewrite(function)``."""
@@ -61,16 +63,20 @@ def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims)
 
 
-def batched_shape(expr: relax.Expr) -> tuple | None:
-    """The shape of a tensor-typed ``expr`` whose dims are constants but perhaps the first (a
-    dynamic batch, an expression), else None: what passes that lay out images take."""
+def dims_of(expr: relax.Expr) -> tuple | None:
+    """The shape of a tensor-typed ``expr``: ints where a dim is constant, expressions of the
+    dynamic dims elsewhere; None for a shape of unknown rank or computed at run time."""
     ty = getattr(expr, "ty", None)
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
-    dims = ty.shape.values
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims[1:]):
-        return None
-    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in dims)
+    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in ty.shape.values)
+
+
+def batched_shape(expr: relax.Expr) -> tuple | None:
+    """The shape of a tensor-typed ``expr`` whose dims are constants but perhaps the first (a
+    dynamic batch, an expression), else None: what passes that lay out images take."""
+    dims = dims_of(expr)
+    return dims if dims is not None and all(isinstance(d, int) for d in dims[1:]) else None
 
 
 def constant_ints(expr: relax.Expr) -> list[int] | None:
@@ -84,20 +90,27 @@ def constant_ints(expr: relax.Expr) -> list[int] | None:
     return [int(v) for v in values]
 
 
-def at_sizes(func: tvm.tirx.PrimFunc, shapes: list[tuple[int, ...]]) -> tvm.tirx.PrimFunc:
-    """``func``'s body with each dynamic dim of its buffers set to the size the tensors it is called
-    with (``shapes``, its buffer parameters' in order) have there: a kernel of dynamic extents as
-    one call runs it, to count its work (its signature keeps the dims)."""
-    sizes: dict[tvm.tirx.Var, int] = {}
+def at_sizes(func: tvm.tirx.PrimFunc, sizes: dict[str, int]) -> tvm.tirx.PrimFunc:
+    """``func`` with each dynamic dim named in ``sizes`` at that size: its scalar parameters of them
+    specialised away (a dynamic key length a kernel takes), then every other use, the arithmetic of
+    padded extents folded ((463 + 15) // 16 * 16 is 464): the static kernel of one call."""
+    scalars = {p: tirx.const(sizes[p.name], p.ty.dtype) for p in func.params
+               if not isinstance(p.ty, tirx.BufferType) and p.name in sizes}
+    func = func.specialize(scalars) if scalars else func
+    sized = lambda v, _kind: tirx.const(sizes[v.name], v.ty.dtype) if v.name in sizes else v  # noqa: E731
+    func = tvm_ffi.structural_map(func, [], with_def_region_kind=[(tirx.Var, sized)])
+    analyzer = Analyzer()
+    constant = lambda e: analyzer.simplify(e) if not tirx.analysis.undefined_vars(e) else e  # noqa: E731
+    return tvm_ffi.structural_map(func, ((tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min,
+                                          tirx.Max), constant))
+
+
+def call_sizes(func: tvm.tirx.PrimFunc, shapes: list[tuple[int, ...]]) -> dict[str, int]:
+    """Each dynamic dim of ``func``'s buffers at the size the tensors of one call (``shapes``, its
+    buffer parameters' in order) give it."""
     buffers = [p for p in func.params if isinstance(p.ty, tvm.tirx.BufferType)]
-    for param, shape in zip(buffers, shapes):
-        for dim, size in zip(param.ty.shape, shape):
-            if isinstance(dim, tvm.tirx.Var):
-                sizes.setdefault(dim, size)
-    if not sizes:
-        return func
-    uses = lambda v, kind: tvm.tirx.const(sizes[v], v.ty.dtype) if kind == 0 and v in sizes else v  # noqa: E731
-    return tvm_ffi.structural_map(func, [], with_def_region_kind=[(tvm.tirx.Var, uses)])
+    return {dim.name: size for param, shape in zip(buffers, shapes)
+            for dim, size in zip(param.ty.shape, shape) if isinstance(dim, tvm.tirx.Var)}
 
 
 TVM_ALIGNMENT = 64  # bytes: TVM wraps an array's memory as a tensor only at this alignment

@@ -161,6 +161,12 @@ def upper_bounds(func: relax.Function) -> dict[str, int]:
                                                        if "tir_var_upper_bound" in attrs else [])}
 
 
+def main_bounds(mod: tvm.IRModule) -> dict[str, int]:
+    """``upper_bounds`` of ``mod``'s ``main``; none for a module without one."""
+    main = next((f for gv, f in mod.functions_items() if gv.name_hint == "main"), None)
+    return upper_bounds(main) if main is not None else {}
+
+
 def bytes_at_bounds(shape: relax.Expr, dtype: str, bounds: dict[str, int]) -> int | None:
     """Bytes of a tensor of ``shape``, its dynamic dims at the most their bounds allow (None for a
     shape that is no expression of them: one computed at run time)."""

@@ -15,7 +15,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from relaxc.passes.memory import upper_bounds
+from relaxc.passes.memory import main_bounds
 
 
 def _dim_vars(func: tirx.PrimFunc, names: set[str]) -> list[tirx.Var]:
@@ -52,8 +52,7 @@ class PositiveDims:
     ``at_least_one``; a static module is returned as it is."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        main = next((f for gv, f in mod.functions_items() if gv.name_hint == "main"), None)
-        names = set(upper_bounds(main)) if main is not None else set()
+        names = set(main_bounds(mod))
         if not names:
             return mod
         new = mod.clone()

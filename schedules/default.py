@@ -24,8 +24,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR, is_dynamic
-from relaxc.passes.memory import upper_bounds
+from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR, at_sizes, is_dynamic
+from relaxc.passes.memory import main_bounds
 from relaxc.schedules import cpu
 from relaxc.support.targets import dynamic_multiple
 from relaxc.support.tvm_internals import UncheckedSchedule
@@ -84,20 +84,6 @@ class _Labelled(dl.ScheduleRule):
         if sch is None:
             return None
         return s_tir.Schedule(sch.mod["main"].with_attr(SCHEDULE_ATTR, self.label))
-
-
-def at_representative(func: tirx.PrimFunc, sizes: dict[str, int]) -> tirx.PrimFunc:
-    """``func`` with each dynamic dim at its size in ``sizes``: its scalar parameters of them
-    specialised away (a dynamic key length a kernel takes), then every other use."""
-    scalars = {p: tirx.const(sizes[p.name], p.ty.dtype) for p in func.params
-               if not isinstance(p.ty, tirx.BufferType) and p.name in sizes}
-    func = func.specialize(scalars) if scalars else func
-    sized = lambda v, _kind: tirx.const(sizes[v.name], v.ty.dtype) if v.name in sizes else v  # noqa: E731
-    func = tvm_ffi.structural_map(func, [], with_def_region_kind=[(tirx.Var, sized)])
-    analyzer = Analyzer()  # then the padded extents' arithmetic folded: (463 + 15) // 16 * 16 is 464
-    constant = lambda e: analyzer.simplify(e) if not tirx.analysis.undefined_vars(e) else e  # noqa: E731
-    return tvm_ffi.structural_map(func, ((tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min,
-                                          tirx.Max), constant))
 
 
 def _check_split(sch: s_tir.Schedule, inst, inputs: list, inexact: list[str]) -> None:
@@ -192,17 +178,18 @@ def replayed(rule: dl.ScheduleRule, func: tirx.PrimFunc, target: Target, sizes: 
     attaches no block to its loops, a parallel loop fuses only as many leading loops as
     ``_parallel_prefix`` keeps."""
     try:
-        static = rule.apply(at_representative(func, sizes), target, False)
+        static = rule.apply(at_sizes(func, sizes), target, False)
         if static is None:
             return None
         sch = UncheckedSchedule(func)
         inexact: list[str] = []
+        positions = {inst: i for i, inst in enumerate(static.trace.insts)}
         prefixes: dict[int, int] = {}  # a Fuse's position in the trace: how many loops it keeps fused
 
         def provider(inst, inputs, _attrs, decision):
             _check_split(sch, inst, inputs, inexact)
             if (kept := _parallel_prefix(sch, inst, inputs)) is not None:
-                prefixes[next(i for i, x in enumerate(static.trace.insts) if x.same_as(inst))] = kept
+                prefixes[positions[inst]] = kept
             return decision
 
         static.trace.apply_to_schedule(sch, remove_postproc=False, decision_provider=provider)
@@ -242,8 +229,7 @@ class DefaultSchedules:
         return self.counts
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        main = mod.get_global_var("main") if any(gv.name_hint == "main" for gv in mod.get_global_vars()) else None
-        sizes = representative_sizes(upper_bounds(mod[main]), dynamic_multiple(self.target)) if main is not None else {}
+        sizes = representative_sizes(main_bounds(mod), dynamic_multiple(self.target))
         labelled = [_Labelled(label, rule, sizes) for label, rule in rules(self.target)]
         mod = dl.ApplyDefaultSchedule(*labelled)(mod.clone())
         kinds = [schedule_kind(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
