@@ -55,7 +55,8 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
 
 
 def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,
-         constants: "Constants | None" = None, dim_bounds: "DimBounds | None" = None, **options: Any) -> dict:
+         constants: "Constants | None" = None, dim_bounds: "DimBounds | None" = None,
+         tune_sizes: "dict[str, list[int]] | None" = None, **options: Any) -> dict:
     """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the record store.
 
     options: the fields of ``compiler.TuneOptions`` (``trials``, ``trials_per_task``, ``minutes``,
@@ -74,15 +75,15 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     the implementations it changes to (those without records) are tuned with the same trials, and
     only then are the schedules selected.
     Returns a summary (tasks, trials, records, selection, minutes, stop reason, dispatch choices).
-    ``dim_bounds`` (dims kept dynamic) is refused: MetaSchedule tunes kernels of static extents only.
+    ``dim_bounds`` keeps dims dynamic as ``compile`` does; each kernel of dynamic extents is then
+    tuned as its static kernel at ``tune_sizes`` (``{"sequence": [16, 128]}``: every combination;
+    a dim not named at its bound), and its best record, relaxed onto the dynamic extents, checked
+    against the default schedule at sizes from 1 to the bounds, replaces that default only where
+    it is faster over those sizes together (``schedules/dynamic_tuning.py``).
     """
     from relaxc.tuning import tune_model
 
-    if dim_bounds:
-        raise UserError(f"tuning kernels of dynamic extents is not supported yet (dim_bounds {dim_bounds}): "
-                        "MetaSchedule tunes static kernels, and the dynamic artifact runs relaxc's default "
-                        "schedules; tune a static build (shapes=, --shape) for a size that needs records")
-    return tune_model(model, target, shapes, constants, options)
+    return tune_model(model, target, shapes, constants, options, dim_bounds, tune_sizes)
 
 
 def save_cache(path: str, cache_dir: str | None = None) -> str:

@@ -13,7 +13,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -113,7 +113,7 @@ def _shapes(args: argparse.Namespace) -> dict | None:
     return shapes or None
 
 
-def _named_sizes(pairs: list[tuple[str, int]], flag: str) -> dict[str, int] | None:
+def _named_sizes(pairs: list[tuple[str, Any]], flag: str) -> dict[str, Any] | None:
     sizes = dict(pairs)
     if len(sizes) != len(pairs):
         raise ShapeError(f"a dim is given more than one {flag}")
@@ -223,7 +223,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _tune_command(args: argparse.Namespace, report: dict) -> str:
-    return tune_command(args.model, report["target"], args.shape, args.cache_dir, args.constant)
+    return tune_command(args.model, report["target"], args.shape, args.cache_dir, args.constant,
+                        report.get("dim_bounds"))
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -266,6 +267,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     summary = compiler.tune(args.model, target=args.target, shapes=_shapes(args), constants=_constants(args),
                             dim_bounds=_named_sizes(args.dim_bound, "--dim-bound"),
+                            tune_sizes=_named_sizes([(n, list(s)) for n, s in args.tune_sizes], "--tune-sizes"),
                             **option_values(args, Options, TuneOptions))
     print(json.dumps(summary, indent=2))
     return 0
@@ -375,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the record store")
     _add_model_args(p, exclude=("tuning",))
+    p.add_argument("--tune-sizes", action="append", type=_shape_arg, default=[], metavar="NAME=N,N,...",
+                   help="with --dim-bound: tune each kernel of dynamic extents at these sizes of the dim NAME "
+                        "(repeatable; every combination; a dim not named at its bound)")
     add_option_args(p, TuneOptions)
     p.set_defaults(func=cmd_tune)
 

@@ -94,12 +94,15 @@ def plan_summary(backends: dict) -> str:
 
 
 def tune_command(model: str, target: dict, shapes: Sequence[tuple[str, Sequence[int]]] = (),
-                 cache_dir: str | None = None, constants: Sequence[tuple[str, str]] = ()) -> str:
+                 cache_dir: str | None = None, constants: Sequence[tuple[str, str]] = (),
+                 dim_bounds: dict[str, int] | None = None) -> str:
     """The ``relaxc tune`` command that fills the record store this compile read, for this target
-    (``constants``: the ``--constant`` NAME=FILE pairs of the compile)."""
+    (``constants``: the ``--constant`` NAME=FILE pairs of the compile; a dynamic model's dims are
+    tuned at their bounds unless ``--tune-sizes`` names others)."""
     words = ["relaxc", "tune", model, "-t", json.dumps(_target_flags(target), separators=(",", ":"))]
     words += [f"--shape={name}={','.join(str(d) for d in dims)}" for name, dims in shapes]
     words += [f"--constant={name}={path}" for name, path in constants]
+    words += [f"--dim-bound={name}={bound}" for name, bound in (dim_bounds or {}).items()]
     if cache_dir:
         words += ["--log-dir", cache_dir]
     return shlex.join(words)

@@ -12,18 +12,22 @@ from relaxc.options import Options, TuneOptions
 
 if TYPE_CHECKING:
     from relaxc.artifact import Artifact
-    from relaxc.frontend import Constants, ModelLike, Shapes
+    from relaxc.frontend import Constants, DimBounds, ModelLike, Shapes
     from relaxc.support.targets import TargetLike
 
 log = logging.getLogger("relaxc")
 
 
 def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None", constants: "Constants | None",
-               options: dict[str, Any]) -> dict:
-    """``relaxc.tune``: its options as keywords of ``TuneOptions`` and ``Options``; returns the summary."""
+               options: dict[str, Any], dim_bounds: "DimBounds | None" = None,
+               tune_sizes: dict[str, list[int]] | None = None) -> dict:
+    """``relaxc.tune``: its options as keywords of ``TuneOptions`` and ``Options``; returns the summary.
+    With ``dim_bounds``, each kernel of dynamic extents is tuned at ``tune_sizes``
+    (``schedules/dynamic_tuning.py``)."""
     from relaxc import diagnostics
     from relaxc.pipeline import compile_model
     from relaxc.runtime import open_device
+    from relaxc.schedules import dynamic_tuning
     from relaxc.schedules.tuning import tune_module
     from relaxc.support import remote, tvm_log
     from relaxc.support.errors import UserError
@@ -41,16 +45,27 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
                         "selected alone on the devices (selection='alone')")
     if shard and settings.selection == "sequence":
         raise UserError("a shard selects nothing (its kernels are selected after the merge): use selection='alone'")
-    art = compile_model(model, target, shapes, compile_options, constants)
+    if tune_sizes and not dim_bounds:
+        raise UserError("tune sizes size the dims a model keeps dynamic: give their bounds too (dim_bounds, "
+                        "--dim-bound NAME=N)")
+    if dim_bounds and settings.selection == "sequence":
+        raise UserError("selection='sequence' times the model at one size; a model with dynamic dims has each "
+                        "kernel selected alone at the tune sizes (selection='alone')")
+    sizes = dynamic_tuning.tune_sizes(dim_bounds, tune_sizes) if dim_bounds else None  # checked before any work
+    art = compile_model(model, target, shapes, compile_options, constants, dim_bounds)
     if art.target.kind.name != "llvm":
         open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
     with tvm_log.captured() as said, remote.measuring_on(tracker):  # MetaSchedule's workers inherit stderr
+        dynamic = _dynamic_instances(art, sizes) if sizes else None
         tune_kernels = functools.partial(tune_module, target=art.target, trials=settings.trials,
                                          trials_per_task=settings.trials_per_task, minutes=settings.minutes,
                                          cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
                                          model=art.report()["model"], kernels=tuple(settings.kernels),
-                                         shard=shard)
+                                         shard=shard, tasks=dynamic and dynamic[0])
         summary = tune_kernels(art.module("fuse"), reselect=settings.reselect, select=settings.selection == "alone")
+        if dynamic:
+            summary["dynamic"] = (_choose_dynamic(art, *dynamic, compile_options.cache_dir) if shard is None else
+                                  {"skipped": "a shard: choose after merging the shards' stores (--trials 0)"})
         if settings.selection == "sequence":
             replay = dataclasses.replace(compile_options, tuning="replay")
             summary.update(_in_sequence(lambda: compile_model(model, target, shapes, replay, constants), tune_kernels,
@@ -61,6 +76,30 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
     if "dispatch" in report:
         summary["dispatch"] = {k: report["dispatch"][k] for k in ("choices", "sources")}
     return summary
+
+
+def _dynamic_instances(art: "Artifact", sizes: list[dict[str, int]]) -> tuple[list, dict, list]:
+    """The tasks of a dynamic model at the size assignments ``sizes`` (its kernels of dynamic
+    extents as static instances), each dynamic kernel's instances, and ``sizes``."""
+    from relaxc.schedules.dynamic_tuning import instances
+    from relaxc.schedules.tuning import tuning_tasks
+
+    fused = art.module("fuse")
+    tasks, of_dynamic = instances(fused, art.target, sizes, tuning_tasks(fused, art.target))
+    return tasks, of_dynamic, sizes
+
+
+def _choose_dynamic(art: "Artifact", tasks: list, of_dynamic: dict, sizes: list, cache_dir: str | None) -> dict:
+    """``dynamic_tuning.choose`` over the dynamic kernels of ``art``, with the records tuning chose
+    for their instances."""
+    from relaxc.schedules.cache import store_for
+    from relaxc.schedules.dynamic_tuning import choose
+    from relaxc.schedules.tuning import chosen_traces, tuning_tasks
+
+    store = store_for(cache_dir, art.target)
+    traces, _ = chosen_traces(store, tasks)
+    return choose(tuning_tasks(art.module("fuse"), art.target), of_dynamic, traces, store, art.target,
+                  art.dim_bounds, sizes)
 
 
 def _in_sequence(compile_replayed: "Callable[[], Artifact]", tune_kernels: "Callable[..., dict]",

@@ -25,7 +25,8 @@ from tvm.target import Target
 
 from relaxc.support.errors import UserError
 from relaxc.support.files import Staging, atomic_write
-from relaxc.support.store_files import (BACKENDS_FILE, DATABASE_FILES, DISPATCH_FILE, LAYOUT_FILE, MEASUREMENT_FILES,  # noqa: F401
+from relaxc.support.store_files import (BACKENDS_FILE, DATABASE_FILES, DISPATCH_FILE, DYNAMIC_FILE,  # noqa: F401
+                                        LAYOUT_FILE, MEASUREMENT_FILES,
                                         PACKED, SELECTION_FILE, STORE_FILES, database_path, pack_store)
 from relaxc.support.targets import describe
 from relaxc.support.versions import code_versions

@@ -182,18 +182,22 @@ def from_record(mod: tvm.IRModule, entry: list, label: str, workload: Recorded |
 
 
 def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds: int = ROUNDS,
-            runs: int = RUNS_PER_ROUND, name: str = "a kernel") -> list[Candidate]:
-    """Build and load every candidate (timed), then time them in turns on the same random inputs,
-    each run after flushing every argument but the first from the caches.
+            runs: int = RUNS_PER_ROUND, name: str = "a kernel", values: list | None = None) -> list[Candidate]:
+    """Build and load every candidate (timed), then time them in turns on the same random inputs
+    (or ``values``, the arguments of one call: arrays, and ints for scalar parameters), each run
+    after flushing every tensor argument but the first from the caches.
 
     Returns the candidates that built; the others are logged and dropped. Timed on this machine, or
     on one server of ``remote.measuring_on``'s tracker, all candidates of a kernel on the same one."""
-    rng = np.random.default_rng(0)
-    values = [rng.uniform(-1, 1, [int(d) for d in info.shape]).astype(str(info.dtype))
-              for info in ms.arg_info.ArgInfo.from_prim_func(func)]
+    if values is None:
+        rng = np.random.default_rng(0)
+        values = [rng.uniform(-1, 1, [int(d) for d in info.shape]).astype(str(info.dtype))
+                  for info in ms.arg_info.ArgInfo.from_prim_func(func)]
+    flush = {"f_preproc": "cache_flush_cpu_non_first_arg"} if all(isinstance(v, np.ndarray) for v in values) else {}
 
     def timed(bench: remote.Bench) -> list[Candidate]:
-        args = [tvm.runtime.tensor(value, bench.device) for value in values]
+        args = [tvm.runtime.tensor(value, bench.device) if isinstance(value, np.ndarray) else value
+                for value in values]
         built, timers = [], []
         for candidate in found:
             candidate.runs_ms = []  # measured again from the start where a server failed
@@ -208,8 +212,7 @@ def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds:
                 log.warning("%s does not build (%s); dropped", candidate.label, str(err).splitlines()[0])
                 continue
             candidate.build_s = time.perf_counter() - start
-            timer = lib.time_evaluator("main", bench.device, number=1, repeat=runs,
-                                       f_preproc="cache_flush_cpu_non_first_arg")
+            timer = lib.time_evaluator("main", bench.device, number=1, repeat=runs, **flush)
             timer(*args)  # warm-up: first touch of the inputs, the thread pool, the code
             built.append(candidate)
             timers.append(timer)

@@ -30,6 +30,7 @@ from relaxc.schedules import builder
 from relaxc.schedules.cache import RecordStore, cache_root, shipped_root, store_for, stores, workload_hash
 from relaxc.passes.ir import IS_SCHEDULED
 from relaxc.schedules.default import default_schedule
+from relaxc.schedules.dynamic_tuning import apply_dynamic, dims_used
 from relaxc.schedules.selection import Selection, apply_trace, recorded
 from relaxc.support import remote, targets, tvm_internals, tvm_log
 from relaxc.support.errors import UserError
@@ -146,7 +147,7 @@ def _records(database, task: ms.ExtractedTask) -> int:
 def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_task: int | None = None,
                 minutes: float | None = None, cache_dir: str | None = None, fingerprint: str = "",
                 model: str = "", reselect: bool = False, kernels: tuple[str, ...] = (), select: bool = True,
-                shard: tuple[int, int] | None = None) -> dict:
+                shard: tuple[int, int] | None = None, tasks: list[ms.ExtractedTask] | None = None) -> dict:
     """Tune the kernels of ``mod`` (after layout and fusion) into the target's record store.
 
     MetaSchedule commits a task's measurements to the database only when its scheduler next visits
@@ -159,7 +160,8 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     ``trials=0, reselect=True`` with ``kernels`` measures only those again. ``select`` False leaves
     the selection to the caller (``compiler.tune`` with ``selection="sequence"``). ``shard`` (i, n)
     tunes the i-th of n disjoint shares of the kernels (``shard_of``) and selects nothing: the shards'
-    stores are merged first.
+    stores are merged first. ``tasks``: the kernels to tune instead of ``mod``'s (a dynamic model's
+    static instances, ``dynamic_tuning.instances``).
 
     Within ``remote.measuring_on(tracker)`` every candidate is built here and timed on a server of
     the tracker, as many at once as there are servers; a trial whose server fails is counted lost
@@ -170,7 +172,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     configure_threads()  # the measuring workers inherit it
     tvm_internals.skip_tensor_intrinsics(target)
     store = store_for(cache_dir, target)
-    tasks = tuning_tasks(mod, target)
+    tasks = tuning_tasks(mod, target) if tasks is None else tasks
     wanted = {t.task_name for t in tasks
               if not kernels or any(fnmatch.fnmatchcase(t.task_name, k) for k in kernels)}
     if not wanted:
@@ -431,6 +433,10 @@ class ApplyTuningRecords:
         if self.mode == "off":
             return mod
         if self.mode == "tune":
+            if any(dims_used(t.dispatched[0]["main"]) for t in tasks):
+                raise UserError("tuning='tune' tunes kernels of static extents; for a model with dynamic dims, tune "
+                                "it at the sizes that matter first (relaxc.tune(..., dim_bounds=, tune_sizes=), "
+                                "relaxc tune --dim-bound --tune-sizes), then compile replays the records")
             self.report["tuned"] = tune_module(mod, target, trials=self.trials, cache_dir=self.cache_dir)
         if not store.exists():
             self._no_store(store, target)
@@ -459,6 +465,10 @@ class ApplyTuningRecords:
         mod, failed = apply_traces(mod, traces, store)
         not_applied = {t.task_name: failed[key] for key, t in ((workload_hash(t.dispatched[0]), t) for t in tasks)
                        if key in failed} if failed else {}
+        if store is not None:  # kernels of dynamic extents: the records dynamic_tuning chose, relaxed
+            mod, dynamic, dynamic_failed = apply_dynamic(mod, store)
+            sources.update(dynamic)
+            not_applied.update(dynamic_failed)
         if not_applied:
             log.warning("%d tuning record(s) in %s do not apply to their kernels, which run their default schedules "
                         "instead: %s", len(not_applied), self.report["cache_dir"],
@@ -467,8 +477,10 @@ class ApplyTuningRecords:
         missing = [t.task_name for t in tasks if t.task_name not in sources]
         counts = collections.Counter(sources.values())
         self.report.update(tasks_with_records=len(sources), missing=missing, records_not_applied=not_applied,
-                           selected=counts["selected"] + counts["default (selected)"],
-                           chose_default=sorted(name for name, how in sources.items() if how == "default (selected)"))
+                           selected=sum(counts[how] for how in ("selected", "default (selected)", "record (dynamic)",
+                                                               "default (dynamic, selected)")),
+                           chose_default=sorted(name for name, how in sources.items()
+                                                if how in ("default (selected)", "default (dynamic, selected)")))
         if self.mode == "strict" and missing:
             raise UserError(f"tuning='strict': {len(missing)} of {len(tasks)} kernels have no tuning record "
                             f"that applies in {self.report['cache_dir']}: {', '.join(missing)}")

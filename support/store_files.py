@@ -14,7 +14,8 @@ SELECTION_FILE = "selected.json"  # each kernel's schedule, chosen by measuring 
 DISPATCH_FILE = "dispatch.json"  # each convolution workload's implementations, measured (schedules/dispatch.py)
 LAYOUT_FILE = "layouts.json"  # convolution and converter times of the layout choice (passes/layout_choice.py)
 BACKENDS_FILE = "backends.json"  # each model's partition between relaxc and external backends, measured
-MEASUREMENT_FILES = (DISPATCH_FILE, LAYOUT_FILE, BACKENDS_FILE)
+DYNAMIC_FILE = "dynamic.json"  # the record each kernel of dynamic extents replays, checked and measured
+MEASUREMENT_FILES = (DISPATCH_FILE, LAYOUT_FILE, BACKENDS_FILE, DYNAMIC_FILE)
 STORE_FILES = DATABASE_FILES + ("manifest.json", SELECTION_FILE) + MEASUREMENT_FILES
 PACKED = ".gz"  # the database files as shipped: the AVX2 store's 124 MB of workloads take 5.7 MB
 

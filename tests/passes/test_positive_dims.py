@@ -11,7 +11,8 @@ from tvm import s_tir, te, tirx
 from relaxc.passes import tir_pipeline
 from relaxc.passes.positive_dims import at_least_one
 from relaxc.schedules.cpu import Tiled
-from relaxc.schedules.default import replayed, representative_sizes
+from relaxc.schedules.default import replayed
+from relaxc.schedules.dynamic import representative_sizes
 from relaxc.support import targets
 
 TARGET = targets.resolve("cpu")
