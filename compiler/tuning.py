@@ -92,13 +92,14 @@ def _dynamic_instances(art: "Artifact", sizes: list[dict[str, int]]) -> tuple[li
 def _choose_dynamic(art: "Artifact", tasks: list, of_dynamic: dict, sizes: list, cache_dir: str | None) -> dict:
     """``dynamic_tuning.choose`` over the dynamic kernels of ``art``, with the records tuning chose
     for their instances."""
-    from relaxc.schedules.cache import store_for
+    from relaxc.schedules.cache import store_for, workload_hash
     from relaxc.schedules.dynamic_tuning import choose
     from relaxc.schedules.tuning import chosen_traces, tuning_tasks
 
     store = store_for(cache_dir, art.target)
-    traces, _ = chosen_traces(store, tasks)
-    return choose(tuning_tasks(art.module("fuse"), art.target), of_dynamic, traces, store, art.target,
+    traces, sources = chosen_traces(store, tasks)
+    decided = {workload_hash(t.dispatched[0]) for t in tasks if t.task_name in sources}
+    return choose(tuning_tasks(art.module("fuse"), art.target), of_dynamic, traces, decided, store, art.target,
                   art.dim_bounds, sizes)
 
 

@@ -153,12 +153,16 @@ def relaxed_record(func: tirx.PrimFunc, record: list, sizes: dict[str, int], sto
 
 
 def choose(tasks: list[ms.ExtractedTask], of_dynamic: dict[str, list[tuple[dict, str]]], traces: dict[str, list],
-           store: RecordStore, target: Target, bounds: dict[str, int], sizes: list[dict[str, int]]) -> dict:
-    """For each dynamic kernel of ``tasks`` (MetaSchedule's of the dynamic model): its default and
-    the record of each of its instances in ``traces`` (by workload hash, ``tuning.chosen_traces``;
-    none where an instance's default won) relaxed, checked at ``check_sizes`` against the default,
-    timed at each of ``sizes``; the choice saved in the store's ``dynamic.json``. Returns a summary."""
-    todo = [(t, of_dynamic[k]) for t in tasks if (k := workload_hash(t.dispatched[0])) in of_dynamic]
+           decided: set[str], store: RecordStore, target: Target, bounds: dict[str, int],
+           sizes: list[dict[str, int]]) -> dict:
+    """For each dynamic kernel of ``tasks`` (MetaSchedule's of the dynamic model) with an instance
+    whose schedule is ``decided`` (workload hashes: tuned and selected, or a record): its default
+    and the record of each of its instances in ``traces`` (by workload hash,
+    ``tuning.chosen_traces``; none where an instance's default won) relaxed, checked at
+    ``check_sizes`` against the default, timed at each of ``sizes``; the choice saved in the
+    store's ``dynamic.json``. Returns a summary."""
+    todo = [(t, of_dynamic[k]) for t in tasks if (k := workload_hash(t.dispatched[0])) in of_dynamic
+            and any(key in decided for _, key in of_dynamic[k])]
     path = os.path.join(store.dir, DYNAMIC_FILE)
     checks = check_sizes(bounds, sizes)
     representative = representative_sizes(bounds, dynamic_multiple(target))

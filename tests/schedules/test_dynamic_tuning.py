@@ -131,3 +131,13 @@ def test_the_command_line_names_the_tune_sizes(tmp_path, capsys):
     path = frontend.models.bundled_path("onnx:squeezenet")  # any model: refused before it is read
     assert cli.main(["tune", path, "-q", "--dim-bound", "batch=8", "--tune-sizes", "batch=4,9", "--trials", "0"]) == 2
     assert "tune sizes of 'batch' must be whole numbers in 1..8 (its bound), not [4, 9]" in capsys.readouterr().err
+
+
+def test_kernels_not_tuned_stay_undecided(tmp_path):
+    """A tuning run limited to some kernels decides those alone: the others stay without a
+    record (report()["tuning"]["missing"]), not decided for the default."""
+    summary = compiler.tune(_dynamic_cnn(), dim_bounds=BOUNDS, tune_sizes={"batch": [4]}, trials=8,
+                            kernels=("mean*",), cache_dir=str(tmp_path))
+    assert summary["dynamic"]["kernels"] == 1
+    report = compiler.compile(_dynamic_cnn(), dim_bounds=BOUNDS, cache_dir=str(tmp_path)).report()["tuning"]
+    assert "mean" not in report["missing"] and len(report["missing"]) == report["tasks"] - 1
