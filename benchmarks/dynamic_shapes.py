@@ -33,7 +33,8 @@ from relaxc.frontend import load_model
 from relaxc.runtime import random_inputs
 from relaxc.support.turns import paired
 
-MODELS = ("zoo:bert_dynamic", "zoo:gpt2_dynamic", "zoo:llama_dynamic", "zoo:vit_b16_dynamic", "zoo:resnet50_dynamic",
+MODELS = ("zoo:bert_dynamic", "zoo:gpt2_dynamic", "zoo:llama_dynamic", "zoo:qwen2_dynamic", "zoo:t5_encoder_dynamic",
+          "zoo:distilbert_dynamic", "zoo:vit_b16_dynamic", "zoo:whisper_encoder_dynamic", "zoo:resnet50_dynamic",
           "zoo:mobilenet_v3_large_dynamic")
 BOUNDS = {"zoo:gpt2_dynamic": {"batch": 16, "sequence": 256}}  # its 256 position embeddings
 DEFAULT_BOUNDS = {"batch": 16, "sequence": 384}

@@ -270,11 +270,10 @@ EXPORTS: dict[str, Export] = {
     **{f"{name}_dynamic": Export(_torchvision(name), dynamo=False, dynamic=("batch",))
        for name in ("resnet50", "mobilenet_v3_large")},
     # more families with dynamic dims: relative position buckets (T5), grouped-query attention
-    # (Qwen2), 1-D convolutions over audio of any length (wav2vec2), a TorchScript encoder (DistilBERT)
+    # (Qwen2), 1-D convolutions over audio features (Whisper), a TorchScript encoder (DistilBERT)
     "distilbert_dynamic": Export(_distilbert, dynamo=False, dynamic=("batch", "sequence")),
     "t5_encoder_dynamic": Export(_t5_encoder, dynamo=True, dynamic=("batch", "sequence")),
     "qwen2_dynamic": Export(_decoder("Qwen2Config", "Qwen2Model"), dynamo=True, dynamic=("batch", "sequence")),
-    "wav2vec2_dynamic": Export(_wav2vec2, dynamo=True, dynamic=("batch", "sequence")),
     "whisper_encoder_dynamic": Export(_whisper_encoder, dynamo=True, dynamic=("batch",)),
     # a detector ending in NonMaxSuppression: its post-processing runs on an external backend
     "ssdlite320_mobilenet_v3_large": Export(_detection("ssdlite320_mobilenet_v3_large", 320), dynamo=False),

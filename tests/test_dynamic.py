@@ -85,6 +85,23 @@ def test_export_and_load_keep_the_dynamic_dims(bert, tmp_path):
         loaded.run(_bert_inputs(bert, 1, 70))
 
 
+@pytest.mark.parametrize("name, bounds, sizes", [
+    ("distilbert_dynamic", {"batch": 2, "sequence": 64}, [{"batch": 2, "sequence": 9}, {"batch": 1, "sequence": 64}]),
+    ("t5_encoder_dynamic", {"batch": 2, "sequence": 64}, [{"batch": 2, "sequence": 9}, {"batch": 1, "sequence": 64}]),
+    ("qwen2_dynamic", {"batch": 2, "sequence": 64}, [{"batch": 2, "sequence": 9}, {"batch": 1, "sequence": 64}]),
+    ("whisper_encoder_dynamic", {"batch": 2}, [{"batch": 1}, {"batch": 2}]),
+])
+def test_more_families_with_dynamic_dims_match_onnxruntime(name, bounds, sizes):
+    """T5's relative position buckets, Qwen2's grouped-query attention, Whisper's 1-D convolutions
+    and DistilBERT from the TorchScript exporter, each compiled once with its dims dynamic."""
+    art = compiler.compile(f"zoo:{name}", tuning="off", backends="relaxc", dim_bounds=bounds)
+    assert all(set(bounds) & set(shape) for _, shape, _ in art.inputs)
+    session = reference.ort_session(frontend.load_model(f"zoo:{name}")[0])
+    for seed, size in enumerate(sizes):
+        inputs = reference.random_inputs(art.inputs, seed, art.input_high, size)
+        reference.assert_matches(art.run(inputs), session.run(None, inputs))
+
+
 def test_a_cnn_with_a_dynamic_batch():
     model = _dynamic_cnn()
     art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8})
