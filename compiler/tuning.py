@@ -28,7 +28,7 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
     from relaxc.pipeline import compile_model
     from relaxc.runtime import open_device
     from relaxc.schedules import dynamic_tuning
-    from relaxc.schedules.tuning import tune_module
+    from relaxc.schedules.tuning import tune_module, tuning_tasks
     from relaxc.support import remote, tvm_log
     from relaxc.support.errors import UserError
 
@@ -56,15 +56,17 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
     if art.target.kind.name != "llvm":
         open_device(art.target.kind.name)  # tuning measures on the device: refuse clearly without one
     with tvm_log.captured() as said, remote.measuring_on(tracker):  # MetaSchedule's workers inherit stderr
-        dynamic = _dynamic_instances(art, sizes) if sizes else None
+        tasks, of_dynamic = (dynamic_tuning.instances(art.target, sizes, tuning_tasks(art.module("fuse"), art.target))
+                             if sizes else (None, None))
         tune_kernels = functools.partial(tune_module, target=art.target, trials=settings.trials,
                                          trials_per_task=settings.trials_per_task, minutes=settings.minutes,
                                          cache_dir=compile_options.cache_dir, fingerprint=art.fingerprint,
                                          model=art.report()["model"], kernels=tuple(settings.kernels),
-                                         shard=shard, tasks=dynamic and dynamic[0])
+                                         shard=shard, tasks=tasks)
         summary = tune_kernels(art.module("fuse"), reselect=settings.reselect, select=settings.selection == "alone")
-        if dynamic:
-            summary["dynamic"] = (_choose_dynamic(art, *dynamic, compile_options.cache_dir) if shard is None else
+        if sizes:
+            summary["dynamic"] = (_choose_dynamic(art, tasks, of_dynamic, sizes, compile_options.cache_dir)
+                                  if shard is None else
                                   {"skipped": "a shard: choose after merging the shards' stores (--trials 0)"})
         if settings.selection == "sequence":
             replay = dataclasses.replace(compile_options, tuning="replay")
@@ -78,29 +80,17 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
     return summary
 
 
-def _dynamic_instances(art: "Artifact", sizes: list[dict[str, int]]) -> tuple[list, dict, list]:
-    """The tasks of a dynamic model at the size assignments ``sizes`` (its kernels of dynamic
-    extents as static instances), each dynamic kernel's instances, and ``sizes``."""
-    from relaxc.schedules.dynamic_tuning import instances
-    from relaxc.schedules.tuning import tuning_tasks
-
-    fused = art.module("fuse")
-    tasks, of_dynamic = instances(fused, art.target, sizes, tuning_tasks(fused, art.target))
-    return tasks, of_dynamic, sizes
-
-
 def _choose_dynamic(art: "Artifact", tasks: list, of_dynamic: dict, sizes: list, cache_dir: str | None) -> dict:
-    """``dynamic_tuning.choose`` over the dynamic kernels of ``art``, with the records tuning chose
-    for their instances."""
+    """``dynamic_tuning.choose`` over the dynamic kernels of ``art`` (``of_dynamic``), with the
+    records tuning chose for their instances (among ``tasks``)."""
     from relaxc.schedules.cache import store_for, workload_hash
     from relaxc.schedules.dynamic_tuning import choose
-    from relaxc.schedules.tuning import chosen_traces, tuning_tasks
+    from relaxc.schedules.tuning import chosen_traces
 
     store = store_for(cache_dir, art.target)
     traces, sources = chosen_traces(store, tasks)
     decided = {workload_hash(t.dispatched[0]) for t in tasks if t.task_name in sources}
-    return choose(tuning_tasks(art.module("fuse"), art.target), of_dynamic, traces, decided, store, art.target,
-                  art.dim_bounds, sizes)
+    return choose(of_dynamic, traces, decided, store, art.target, art.dim_bounds, sizes)
 
 
 def _in_sequence(compile_replayed: "Callable[[], Artifact]", tune_kernels: "Callable[..., dict]",

@@ -36,6 +36,7 @@ from relaxc.support.errors import UserError
 from relaxc.support.targets import dynamic_multiple
 
 log = logging.getLogger("relaxc")
+RECORD, DEFAULT = "record (dynamic)", "default (dynamic, selected)"  # how a compile's dynamic kernel was decided
 CHECK_SIZES = (1, 2, 7, 33)  # besides the bounds and the named sizes (and one past each)
 RTOL = 1e-4  # a relaxed record's outputs against the default's: reductions may add in another order
 
@@ -78,12 +79,15 @@ def dims_used(func: tirx.PrimFunc) -> set[str]:
     return names
 
 
-def instances(mod: tvm.IRModule, target: Target, sizes: list[dict[str, int]],
-              tasks: list[ms.ExtractedTask]) -> tuple[list[ms.ExtractedTask], dict[str, list[tuple[dict, str]]]]:
-    """``tasks`` (MetaSchedule's of ``mod``) with each kernel of dynamic extents replaced by its static
-    kernel at each assignment of ``sizes`` (once per distinct size of the dims it uses, named
-    ``<kernel>@<dim>=<size>,...``); and, by each dynamic kernel's workload hash, the sizes and
-    workload hash of each of its instances."""
+Instances = dict[str, tuple[ms.ExtractedTask, list[tuple[dict[str, int], str]]]]
+
+
+def instances(target: Target, sizes: list[dict[str, int]],
+              tasks: list[ms.ExtractedTask]) -> tuple[list[ms.ExtractedTask], Instances]:
+    """``tasks`` (MetaSchedule's of a model) with each kernel of dynamic extents replaced by its
+    static kernel at each assignment of ``sizes`` (once per distinct size of the dims it uses, named
+    ``<kernel>@<dim>=<size>,...``); and, by each dynamic kernel's workload hash, its task and the
+    sizes and workload hash of each of its instances."""
     static, of_dynamic = [], {}
     for task in tasks:
         func = task.dispatched[0]["main"]
@@ -100,7 +104,7 @@ def instances(mod: tvm.IRModule, target: Target, sizes: list[dict[str, int]],
             kernel = tvm_internals.kernel_module(at_sizes(func, own))
             seen[label] = (own, workload_hash(kernel))
             static.append(ms.ExtractedTask(f"{task.task_name}@{label}", kernel, target, [kernel], 1))
-        of_dynamic[workload_hash(task.dispatched[0])] = list(seen.values())
+        of_dynamic[workload_hash(task.dispatched[0])] = (task, list(seen.values()))
     return static, of_dynamic
 
 
@@ -152,30 +156,28 @@ def relaxed_record(func: tirx.PrimFunc, record: list, sizes: dict[str, int], sto
     return on_dynamic(static.trace, func, exact=False)
 
 
-def choose(tasks: list[ms.ExtractedTask], of_dynamic: dict[str, list[tuple[dict, str]]], traces: dict[str, list],
-           decided: set[str], store: RecordStore, target: Target, bounds: dict[str, int],
-           sizes: list[dict[str, int]]) -> dict:
-    """For each dynamic kernel of ``tasks`` (MetaSchedule's of the dynamic model) with an instance
-    whose schedule is ``decided`` (workload hashes: tuned and selected, or a record): its default
+def choose(of_dynamic: Instances, traces: dict[str, list], decided: set[str], store: RecordStore, target: Target,
+           bounds: dict[str, int], sizes: list[dict[str, int]]) -> dict:
+    """For each dynamic kernel of ``of_dynamic`` (``instances``) with an instance whose schedule is
+    ``decided`` (workload hashes: tuned and selected, or a record): its default
     and the record of each of its instances in ``traces`` (by workload hash,
     ``tuning.chosen_traces``; none where an instance's default won) relaxed, checked at
     ``check_sizes`` against the default, timed at each of ``sizes``; the choice saved in the
     store's ``dynamic.json``. Returns a summary."""
-    todo = [(t, of_dynamic[k]) for t in tasks if (k := workload_hash(t.dispatched[0])) in of_dynamic
-            and any(key in decided for _, key in of_dynamic[k])]
+    todo = [(key, task, found) for key, (task, found) in of_dynamic.items() if any(k in decided for _, k in found)]
     path = os.path.join(store.dir, DYNAMIC_FILE)
     checks = check_sizes(bounds, sizes)
     representative = representative_sizes(bounds, dynamic_multiple(target))
     chosen, rejected = {}, {}
-    for task, found in tqdm(todo, desc="[relaxc] dynamic kernels", unit="kernel", file=tvm_log.console(),
-                            dynamic_ncols=True):
+    for key, task, found in tqdm(todo, desc="[relaxc] dynamic kernels", unit="kernel", file=tvm_log.console(),
+                                 dynamic_ncols=True):
         func = task.dispatched[0]["main"]
         entry = _choose_one(task.task_name, func, found, traces, store, target, checks, sizes, representative)
         chosen[task.task_name] = entry["choice"]
         if entry["rejected"]:
             rejected[task.task_name] = entry["rejected"]
         with store.lock():  # one kernel at a time: an interrupted run keeps the rest
-            write_measurements(path, {**read_measurements(path), workload_hash(task.dispatched[0]): entry})
+            write_measurements(path, {**read_measurements(path), key: entry})
     return {"kernels": len(todo), "records_chosen": sorted(k for k, c in chosen.items() if c != "default"),
             "default_chosen": sorted(k for k, c in chosen.items() if c == "default"),
             "records_not_used": rejected, "tuned_at": sizes, "checked_at": checks}
@@ -188,9 +190,9 @@ def _choose_one(name: str, func: tirx.PrimFunc, found: list[tuple[dict, str]], t
     default = Candidate("default", default_schedule(func, target, representative)[0])
     candidates, rejected, origins = [default], {}, {}
     for own, key in found:
-        label = "record at " + ",".join(f"{d}={s}" for d, s in sorted(own.items()))
         if key not in traces:
             continue  # that instance's default won its selection
+        label = "record at " + ",".join(f"{d}={s}" for d, s in sorted(own.items()))
         try:
             candidates.append(Candidate(label, relaxed_record(func, traces[key], own, store, key)))
             origins[label] = (traces[key], own, key)
@@ -236,9 +238,9 @@ def _timed(candidates: list[Candidate], func: tirx.PrimFunc, target: Target, siz
 
 def apply_dynamic(mod: tvm.IRModule, store: RecordStore) -> tuple[tvm.IRModule, dict[str, str], dict[str, str]]:
     """``mod`` with each kernel of dynamic extents whose entry in ``dynamic.json`` chose a record
-    scheduled by it (relaxed); how each kernel with an entry was decided ("record (dynamic)" or
-    "default (dynamic, selected)"), and why each record that no longer applies failed (its
-    kernel keeps its default schedule)."""
+    scheduled by it (relaxed); how each kernel with an entry was decided (``RECORD`` or
+    ``DEFAULT``), and why each record that no longer applies failed (its kernel keeps its default
+    schedule)."""
     entries = store.measurements(DYNAMIC_FILE)
     if not entries:
         return mod, {}, {}
@@ -246,19 +248,19 @@ def apply_dynamic(mod: tvm.IRModule, store: RecordStore) -> tuple[tvm.IRModule, 
     for gv, func in mod.functions.items():
         if not isinstance(func, tirx.PrimFunc) or not dims_used(func):
             continue
-        entry = entries.get(workload_hash(tvm_internals.kernel_module(func)))
+        kernel = tvm_internals.kernel_module(func)
+        entry = entries.get(workload_hash(kernel))
         if entry is None:
             continue
         if entry.get("record") is None:
-            sources[gv.name_hint] = "default (dynamic, selected)"
+            sources[gv.name_hint] = DEFAULT
             continue
-        kernel = tvm_internals.kernel_module(func)["main"]
         try:
-            sch = relaxed_record(kernel, entry["record"], entry["sizes"], store, entry["static"])
+            sch = relaxed_record(kernel["main"], entry["record"], entry["sizes"], store, entry["static"])
         except (DoesNotReplay, KeyError, TypeError) as err:
             failed[gv.name_hint] = str(err)
             continue
         result[gv] = sch.mod["main"].with_attrs(func.attrs).with_attr(IS_SCHEDULED, True)
-        sources[gv.name_hint] = "record (dynamic)"
+        sources[gv.name_hint] = RECORD
     return result, sources, failed
 

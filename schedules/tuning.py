@@ -30,13 +30,14 @@ from relaxc.schedules import builder
 from relaxc.schedules.cache import RecordStore, cache_root, shipped_root, store_for, stores, workload_hash
 from relaxc.passes.ir import IS_SCHEDULED
 from relaxc.schedules.default import default_schedule
-from relaxc.schedules.dynamic_tuning import apply_dynamic, dims_used
+from relaxc.schedules import dynamic_tuning
 from relaxc.schedules.selection import Selection, apply_trace, recorded
 from relaxc.support import remote, targets, tvm_internals, tvm_log
 from relaxc.support.errors import UserError
 from relaxc.support.threads import configure_threads, physical_cores
 
 log = logging.getLogger("relaxc")
+DYNAMIC_SOURCES = (dynamic_tuning.RECORD, dynamic_tuning.DEFAULT)
 MODES = ("off", "replay", "strict", "tune")  # what compile does with the records (ApplyTuningRecords)
 DEFAULT_TRIALS = 2000  # measurements of one tuning run, by compiler.tune and by tuning="tune"
 TRIALS_PER_ITER = 64
@@ -433,7 +434,7 @@ class ApplyTuningRecords:
         if self.mode == "off":
             return mod
         if self.mode == "tune":
-            if any(dims_used(t.dispatched[0]["main"]) for t in tasks):
+            if any(dynamic_tuning.dims_used(t.dispatched[0]["main"]) for t in tasks):
                 raise UserError("tuning='tune' tunes kernels of static extents; for a model with dynamic dims, tune "
                                 "it at the sizes that matter first (relaxc.tune(..., dim_bounds=, tune_sizes=), "
                                 "relaxc tune --dim-bound --tune-sizes), then compile replays the records")
@@ -466,7 +467,7 @@ class ApplyTuningRecords:
         not_applied = {t.task_name: failed[key] for key, t in ((workload_hash(t.dispatched[0]), t) for t in tasks)
                        if key in failed} if failed else {}
         if store is not None:  # kernels of dynamic extents: the records dynamic_tuning chose, relaxed
-            mod, dynamic, dynamic_failed = apply_dynamic(mod, store)
+            mod, dynamic, dynamic_failed = dynamic_tuning.apply_dynamic(mod, store)
             sources.update(dynamic)
             not_applied.update(dynamic_failed)
         if not_applied:
@@ -477,10 +478,9 @@ class ApplyTuningRecords:
         missing = [t.task_name for t in tasks if t.task_name not in sources]
         counts = collections.Counter(sources.values())
         self.report.update(tasks_with_records=len(sources), missing=missing, records_not_applied=not_applied,
-                           selected=sum(counts[how] for how in ("selected", "default (selected)", "record (dynamic)",
-                                                               "default (dynamic, selected)")),
+                           selected=sum(counts[how] for how in ("selected", "default (selected)", *DYNAMIC_SOURCES)),
                            chose_default=sorted(name for name, how in sources.items()
-                                                if how in ("default (selected)", "default (dynamic, selected)")))
+                                                if how in ("default (selected)", dynamic_tuning.DEFAULT)))
         if self.mode == "strict" and missing:
             raise UserError(f"tuning='strict': {len(missing)} of {len(tasks)} kernels have no tuning record "
                             f"that applies in {self.report['cache_dir']}: {', '.join(missing)}")
