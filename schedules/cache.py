@@ -18,6 +18,7 @@ import os
 import sys
 import tarfile
 import tempfile
+from typing import Sequence
 
 import tvm
 import tvm_ffi
@@ -157,20 +158,19 @@ class RecordStore:
         manifest.setdefault("fingerprints", {})[fingerprint] = entry
         atomic_write(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
 
-    def _read(self, name: str) -> tuple[list[str], list[int]]:
+    def _read(self, name: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The parsable lines of one database file (newline-terminated) and the numbers of the others."""
         path = database_path(self.dir, name)
         if path is None:
-            return [], []
-        kept, bad = _database_lines(path, *_version(path))
-        return list(kept), list(bad)
+            return (), ()
+        return _database_lines(path, *_version(path))
 
     def bad_lines(self) -> list[tuple[str, int]]:
         """(file, line number) of every line of the database files that does not parse."""
         return [(os.path.join(self.dir, name), number)
                 for name in DATABASE_FILES for number in self._read(name)[1]]
 
-    def _clean(self) -> tuple[dict[str, list[str]], int]:
+    def _clean(self) -> tuple[dict[str, tuple[str, ...]], int]:
         """The parsable lines of each database file and how many were skipped (each one warned about)."""
         clean, skipped = {}, 0
         for name in DATABASE_FILES:
@@ -178,7 +178,7 @@ class RecordStore:
             skipped += bad
         return clean, skipped
 
-    def _checked(self, name: str) -> tuple[list[str], int]:
+    def _checked(self, name: str) -> tuple[tuple[str, ...], int]:
         """The parsable lines of one database file, and how many others there were (each warned about)."""
         kept, bad = self._read(name)
         for number in bad:
@@ -221,7 +221,7 @@ class RecordStore:
         except RuntimeError:
             return _database_of(self._applicable(clean))
 
-    def _applicable(self, files: dict[str, list[str]]) -> dict[str, list[str]]:
+    def _applicable(self, files: dict[str, Sequence[str]]) -> dict[str, Sequence[str]]:
         """``files`` without the records MetaSchedule cannot apply to their workload (each warned about)."""
         from tvm.s_tir import meta_schedule as ms
 
@@ -255,17 +255,15 @@ class RecordStore:
     def _own_records_of(self, hashes) -> dict[str, list[str]]:
         wanted = set(hashes)
         keys, _ = self._workload_index()
-        index = {number: key for number, key in enumerate(keys) if key in wanted}  # what records refer to
-        found: dict[str, list[str]] = {}
-        for line in self._checked(DATABASE_FILES[1])[0]:
-            try:
-                key = index.get(int(line[1:line.index(",")]))  # [<workload number>,[trace, run_secs, ...]]
-            except ValueError:
-                log.warning("%s: a line that is not a record; skipped", os.path.join(self.dir, DATABASE_FILES[1]))
-                continue
-            if key is not None:
-                found.setdefault(key, []).append(line)
-        return found
+        lines = self._checked(DATABASE_FILES[1])[0]
+        by_number, malformed = _records_by_workload(lines)
+        for _ in range(malformed):
+            log.warning("%s: a line that is not a record; skipped", os.path.join(self.dir, DATABASE_FILES[1]))
+        at: dict[str, list[int]] = {}
+        for number, key in enumerate(keys):  # what records refer to
+            if key in wanted and number in by_number:
+                at.setdefault(key, []).extend(by_number[number])
+        return {key: [lines[i] for i in sorted(positions)] for key, positions in at.items()}
 
     def workload(self, key: str) -> tvm.tirx.PrimFunc | None:
         """The kernel the records of workload ``key`` were tuned on (their traces name its blocks);
@@ -323,13 +321,9 @@ class RecordStore:
 
     def _selection_file(self) -> dict[str, dict]:
         try:
-            with open(self.selection_path) as f:
-                kernels = json.load(f)["kernels"]
+            return dict(_selections_in(self.selection_path, *_version(self.selection_path)))
         except FileNotFoundError:
             return {}
-        if not isinstance(kernels, dict):
-            raise TypeError("'kernels' is not an object")
-        return kernels
 
     def save_selections(self, entries: dict[str, dict], replace: bool = True) -> None:
         """Record the choices for some kernels (hold ``lock()``), keeping the others; with ``replace``
@@ -389,7 +383,7 @@ def json_database(directory: str, allow_missing: bool = True):
     return ms.database.JSONDatabase(work_dir=directory, module_equality="structural", allow_missing=allow_missing)
 
 
-def _database_of(files: dict[str, list[str]]):
+def _database_of(files: dict[str, Sequence[str]]):
     """A read-only JSONDatabase of these database-file lines."""
     with tempfile.TemporaryDirectory(prefix="relaxc-records-") as copy:
         for name, lines in files.items():
@@ -420,6 +414,35 @@ def _database_lines(path: str, _size: int, _mtime_ns: int) -> tuple[tuple[str, .
             else:
                 bad.append(number)
     return tuple(kept), tuple(bad)
+
+
+@functools.lru_cache(maxsize=8)
+def _records_by_workload(lines: tuple[str, ...]) -> tuple[dict[int, list[int]], int]:
+    """The positions in ``lines`` (a record file's, as ``_database_lines`` holds them) of each
+    workload number's records, and how many lines are no record: each compile asks for a few
+    kernels' records, and going through the AVX2 store's 10,000 lines took 19 ms of it."""
+    by_number: dict[int, list[int]] = {}
+    malformed = 0
+    for position, line in enumerate(lines):
+        try:
+            number = int(line[1:line.index(",")])  # [<workload number>,[trace, run_secs, ...]]
+        except ValueError:
+            malformed += 1
+            continue
+        by_number.setdefault(number, []).append(position)
+    return by_number, malformed
+
+
+# Read once per process while unchanged, as the database files: the shipped AVX2 store's 2.3 MB
+# took 87 ms of each compile of a one-operator model to parse.
+@functools.lru_cache(maxsize=8)
+def _selections_in(path: str, _size: int, _mtime_ns: int) -> dict[str, dict]:
+    """A selection file's chosen schedule of each kernel (callers copy it before changing it)."""
+    with open(path) as f:
+        kernels = json.load(f)["kernels"]
+    if not isinstance(kernels, dict):
+        raise TypeError("'kernels' is not an object")
+    return kernels
 
 
 @functools.lru_cache(maxsize=8)

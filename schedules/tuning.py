@@ -200,18 +200,21 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
         summary = {"tasks": len(tasks), "tasks_tuned": len(todo), "trials_budget": budget,
                    "records_before": sum(have), "stopped": "done", "cache_dir": store.dir, "trials": 0}
         runner = _runner(target) if budget > 0 else None  # starts processes: one runner for the whole run
+        build = builder.PooledBuilder() if runner else None  # and one builder
         try:
             summary["defaults_recorded"], lost = (_commit_defaults([tasks[i] for i in todo if have[i] == 0], target,
-                                                                   database, runner) if runner else (0, []))
+                                                                   database, (build, runner)) if runner else (0, []))
             if todo and runner:
                 summary.update(_tune_rounds(tasks, {i: per_task - have[i] for i in todo}, batch, budget, deadline,
-                                            store.dir, database, runner))
+                                            store.dir, database, (build, runner)))
             lost += summary.pop("lost", [])
             if lost:  # each measured again on another server, where there was one
                 summary["lost"] = lost
                 log.warning("measurements lost with their RPC server: %s",
                             "; ".join(f"{e['kernel']}: {e['trials']} ({e['error']})" for e in lost))
         finally:
+            if build is not None:
+                build.shutdown()
             if getattr(runner, "pool", None) is not None:  # garbage-collected in one of its threads, it cannot
                 runner.pool.shutdown()
         after = [_records(database, task) for task in tasks]
@@ -235,8 +238,11 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
     return summary
 
 
+Measure = tuple[ms.builder.Builder, ms.runner.Runner | str]  # how candidates are built and timed
+
+
 def _tune_rounds(tasks: list[ms.ExtractedTask], left: dict[int, int], batch: int, budget: int,
-                 deadline: float | None, work_dir: str, database, runner: ms.runner.Runner | str) -> dict:
+                 deadline: float | None, work_dir: str, database, measure: Measure) -> dict:
     """Tune the tasks ``left`` (task index -> trials still to measure) in rounds of one batch each,
     within ``budget`` trials and the ``deadline``; returns the trials measured, why it stopped and
     the trials lost with an RPC server."""
@@ -245,7 +251,6 @@ def _tune_rounds(tasks: list[ms.ExtractedTask], left: dict[int, int], batch: int
     progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=physical_cores())
-    measure = ms.builder.LocalBuilder(f_build=builder.build), runner
     retries = dict(left)  # trials of a task lost with a server are measured again, up to its budget once more
     started = time.perf_counter()
     try:
@@ -278,7 +283,7 @@ def _tune_rounds(tasks: list[ms.ExtractedTask], left: dict[int, int], batch: int
     return result
 
 
-def _commit_defaults(tasks: list, target: Target, database, runner: ms.runner.Runner | str) -> tuple[int, list]:
+def _commit_defaults(tasks: list, target: Target, database, measure: Measure) -> tuple[int, list]:
     """Measure relaxc's default schedule of each task and commit it as a record (its trace replays it).
 
     The database then holds the default beside every tuned candidate, so replay picks whichever was
@@ -289,8 +294,8 @@ def _commit_defaults(tasks: list, target: Target, database, runner: ms.runner.Ru
     if target.kind.name != "llvm" or not tasks:
         return 0, []
     schedules = [default_schedule(task.dispatched[0]["main"], target)[0] for task in tasks]
-    built = ms.builder.LocalBuilder(f_build=builder.build).build(
-        [ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    build, runner = measure
+    built = build.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     args = [ms.arg_info.ArgInfo.from_prim_func(task.dispatched[0]["main"]) for task in tasks]
     pending = [i for i, result in enumerate(built) if not result.error_msg]
     committed, lost_with_server = 0, []
@@ -326,7 +331,7 @@ def shard_of(tasks: list[ms.ExtractedTask], index: int, count: int) -> set[str]:
 
 
 def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, database, cost_model,
-                measure: tuple[ms.builder.Builder, ms.runner.Runner | str], callbacks: list,
+                measure: Measure, callbacks: list,
                 progress: Progress, remote_runs: bool) -> int:
     """Measure one batch of ``task`` with ``measure`` (builder, runner) and commit it; returns the
     trials measured (lost ones not counted)."""
