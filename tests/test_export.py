@@ -10,6 +10,7 @@ import pytest
 
 import relaxc as compiler
 from tests import reference
+from relaxc.support.threads import SPIN_COUNT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,13 +75,16 @@ def test_runtime_threads_default_to_physical_cores(env, expected, start, tmp_pat
     begin = ("compiler.compile(reference.small_cnn(), tuning='off')" if start == "compile"
              else f"compiler.load({str(tmp_path / 'm.so')!r})")
     code = ("import os, relaxc as compiler, tvm; from tests import reference; "
-            "untouched = not {'TVM_NUM_THREADS', 'TVM_BIND_THREADS'} & set(os.environ); "
-            f"{begin}; print(untouched, tvm.get_global_func('runtime.NumThreads')())")
-    clean = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_BIND_THREADS")}
+            "untouched = not {'TVM_NUM_THREADS', 'TVM_BIND_THREADS', 'TVM_THREAD_POOL_SPIN_COUNT'} & set(os.environ); "
+            f"{begin}; print(os.environ['TVM_THREAD_POOL_SPIN_COUNT'], untouched, "
+            "tvm.get_global_func('runtime.NumThreads')())")
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_BIND_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**clean, **env, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr
-    untouched, threads = proc.stdout.split()[-2:]
+    spin, untouched, threads = proc.stdout.split()[-3:]
+    assert int(spin) == SPIN_COUNT  # idle workers stop spinning within a millisecond
     want = psutil.cpu_count(logical=False) if expected == "physical" else int(expected)
     assert int(threads) == want
     assert untouched == ("True" if not env else "False")  # importing relaxc set nothing

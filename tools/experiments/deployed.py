@@ -59,6 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["TVM_NUM_THREADS"] = "2"
     os.environ.setdefault("TVM_BIND_THREADS", "0")
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "2000")  # relaxc's default (support/threads.py)
     turns = _standalone(os.path.join("support", "turns.py"))
     reference = _standalone(os.path.join("benchmarks", "reference.py"))
     model = onnx.load(args.model)
