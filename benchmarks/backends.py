@@ -46,8 +46,8 @@ alone and OpenVINO alone, tuning off, 2 threads each, taking turns in blocks of 
 each time is the measured build's median times the median over the rounds of the ratio of its block
 to the measured build's. The plan is what the measurement chose: one backend for the whole model, or
 a mix (its external subgraphs listed). `to fastest alone` counts only the builds alone whose outputs
-match onnxruntime's (a time marked "other output" does not). Segments summed: the model cut into 8 segments, each timed
-alone on each backend on the values the model makes there, summed per backend, and `mix` the sum of
+match onnxruntime's (a time marked "other output" does not). Segments summed: the model cut into 8
+segments, each timed alone on each backend on the values the model makes there, summed per backend, and `mix` the sum of
 each segment's cheapest: a mixed plan can save at most the gap between `mix` and the best single
 sum, less a call per crossing and the fusion lost at each cut, so a mix is chosen only where it
 measures faster whole (`mixed plan timed`: that mix, built and timed whole while compiling; why it

@@ -48,9 +48,9 @@ def _build_and_export(mod: tvm.IRModule, target: Target) -> str:
 class PooledBuilder(PyBuilder):
     """MetaSchedule's builder on one pool of worker processes, kept until ``shutdown``."""
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._pool = PopenPoolExecutor(max_workers=workers, timeout=TIMEOUT_S, maximum_process_uses=USES)
+        self._pool = PopenPoolExecutor(timeout=TIMEOUT_S, maximum_process_uses=USES)  # a worker per CPU
 
     def build(self, build_inputs: Sequence[BuilderInput]) -> list[BuilderResult]:
         results = []

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import relaxc as compiler
-from tests import reference
 from relaxc.support.threads import SPIN_COUNT
+from tests import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
