@@ -3,7 +3,7 @@
     .venv/bin/python -m relaxc.benchmarks.backends [SPEC ...] [--markdown docs/backends_results.md]
 
 Each model (default: the bundled ones) is compiled with ``backends="measure"`` (tuning off, a
-store of the run's own, so every decision is measured now), with ``backends="relaxc"`` (where
+store of the run's own over the shipped records, so every decision is measured now), with ``backends="relaxc"`` (where
 relaxc compiles it whole), and loaded into onnxruntime and OpenVINO directly (2 threads each,
 OpenVINO in float32); the measured build is checked against onnxruntime, then all four take turns
 in blocks of runs, each block timed against the measured build's in its round
@@ -12,22 +12,28 @@ of one program measured 1.01x apart over 30 rounds, and 1.1x apart in plain medi
 The row gives the four times, the plan, and the ratio of the measured build to the fastest of the
 three alone that give onnxruntime's outputs (project tolerance): the limit is 1.03x. One that does
 not is marked "other output" and is no peer: SSDlite with random weights gets other boxes from
-OpenVINO, whose near-equal scores order differently.
+OpenVINO, whose near-equal scores order differently. A model with dynamic dims (the zoo's
+``*_dynamic``) is compiled with the bounds ``benchmarks/dynamic_shapes.py`` uses and has a row at
+each size the measurement times it at (``backend_choice.sizes``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import sys
 import tempfile
-from typing import Sequence
+import traceback
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from relaxc.benchmarks import reference
+from relaxc.backend_choice import sizes
 from relaxc.benchmarks.bench import merge_results, table_line, this_cpu
+from relaxc.benchmarks.dynamic_shapes import bounds_for
 from relaxc.benchmarks.harness import _load
 from relaxc.support.turns import paired
 from relaxc.cli import run_command
@@ -86,43 +92,65 @@ def _plan(report: dict) -> str:
     return "relaxc + " + ", ".join(f"{s['backend']} {s['nodes']} nodes" for s in subgraphs)
 
 
-def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float) -> list[str]:
+@contextlib.contextmanager
+def _cache_root(path: str) -> Iterator[None]:
+    """``$RELAXC_CACHE_DIR`` set to ``path`` meanwhile: the user's store, over the shipped one."""
+    before = os.environ.get("RELAXC_CACHE_DIR")
+    os.environ["RELAXC_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["RELAXC_CACHE_DIR"]
+        else:
+            os.environ["RELAXC_CACHE_DIR"] = before
+
+
+def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float) -> list[list[str]]:
+    """The model's rows: one, or one per size ``backend_choice.sizes`` times a dynamic model at."""
     import relaxc as compiler
 
     model = _load(spec)
     if models.is_light(model):
         model = models.fill_light(model)
-    with tempfile.TemporaryDirectory() as store:
+    bounds = bounds_for(spec, model)
+    # a store of the run's own over the shipped one, for both builds: a cache_dir alone would leave
+    # out the shipped records the build alone reads, and charge relaxc's candidate for it
+    with tempfile.TemporaryDirectory() as store, _cache_root(store):
         measured = compiler.compile(spec, tuning="off", backends="measure", measure_budget_s=budget_s,
-                                    cache_dir=store)
-    try:
-        alone = compiler.compile(spec, tuning="off", backends="relaxc")
-    except UserError:
-        alone = None
-    inputs = random_inputs(measured.inputs, high=measured.input_high)
+                                    dim_bounds=bounds or None)
+        try:
+            alone = compiler.compile(spec, tuning="off", backends="relaxc", dim_bounds=bounds or None)
+        except UserError:
+            alone = None
     session = reference.ort_session(model, threads=threads)
-    expected = session.run(None, inputs)
-    reference.assert_matches(measured.run(inputs), expected)
     openvino = _openvino(model, threads)
-    runs = {"measured": lambda: measured.run(inputs), "onnxruntime": lambda: session.run(None, inputs),
-            "openvino": lambda: list(openvino(inputs).values())}
-    if alone is not None:
-        runs["relaxc"] = lambda: alone.run(inputs)
-    other = {name for name in ("relaxc", "openvino") if name in runs and not _agrees(runs[name](), expected)}
-    ms = paired(runs, repeat, rounds)
-    fastest = min(ms[name] for name in ("relaxc", "onnxruntime", "openvino") if name in ms and name not in other)
-
-    def cell(name: str) -> str:
-        return "refused" if name not in ms else f"{ms[name]:.2f}" + (" (other output)" if name in other else "")
     report = measured.report()
     print(f"{spec}: timed while compiling, ms: " + ", ".join(
         f"{name} {value:.2f}" for name, value in report["backends"].get("measured_ms", {}).items()), file=sys.stderr)
     sums = ", ".join(f"{name} {value:.1f}" for name, value in report["backends"].get("segment_sums", {}).items())
     if "plan" in report["backends"].get("measured_ms", {}):  # the mix, built and timed whole while compiling
         sums += f"; mixed plan timed {report['backends']['measured_ms']['plan']:.1f}"
-    return [spec, cell("relaxc"), cell("onnxruntime"), cell("openvino"), cell("measured"),
-            _plan(report), f"{ms['measured'] / fastest:.2f}x", sums or "not measured",
-            datetime.date.today().isoformat()]
+    rows = []
+    for dims in sizes(bounds):
+        inputs = random_inputs(measured.inputs, high=measured.input_high, dims=dims)
+        expected = session.run(None, inputs)
+        reference.assert_matches(measured.run(inputs), expected)
+        runs = {"measured": lambda: measured.run(inputs), "onnxruntime": lambda: session.run(None, inputs),
+                "openvino": lambda: list(openvino(inputs).values())}
+        if alone is not None:
+            runs["relaxc"] = lambda: alone.run(inputs)
+        other = {name for name in ("relaxc", "openvino") if name in runs and not _agrees(runs[name](), expected)}
+        ms = paired(runs, repeat, rounds)
+        fastest = min(ms[name] for name in ("relaxc", "onnxruntime", "openvino") if name in ms and name not in other)
+
+        def cell(name: str) -> str:
+            return "refused" if name not in ms else f"{ms[name]:.2f}" + (" (other output)" if name in other else "")
+        model_at = spec + (" at " + ", ".join(f"{dim} {size}" for dim, size in dims.items()) if dims else "")
+        rows.append([model_at, cell("relaxc"), cell("onnxruntime"), cell("openvino"), cell("measured"),
+                     _plan(report), f"{ms['measured'] / fastest:.2f}x", sums or "not measured",
+                     datetime.date.today().isoformat()])
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,23 +166,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command("backends", lambda: _run(args), quiet=True)
 
 
+def _write(path: str, table: list[list[str]]) -> None:
+    """This CPU's section of ``path`` with the rows of ``table`` (other rows and sections kept)."""
+    text = open(path).read() if os.path.exists(path) else ""
+    with open(path, "w") as f:
+        f.write(merge_results(text, this_cpu("cpu"), table, path, COLUMNS, ALIGN, HEADER))
+
+
 def _run(args: argparse.Namespace) -> int:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when TVM's thread pool starts
     print(f"{this_cpu('cpu')}, tuning off, {args.threads} threads each, {args.repeat} runs each in {args.rounds} paired rounds", flush=True)
     print(table_line(COLUMNS) + "\n" + table_line(ALIGN), flush=True)
-    table = []
+    table, failed = [], []
     for spec in args.specs:
-        table.append(bench_one(spec, args.repeat, args.rounds, args.threads, args.budget))
-        print(table_line(table[-1]), flush=True)
-    ratios = [float(row[6].rstrip("x")) for row in table]
-    print(f"worst {max(ratios):.2f}x, geometric mean {float(np.exp(np.mean(np.log(ratios)))):.2f}x "
-          f"(limit {LIMIT}x each)", flush=True)
-    if args.markdown:
-        heading = this_cpu("cpu")
-        text = open(args.markdown).read() if os.path.exists(args.markdown) else ""
-        with open(args.markdown, "w") as f:
-            f.write(merge_results(text, heading, table, args.markdown, COLUMNS, ALIGN, HEADER))
+        try:
+            rows = bench_one(spec, args.repeat, args.rounds, args.threads, args.budget)
+        except Exception as error:  # one model's failure must not lose the rows measured before it
+            traceback.print_exc()
+            failed.append(f"{spec} ({type(error).__name__}: {error})")
+            continue
+        table += rows
+        print("\n".join(table_line(row) for row in rows), flush=True)
+        if args.markdown:  # after every model: a long run stopped halfway keeps what it measured
+            _write(args.markdown, table)
+    if table:
+        ratios = [float(row[6].rstrip("x")) for row in table]
+        print(f"worst {max(ratios):.2f}x, geometric mean {float(np.exp(np.mean(np.log(ratios)))):.2f}x "
+              f"(limit {LIMIT}x each)", flush=True)
+    if args.markdown and table:
         print(f"{args.markdown} updated")
+    if failed:
+        print("failed: " + "; ".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -58,7 +58,9 @@ Compile time and artifact size: the dynamic build against the static builds' mea
 CPU and target. Do not edit by hand."""
 
 
-def _bounds(spec: str, dims: set[str]) -> dict[str, int]:
+def bounds_for(spec: str, model) -> dict[str, int]:
+    """The bounds ``spec`` (an ``onnx.ModelProto``: ``model``) is measured with, for its dynamic dims."""
+    dims = {d.dim_param for v in model.graph.input for d in v.type.tensor_type.shape.dim if d.dim_param}
     return {name: bound for name, bound in BOUNDS.get(spec, DEFAULT_BOUNDS).items() if name in dims}
 
 
@@ -102,10 +104,9 @@ def bench_model(spec: str, repeat: int, rounds: int, threads: int, sizes: list[t
     import relaxc as compiler
 
     model = load_model(spec)[0]
-    dims = {d.dim_param for v in model.graph.input for d in v.type.tensor_type.shape.dim if d.dim_param}
-    bounds = _bounds(spec, dims)
+    bounds = bounds_for(spec, model)
     names = [n for n in ("batch", "sequence") if n in bounds]
-    measured = [dict(zip(names, size)) for size in (sizes or _within(TRANSFORMER_SIZES if "sequence" in dims
+    measured = [dict(zip(names, size)) for size in (sizes or _within(TRANSFORMER_SIZES if "sequence" in bounds
                                                                        else CNN_SIZES, bounds))]
     statics, static_s, static_mb = [], [], []
     for named in measured:  # the static builds first: the dynamic compile is not the process's first

@@ -10,7 +10,9 @@ Measuring: the whole model on relaxc (with the fallback) and on each installed b
 graph cut into segments where fewest values cross, each segment timed on each backend on the
 values the model really makes there; the cheapest assignment of segments to backends (a shortest
 path along the segments); that plan compiled and timed against the single-backend ones, in
-alternating blocks. Segments not measured within ``measure_budget_s`` stay on relaxc. Each
+alternating blocks. Segments not measured within ``measure_budget_s`` stay on relaxc. A model
+with dynamic dims is measured whole only (a cut inside relaxc's program needs static shapes at
+it), at a quarter and a sixteenth of its bounds, each candidate's times there in a geometric mean. Each
 candidate's memory is measured too: the resident memory the process gives back when it is freed
 after the timing (garbage collected and freed heap returned to the OS before each reading), so what
 a library or TVM sets up once per process is charged to none. The strategy (``Options.strategy``)
@@ -61,6 +63,9 @@ CLOSE = 1.5
 AGREE_RTOL, AGREE_ATOL = 1e-3, 1e-4  # a candidate answers as relaxc does within the project's float32 tolerance
 CLOSE_ROUNDS = 24  # rounds of that second comparison, one block of at least BLOCK_SECONDS each
 
+# a dynamic model is timed with each dim at these fractions of its bound: a bound is the most an
+# artifact accepts, served sizes are mostly below it, and BERT at its (16, 384) takes 0.6 s a run
+FRACTIONS = (4, 16)
 SAME_MEMORY = 1.05  # candidates within this of the smallest count as equally small: resident memory is noisy
 
 
@@ -85,11 +90,9 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
     relaxc's folding can make it faster there (Swin-T on onnxruntime, 84.9 ms against 93.4) or
     slower (MobileNetV2, 7.8 against 6.5: weights copied out of Identity nodes), so both are measured."""
     cpu = config.target.kind.name == "llvm"
-    if prepared.bounds:
-        if config.backends == "measure" or config.backend_overrides:
-            raise UserError("external backends do not run models with dynamic dims yet: bind them with shapes= "
-                            "(--shape), or compile with backends='relaxc'")
-        return frontend.Partitioning(), {"why": "a model with dynamic dims runs on relaxc's own kernels"}
+    if prepared.bounds and config.backend_overrides:
+        raise UserError("backend_overrides do not apply to a model with dynamic dims yet (a subgraph inside "
+                        "relaxc's program needs static shapes at its boundary): bind them with shapes= (--shape)")
     if config.backends == "relaxc" or not cpu:
         if config.backend_overrides:
             raise UserError("backend_overrides pin nodes to external backends, which run on CPU targets only: "
@@ -123,7 +126,8 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
     summary = {"decision": choice, "strategy": config.strategy, "measured_ms": entry["ms"],
                "measured_memory_bytes": entry.get("memory", {}), "rejected": entry.get("rejected", {}),
                "unmeasured_segments": entry.get("unmeasured", 0),
-               "segments": entry.get("segments", []), "segment_sums": segment_sums(entry.get("segments", []))}
+               "segments": entry.get("segments", []), "segment_sums": segment_sums(entry.get("segments", []))} | \
+        ({"measured_ms_by_size": entry["ms_by_size"]} if "ms_by_size" in entry else {})
     return frontend.Partitioning(installed, dict(config.backend_overrides), chosen,
                                  export() if choice.endswith(EXPORT) else None), summary
 
@@ -161,6 +165,8 @@ def structure_key(prepared: frontend.Prepared) -> str:
     """The model's structure and shapes, not its weights' values (the backends' versions are in
     the entry: a decision replays only onto the versions it measured)."""
     digest = hashlib.sha256()
+    if prepared.bounds:  # a dynamic model is timed at sizes its bounds decide (``sizes``)
+        digest.update(f"bounds {sorted(prepared.bounds.items())};".encode())
     number: dict[str, int] = {}
     for name, shape, dtype in prepared.inputs:
         number[name] = len(number)
@@ -190,19 +196,22 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
         whole[name] = frontend.Partitioning(base.external, base.overrides, everything)
         whole[name + EXPORT] = frontend.Partitioning(base.external, base.overrides, everything, exported)
     facts = exactness.Facts(prepared.proto, prepared.inputs, list(prepared.proto.graph.node))
-    parts = partition.segments(prepared.proto, SEGMENTS)
+    # a cut inside relaxc's program needs static shapes at it: a dynamic model is measured whole only
+    parts = [] if prepared.bounds else partition.segments(prepared.proto, SEGMENTS)
     steps = len(whole) + len(parts) * (len(backends) + 1) + 1
     with tqdm(total=steps, desc="[relaxc] measure backends", unit="build", file=tvm_log.console(),
               dynamic_ncols=True) as bar:
-        inputs = random_inputs(prepared.inputs, high=frontend.models.input_high(prepared.proto))
-        built = Built(inputs)
+        high = frontend.models.input_high(prepared.proto)
+        timed_at = sizes(prepared.bounds)
+        inputs = [random_inputs(prepared.inputs, high=high, dims=dims) for dims in timed_at]
+        built = Built(inputs[0])
         for name, given in whole.items():
             built.add(name, build, prepared, given)
             bar.update()
         if not built.runners:
             raise UserError(f"no backend compiles {prepared.name}: "
                             + "; ".join(f"{name}: {why}" for name, why in built.rejected.items()))
-        values = _values(prepared, facts, parts, inputs, backends[0])
+        values = _values(prepared, facts, parts, inputs[0], backends[0]) if parts else {}
         costs, unmeasured = [], 0
         for nodes in parts:
             if time.monotonic() > deadline:
@@ -211,19 +220,42 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
                 bar.update(len(backends) + 1)
                 continue
             costs.append(_segment_costs(prepared, facts, nodes, [partition.RELAXC, *backends], values, build, bar))
-        plan = _shortest(parts, [c or {partition.RELAXC: 0.0} for c in costs])
+        plan = _shortest(parts, [c or {partition.RELAXC: 0.0} for c in costs]) if parts else []
         if len({backend for _, _, backend in plan}) > 1:
             chosen = {i: backend for start, stop, backend in plan for i in range(start, stop)}
             built.add("plan", build, prepared, frontend.Partitioning(base.external, base.overrides, chosen))
         bar.update()
-    ms = _compare(built.runners, inputs)
+    by_size = {_label(dims): _compare(built.runners, at) for dims, at in zip(timed_at, inputs)}
+    ms = next(iter(by_size.values())) if len(by_size) == 1 else _geometric_mean(list(by_size.values()))
     memory = built.released()
     log.info("backends for %s: %s", prepared.name, ", ".join(
         f"{n} {t:.3f} ms {memory[n] / 2**20:.1f} MiB" for n, t in ms.items()))
     # "choice" (the fastest) is what relaxc before the strategies read from a shared store
     return {"choice": min(ms, key=ms.get), "ms": ms, "memory": memory, "plan": plan, "unmeasured": unmeasured,
             "rejected": built.rejected,
-            "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]}
+            "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]} | \
+        ({"ms_by_size": by_size} if prepared.bounds else {})
+
+
+def sizes(bounds: dict[str, int]) -> list[dict[str, int] | None]:
+    """The sizes a model is timed at: its static shapes, or (``bounds``: its dynamic dims' largest
+    sizes) each dim at each of ``FRACTIONS`` of its bound (at least 1), one choice serving them all."""
+    if not bounds:
+        return [None]
+    return list({str(d): d for d in ({dim: max(1, bound // f) for dim, bound in bounds.items()}
+                                     for f in FRACTIONS)}.values())
+
+
+def _label(dims: dict[str, int] | None) -> str:
+    return ", ".join(f"{dim} {size}" for dim, size in dims.items()) if dims else "static"
+
+
+def _geometric_mean(timings: list[dict[str, float]]) -> dict[str, float]:
+    """Each candidate's geometric mean over ``timings`` (one per size; a candidate timed at every
+    size): the fastest by it is the one with the least mean ratio to the others, whatever a size's scale."""
+    names = set.intersection(*(set(t) for t in timings))
+    return {name: round(math.exp(sum(math.log(t[name]) for t in timings) / len(timings)), 3)
+            for name in sorted(names, key=lambda n: list(timings[0]).index(n))}
 
 
 def _differs(outputs: list[np.ndarray], reference: list[np.ndarray]) -> int | None:

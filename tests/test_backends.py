@@ -426,6 +426,57 @@ def test_a_library_may_run_the_model_as_exported(tmp_path, monkeypatch):
     assert replayed.subgraphs[0].model == sub.model
 
 
+def test_a_dynamic_model_is_measured_whole_at_two_sizes(tmp_path, monkeypatch):
+    """Dims dynamic up to 16: every candidate timed whole (no segments) at batch 4 and 1, a quarter
+    and a sixteenth of the bound (times replaced: relaxc fastest at 1, onnxruntime as exported at
+    4 and by the geometric mean); the library's artifact runs any size within the bound, refuses
+    one past it as relaxc's own does, exports, loads and replays."""
+    timed = []
+
+    def compare(runners, inputs, repeat=20):
+        batch = inputs["x"].shape[0]
+        timed.append(batch)
+        ms = {"relaxc": 2.0, "onnxruntime@export": 1.0} if batch == 4 else {"relaxc": 1.0, "onnxruntime@export": 1.5}
+        return {name: ms.get(name, 3.0) for name in runners}
+
+    monkeypatch.setattr(backend_choice, "_compare", compare)
+    model = reference.small_cnn()
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    options = dict(tuning="off", cache_dir=str(tmp_path), dim_bounds={"batch": 16})
+    art = compiler.compile(model, backends="measure", measure_budget_s=5, **options)
+    backends = art.report()["backends"]
+    assert timed == [4, 1] and backends["segments"] == []
+    assert set(backends["measured_ms_by_size"]) == {"batch 4", "batch 1"}
+    assert backends["decision"] == "onnxruntime@export"
+    assert backends["measured_ms"]["relaxc"] == pytest.approx(2 ** 0.5, abs=1e-3)
+    for batch in (1, 3, 16):
+        inputs = reference.random_inputs(art.inputs, seed=batch, dims={"batch": batch})
+        reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    with pytest.raises(compiler.InputError, match=r"dim 0 \('batch'\) is 17, outside its bound 1..16"):
+        art.run(reference.random_inputs(art.inputs, dims={"batch": 17}))
+    art.export(str(tmp_path / "model.so"))
+    loaded = compiler.load(str(tmp_path / "model.so"))
+    inputs = reference.random_inputs(art.inputs, dims={"batch": 5})
+    np.testing.assert_array_equal(loaded.run(inputs)[0], art.run(inputs)[0])
+    monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert compiler.compile(model, **options).report()["backends"]["decision"] == "onnxruntime@export"
+
+
+def test_an_operator_relaxc_cannot_import_in_a_dynamic_model_runs_in_the_tail():
+    """With dynamic dims nothing after an external node has a static shape: it and the rest of
+    the model run after relaxc's program, at every size within the bound."""
+    model = _det_between_convs()
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8})
+    assert [(s["placement"], s["ops"]) for s in art.report()["backends"]["subgraphs"]] == \
+        [("tail", {"Det": 1, "Add": 1})]
+    for batch in (1, 5, 8):
+        inputs = reference.random_inputs(art.inputs, seed=batch, dims={"batch": batch})
+        reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+
+
 def test_a_candidate_answering_otherwise_than_relaxc_is_no_candidate():
     """Outputs compared with the first candidate's (relaxc's) within the project's tolerance: a
     value off, or another shape (a detector keeping another number of boxes), rejects it."""
