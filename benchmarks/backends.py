@@ -20,18 +20,18 @@ each size the measurement times it at (``backend_choice.sizes``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import os
 import sys
 import tempfile
 import traceback
-from typing import Iterator, Sequence
+from typing import Sequence
+from unittest import mock
 
 import numpy as np
 
 from relaxc.benchmarks import reference
-from relaxc.backend_choice import sizes
+from relaxc.backend_choice import size_label, sizes
 from relaxc.benchmarks.bench import merge_results, table_line, this_cpu
 from relaxc.benchmarks.dynamic_shapes import bounds_for
 from relaxc.benchmarks.harness import _load
@@ -92,20 +92,6 @@ def _plan(report: dict) -> str:
     return "relaxc + " + ", ".join(f"{s['backend']} {s['nodes']} nodes" for s in subgraphs)
 
 
-@contextlib.contextmanager
-def _cache_root(path: str) -> Iterator[None]:
-    """``$RELAXC_CACHE_DIR`` set to ``path`` meanwhile: the user's store, over the shipped one."""
-    before = os.environ.get("RELAXC_CACHE_DIR")
-    os.environ["RELAXC_CACHE_DIR"] = path
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["RELAXC_CACHE_DIR"]
-        else:
-            os.environ["RELAXC_CACHE_DIR"] = before
-
-
 def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float) -> list[list[str]]:
     """The model's rows: one, or one per size ``backend_choice.sizes`` times a dynamic model at."""
     import relaxc as compiler
@@ -116,7 +102,7 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
     bounds = bounds_for(spec, model)
     # a store of the run's own over the shipped one, for both builds: a cache_dir alone would leave
     # out the shipped records the build alone reads, and charge relaxc's candidate for it
-    with tempfile.TemporaryDirectory() as store, _cache_root(store):
+    with tempfile.TemporaryDirectory() as store, mock.patch.dict(os.environ, {"RELAXC_CACHE_DIR": store}):
         measured = compiler.compile(spec, tuning="off", backends="measure", measure_budget_s=budget_s,
                                     dim_bounds=bounds or None)
         try:
@@ -146,7 +132,7 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
 
         def cell(name: str) -> str:
             return "refused" if name not in ms else f"{ms[name]:.2f}" + (" (other output)" if name in other else "")
-        model_at = spec + (" at " + ", ".join(f"{dim} {size}" for dim, size in dims.items()) if dims else "")
+        model_at = spec + (f" at {size_label(dims)}" if dims else "")
         rows.append([model_at, cell("relaxc"), cell("onnxruntime"), cell("openvino"), cell("measured"),
                      _plan(report), f"{ms['measured'] / fastest:.2f}x", sums or "not measured",
                      datetime.date.today().isoformat()])

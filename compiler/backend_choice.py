@@ -225,8 +225,8 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
             chosen = {i: backend for start, stop, backend in plan for i in range(start, stop)}
             built.add("plan", build, prepared, frontend.Partitioning(base.external, base.overrides, chosen))
         bar.update()
-    by_size = {_label(dims): _compare(built.runners, at) for dims, at in zip(timed_at, inputs)}
-    ms = next(iter(by_size.values())) if len(by_size) == 1 else _geometric_mean(list(by_size.values()))
+    by_size = {size_label(dims): _compare(built.runners, at) for dims, at in zip(timed_at, inputs)}
+    ms = _geometric_mean(list(by_size.values()))
     memory = built.released()
     log.info("backends for %s: %s", prepared.name, ", ".join(
         f"{n} {t:.3f} ms {memory[n] / 2**20:.1f} MiB" for n, t in ms.items()))
@@ -242,20 +242,19 @@ def sizes(bounds: dict[str, int]) -> list[dict[str, int] | None]:
     sizes) each dim at each of ``FRACTIONS`` of its bound (at least 1), one choice serving them all."""
     if not bounds:
         return [None]
-    return list({str(d): d for d in ({dim: max(1, bound // f) for dim, bound in bounds.items()}
-                                     for f in FRACTIONS)}.values())
+    every = [{dim: max(1, bound // fraction) for dim, bound in bounds.items()} for fraction in FRACTIONS]
+    return [dims for k, dims in enumerate(every) if dims not in every[:k]]
 
 
-def _label(dims: dict[str, int] | None) -> str:
+def size_label(dims: dict[str, int] | None) -> str:
+    """``dims`` as a report and the benchmarks name them: "batch 4, sequence 96"."""
     return ", ".join(f"{dim} {size}" for dim, size in dims.items()) if dims else "static"
 
 
 def _geometric_mean(timings: list[dict[str, float]]) -> dict[str, float]:
-    """Each candidate's geometric mean over ``timings`` (one per size; a candidate timed at every
-    size): the fastest by it is the one with the least mean ratio to the others, whatever a size's scale."""
-    names = set.intersection(*(set(t) for t in timings))
-    return {name: round(math.exp(sum(math.log(t[name]) for t in timings) / len(timings)), 3)
-            for name in sorted(names, key=lambda n: list(timings[0]).index(n))}
+    """Each candidate's geometric mean over ``timings`` (one per size, each timing every candidate):
+    the least is the candidate of least mean ratio to the others, whatever each size's scale."""
+    return {name: round(math.exp(sum(math.log(t[name]) for t in timings) / len(timings)), 3) for name in timings[0]}
 
 
 def _differs(outputs: list[np.ndarray], reference: list[np.ndarray]) -> int | None:
