@@ -505,11 +505,12 @@ def test_paired_times_cancel_slow_rounds_and_a_burst_in_one_block(monkeypatch):
 
 
 class _UnscheduledConvs(dl.ScheduleRule):
-    """Test hook: the convolutions' kernels (direct or Winograd) left as TVM emits them without a
-    schedule (serial loops, tens of times slower than onnxruntime's): relaxc loses by construction."""
+    """Test hook: the convolutions' kernels (direct, or Winograd's transforms and its batched GEMM,
+    ``dense_packed``) left as TVM emits them without a schedule (serial loops, tens of times slower
+    than onnxruntime's): relaxc loses by construction."""
 
     def apply(self, func, target, tunable):
-        return s_tir.Schedule(func) if re.search(r'sblock\("\w*(conv|winograd)', func.script()) else None
+        return s_tir.Schedule(func) if re.search(r'sblock\("\w*(conv|winograd|dense)', func.script()) else None
 
     def is_target_available(self, target):
         return True
