@@ -14,15 +14,19 @@ Why these defaults:
 - TVM's idle workers yield the core 300,000 times before they sleep (``TVM_THREAD_POOL_SPIN_COUNT``,
   read once a process): about 150 ms of spinning after a model's last kernel, on the cores an
   onnxruntime session then needs. onnxruntime running MobileNetV4 0.1 s after relaxc's kernels
-  took 15.1 ms instead of 3.9 (Zen 3, 2 cores). ``SPIN_COUNT`` yields bridge the gaps between one
-  inference's kernels and stop within a millisecond: relaxc's own MobileNetV2, BERT, SqueezeNet,
-  EfficientNet-B0 and ResNet-18 ran as fast as with TVM's default (medians of three processes each,
-  0.95-0.98x), where no spinning at all cost MobileNetV2 up to 1.3x.
+  took 15.1 ms instead of 3.9 (Zen 3, 2 cores). relaxc sets the count of yields that takes
+  ``SPIN_S`` on this machine (``spin_count``): it bridges the gaps between one inference's
+  kernels and stops within a millisecond. A count is no time: a yield costs 500 ns on the Zen 3
+  VM (2,000 yields, 1 ms: MobileNetV2, BERT, SqueezeNet, EfficientNet-B0 and ResNet-18 as fast
+  as with TVM's default, where no spinning at all cost MobileNetV2 up to 1.3x) and 170 ns on a
+  Sapphire Rapids class one, where 2,000 yields (0.34 ms) put workers to sleep between kernels:
+  MobileNetV3-Large 5.0 ms against 3.0 with 6,000 (1 ms) and 2.9 with 20,000.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 
 def physical_cores() -> int:
@@ -32,7 +36,26 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-SPIN_COUNT = 2000  # yields of an idle TVM worker before it sleeps (TVM's default: 300,000)
+SPIN_S = 1.5e-3  # how long an idle TVM worker yields before it sleeps, timed in Python (TVM yields faster)
+_SPIN_RANGE = (1000, 300_000)  # TVM's default is the most
+_spin_count: int | None = None
+
+
+def spin_count() -> int:
+    """The yields that take about ``SPIN_S`` here, timed once a process (20,000 yields, a few ms):
+    the loop of yields less the same loop calling a builtin that does nothing."""
+    global _spin_count
+    if _spin_count is None:
+        calls = 20_000
+        start = time.perf_counter()
+        for _ in range(calls):
+            os.sched_yield()
+        middle = time.perf_counter()
+        for _ in range(calls):
+            int()
+        each = max((middle - start) - (time.perf_counter() - middle), 1e-9 * calls) / calls
+        _spin_count = max(_SPIN_RANGE[0], min(_SPIN_RANGE[1], round(SPIN_S / each)))
+    return _spin_count
 
 
 def configure_threads() -> None:
@@ -40,7 +63,8 @@ def configure_threads() -> None:
     if not os.environ.get("TVM_NUM_THREADS") and not os.environ.get("OMP_NUM_THREADS"):
         os.environ["TVM_NUM_THREADS"] = str(physical_cores())
     os.environ.setdefault("TVM_BIND_THREADS", "0")
-    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(SPIN_COUNT))
+    if "TVM_THREAD_POOL_SPIN_COUNT" not in os.environ:
+        os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = str(spin_count())
 
 
 def pool_threads() -> int:
