@@ -16,7 +16,7 @@ Why these defaults:
   onnxruntime session then needs. onnxruntime running MobileNetV4 0.1 s after relaxc's kernels
   took 15.1 ms instead of 3.9 (Zen 3, 2 cores). relaxc sets the count of yields that takes
   ``SPIN_S`` on this machine (``spin_count``): it bridges the gaps between one inference's
-  kernels and stops within a millisecond. A count is no time: a yield costs 500 ns on the Zen 3
+  kernels and stops within a few milliseconds. A count is no time: a yield costs 500 ns on the Zen 3
   VM (2,000 yields, 1 ms: MobileNetV2, BERT, SqueezeNet, EfficientNet-B0 and ResNet-18 as fast
   as with TVM's default, where no spinning at all cost MobileNetV2 up to 1.3x) and 170 ns on a
   Sapphire Rapids class one, where 2,000 yields (0.34 ms) put workers to sleep between kernels:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import relaxc as compiler
-from relaxc.support import threads
+from relaxc.support.threads import SPIN_S, spin_count
 from tests import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,14 +96,14 @@ def test_runtime_threads_default_to_physical_cores(env, expected, start, tmp_pat
 def test_spin_count_yields_for_about_spin_s():
     """The count of yields relaxc gives TVM's idle workers takes about ``SPIN_S`` on this machine,
     whatever a yield costs here (170 ns to 500 ns on the project's VMs): the median of 5 timings."""
-    count = threads.spin_count()
+    count = spin_count()
     timings = []
     for _ in range(5):
         start = time.perf_counter()
         for _ in range(count):
             os.sched_yield()
         timings.append(time.perf_counter() - start)
-    assert 0.5 * threads.SPIN_S <= statistics.median(timings) <= 3 * threads.SPIN_S, (count, timings)
+    assert 0.5 * SPIN_S <= statistics.median(timings) <= 3 * SPIN_S, (count, timings)
 
 
 @pytest.fixture(scope="module")
