@@ -93,14 +93,15 @@ def _agrees(outputs: list, expected: list[np.ndarray]) -> bool:
     return True
 
 
-def _plan(report: dict) -> str:
+def _plan(report: dict, size: str) -> str:
+    """What runs the model at ``size`` (a ``size_label``): relaxc, a library whole, or a mix."""
     backends = report["backends"]
-    subgraphs = backends.get("subgraphs", [])
+    subgraphs = [s for s in backends.get("subgraphs", []) if "serves" not in s]
+    decision = backends.get("decision_by_size", {}).get(size, backends.get("decision", ""))
+    if decision.removesuffix("@export") in ("onnxruntime", "openvino"):
+        return f"{decision.removesuffix('@export')} (whole{', as exported' if decision.endswith('@export') else ''})"
     if not subgraphs:
         return "relaxc"
-    if backends.get("decision", "").removesuffix("@export") in ("onnxruntime", "openvino"):
-        decision = backends["decision"]
-        return f"{decision.removesuffix('@export')} (whole{', as exported' if decision.endswith('@export') else ''})"
     return "relaxc + " + ", ".join(f"{s['backend']} {s['nodes']} nodes" for s in subgraphs)
 
 
@@ -146,7 +147,7 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
             return "refused" if name not in ms else f"{ms[name]:.2f}" + (" (other output)" if name in other else "")
         model_at = spec + (f" at {size_label(dims)}" if dims else "")
         rows.append([model_at, cell("relaxc"), cell("onnxruntime"), cell("openvino"), cell("measured"),
-                     _plan(report), f"{ms['measured'] / fastest:.2f}x", sums or "not measured",
+                     _plan(report, size_label(dims)), f"{ms['measured'] / fastest:.2f}x", sums or "not measured",
                      datetime.date.today().isoformat()])
     return rows
 

@@ -111,7 +111,7 @@ class Artifact(Runner):
             entries.append({"file": name, "sha256": file_sha256(staged), "backend": sub.backend,
                             "version": versions[sub.backend], "inputs": sub.inputs,
                             "outputs": [spec_json(s) for s in sub.outputs], "tail": sub.tail,
-                            "alone": sub.alone})
+                            "alone": sub.alone, **({"serves": list(sub.serves)} if sub.serves else {})})
         return entries
 
 

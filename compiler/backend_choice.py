@@ -12,7 +12,9 @@ values the model really makes there; the cheapest assignment of segments to back
 path along the segments); that plan compiled and timed against the single-backend ones, in
 alternating blocks. Segments not measured within ``measure_budget_s`` stay on relaxc. A model
 with dynamic dims is measured whole only (a cut inside relaxc's program needs static shapes at
-it), at a quarter and a sixteenth of its bounds, each candidate's times there in a geometric mean. Each
+it), at a quarter and a sixteenth of its bounds, each candidate's times there in a geometric mean;
+where another candidate is faster by more than ``SPLIT`` at one size, it runs the sizes near that one
+(``by_size``). Each
 candidate's memory is measured too: the resident memory the process gives back when it is freed
 after the timing (garbage collected and freed heap returned to the OS before each reading), so what
 a library or TVM sets up once per process is charged to none. The strategy (``Options.strategy``)
@@ -67,6 +69,10 @@ CLOSE_ROUNDS = 24  # rounds of that second comparison, one block of at least BLO
 # artifact accepts, served sizes are mostly below it, and BERT at its (16, 384) takes 0.6 s a run
 FRACTIONS = (4, 16)
 SAME_MEMORY = 1.05  # candidates within this of the smallest count as equally small: resident memory is noisy
+# a dynamic model's sizes go to another backend than the fastest overall only where it is this much
+# faster there: each backend serving some sizes is one more build held (BERT at batch 4, sequence 96
+# ran 1.09x OpenVINO on relaxc's kernels, which are the fastest at a sixteenth of its bounds)
+SPLIT = 1.02
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -122,14 +128,55 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
         log.warning("the stored decision for %s runs %s on a backend not installed here (or of another version "
                     "than measured): the best installed choice measured, %s, runs it", prepared.name, choice, best)
         choice = best
+    ranges = by_size(entry, prepared.bounds, {name for name in entry["ms"] if name.removesuffix(EXPORT) in usable}) \
+        if "ms_by_size" in entry and config.strategy == "latency" else []
+    if len(ranges) > 1:  # relaxc's program wherever it is fastest, else the fastest at the largest size
+        choice = partition.RELAXC if any(name == partition.RELAXC for name, _, _ in ranges) else ranges[-1][0]
+    served = tuple(frontend.Served(name.removesuffix(EXPORT), low, high, export() if name.endswith(EXPORT) else None)
+                   for name, low, high in ranges if name != choice)
     chosen = _chosen(entry, choice, len(prepared.proto.graph.node))
     summary = {"decision": choice, "strategy": config.strategy, "measured_ms": entry["ms"],
                "measured_memory_bytes": entry.get("memory", {}), "rejected": entry.get("rejected", {}),
                "unmeasured_segments": entry.get("unmeasured", 0),
                "segments": entry.get("segments", []), "segment_sums": segment_sums(entry.get("segments", []))} | \
-        ({"measured_ms_by_size": entry["ms_by_size"]} if "ms_by_size" in entry else {})
+        ({"measured_ms_by_size": entry["ms_by_size"]} if "ms_by_size" in entry else {}) | \
+        ({"decision_by_size": _fastest_by_size(entry, prepared.bounds, ranges)} if served else {})
     return frontend.Partitioning(installed, dict(config.backend_overrides), chosen,
-                                 export() if choice.endswith(EXPORT) else None), summary
+                                 export() if choice.endswith(EXPORT) else None, served), summary
+
+
+def by_size(entry: dict, bounds: dict[str, int], among: set[str]) -> list[tuple[str, int, int]]:
+    """The candidate (of ``among``) that runs each range of sizes of a dynamic model, in order:
+    (name, low, high), the sizes whose work (the product of the dynamic dims) is in [low, high).
+    Each measured size goes to its fastest candidate unless the fastest over all sizes is within
+    ``SPLIT`` of it there; the boundary between two sizes lies at the geometric mean of their work."""
+    timed = sorted(sizes(bounds), key=work)
+    overall = min(among, key=entry["ms"].get)
+    fastest = []
+    for dims in timed:
+        ms = {name: t for name, t in entry["ms_by_size"][size_label(dims)].items() if name in among}
+        best = min(ms, key=ms.get)
+        fastest.append(best if ms[overall] > SPLIT * ms[best] else overall)
+    ranges: list[tuple[str, int, int]] = []
+    for k, name in enumerate(fastest):
+        high = math.prod(bounds.values()) + 1 if k == len(timed) - 1 else \
+            math.ceil(math.sqrt(work(timed[k]) * work(timed[k + 1])))
+        if ranges and ranges[-1][0] == name:
+            ranges[-1] = (name, ranges[-1][1], high)
+        else:
+            ranges.append((name, ranges[-1][2] if ranges else 1, high))
+    return ranges
+
+
+def work(dims: dict[str, int] | None) -> int:
+    """A size's work as ``by_size`` orders sizes: the product of its dynamic dims."""
+    return math.prod((dims or {}).values())
+
+
+def _fastest_by_size(entry: dict, bounds: dict[str, int], ranges: list[tuple[str, int, int]]) -> dict[str, str]:
+    """Which candidate runs each measured size (``report()["backends"]["decision_by_size"]``)."""
+    return {size_label(dims): next(name for name, low, high in ranges if low <= work(dims) < high)
+            for dims in sizes(bounds)}
 
 
 def decide(entry: dict, strategy: str, among: set[str] | None = None) -> str:
@@ -412,10 +459,17 @@ def describe(imported: frontend.ImportedModel, given: frontend.Partitioning, con
         "installed": list(given.external),
         "versions": {name: external.get(name).version() for name in used},
         "overrides": dict(given.overrides),
-        "subgraphs": [{"backend": sub.backend, "placement": "tail" if sub.tail else "call",
+        "subgraphs": [{"backend": sub.backend, "placement": _placement(sub),
+                       **({"serves": list(sub.serves)} if sub.serves else {}),
                        "function": sub.function, "nodes": len(sub.nodes), "ops": sub.ops,
                        "inputs": sub.inputs, "outputs": [name for name, _, _ in sub.outputs],
                        "boundary_bytes": sub.boundary_bytes(),
                        "why": sub.why or ("measured smaller" if config.strategy == "memory" else "measured faster")}
                       for sub in imported.subgraphs],
     }
+
+
+def _placement(sub: partition.Subgraph) -> str:
+    """Where the subgraph runs: a call in relaxc's program, the tail after it, or the whole model
+    instead of it at some sizes."""
+    return "sizes" if sub.serves else "tail" if sub.tail else "call"

@@ -70,11 +70,15 @@ def plan_summary(backends: dict) -> str:
              + (f" (installed: {', '.join(backends['installed'])})" if backends.get("installed") else "")]
     for index, sub in enumerate(subgraphs):
         ops = ", ".join(f"{n} {op}" for op, n in sorted(sub["ops"].items(), key=lambda kv: -kv[1]))
-        lines.append(f"  {index}: {sub['backend']:11s} {sub['placement']:4s} {sub['nodes']:4d} nodes ({ops}); "
-                     f"{sub['boundary_bytes']} bytes out; {sub['why']}")
+        serves = f"the whole model where the dynamic dims' product is {sub['serves'][0]}..{sub['serves'][1] - 1}; " \
+            if "serves" in sub else ""
+        lines.append(f"  {index}: {sub['backend']:11s} {sub['placement']:5s} {sub['nodes']:4d} nodes ({ops}); "
+                     f"{serves}{sub['boundary_bytes']} bytes out; {sub['why']}")
     if "decision" in backends:
         lines.append(f"  decision: {backends['decision']}"
                      + (f" (strategy {backends['strategy']})" if "strategy" in backends else ""))
+    for size, choice in backends.get("decision_by_size", {}).items():
+        lines.append(f"    at {size}: {choice}")
     memory = backends.get("measured_memory_bytes", {})
     for name, ms in backends.get("measured_ms", {}).items():
         grew = f" {memory[name] / 2**20:8.1f} MiB" if name in memory else ""
@@ -144,11 +148,15 @@ def summary(report: dict, tune_with: str | None = None, latency: str | None = No
             lines.append(f"    no records for this CPU there (stores: {', '.join(tuning['stores']) or 'none'})")
         if covered < tasks and tune_with:
             lines.append(f"    to tune the {tasks - covered} others on this CPU: {tune_with}")
-    subgraphs = report.get("backends", {}).get("subgraphs", [])
+    backends = report.get("backends", {})
+    subgraphs = [s for s in backends.get("subgraphs", []) if "serves" not in s]
     if subgraphs:
         lines.append(f"  backends: {len(subgraphs)} external subgraph(s) on "
                      f"{', '.join(sorted({s['backend'] for s in subgraphs}))}, "
                      f"{sum(s['nodes'] for s in subgraphs)} nodes (relaxc inspect --plan)")
+    if "decision_by_size" in backends:
+        lines.append("  backends by size: " + "; ".join(f"{choice} at {size}" for size, choice in
+                                                        backends["decision_by_size"].items()) + " (relaxc inspect --plan)")
     for warning in report.get("warnings", []):
         lines.append(f"  warning: {warning}")
     if latency:
@@ -164,11 +172,14 @@ def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:
     """The whole report of a finished compile."""
     config, model = compilation.config, compilation.model
     backend_versions = compilation.report.get("backends", {}).get("versions", {})
+    # what the external backends run (their weights too) is in their slices, not in relaxc's module
+    slices = {"external": [f"{sub.function} {sub.tail} {sub.serves}" for sub in model.subgraphs]} \
+        if model.subgraphs else {}
     return {
         "model": model.name,
         "target": targets.describe(config.target),
         "fingerprint": fingerprint(recorder.snapshots["fuse"], config.target, config.fingerprint_options(),
-                                   {**config.tools, **backend_versions}, weights=recorder.snapshots["import"]),
+                                   {**config.tools, **backend_versions, **slices}, weights=recorder.snapshots["import"]),
         "versions": {**versions(), **config.tools, **backend_versions},
         "inputs": [spec_json(s, model.input_high.get(s[0])) for s in model.inputs],
         "outputs": [spec_json(s) for s in model.outputs],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -129,7 +130,9 @@ class Runner:
         # external subgraphs first: the program calls them by name
         sessions = [external.open_subgraph(sub, pool_threads()) for sub in subgraphs] if device else []
         self._sessions = sessions  # held here: the process keeps them only while a runner does
-        self._tail = next(((sub, session) for sub, session in zip(subgraphs, sessions) if sub.tail), None)
+        opened = list(zip(subgraphs, sessions))
+        self._tail = next(((sub, session) for sub, session in opened if sub.tail and sub.serves is None), None)
+        self._by_size = [(sub, session) for sub, session in opened if sub.serves is not None]
         self._pool = VMPool(program, device, default_concurrency() if concurrency is None else concurrency) \
             if device else None
         self._device = device
@@ -138,7 +141,7 @@ class Runner:
         self.subgraphs = list(subgraphs)
         self.program_outputs = program_outputs  # what the program returns, where not the outputs
         # a model one library runs whole: the program would only hand the inputs to its tail
-        self._hands_inputs_on = self._tail is not None and len(subgraphs) == 1 and \
+        self._hands_inputs_on = self._tail is not None and len(subgraphs) - len(self._by_size) == 1 and \
             set(program_outputs or ()) <= {name for name, _, _ in inputs}
         self.input_high = input_high or {}  # integer inputs' valid ranges, where the model declares them
         # per call, the checks run beside a library's threads spinning between runs, where each
@@ -149,28 +152,50 @@ class Runner:
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
+        ordered = self._checked(arrays)
+        served = self._serving(ordered)
+        if served is not None:  # the whole model, on the backend fastest at this size
+            sub, session = served
+            given = dict(zip(self._names, ordered))
+            made = dict(zip([name for name, _, _ in sub.outputs], session.run([given[n] for n in sub.inputs])))
+            return [made[name] for name, _, _ in self.outputs]
         if self.program_outputs is None:
-            return self._program(arrays)
-        values = self.program_values(*arrays)
+            return self._program(ordered)
+        values = self._program_values(ordered)
         if self._tail is not None:
             tail, session = self._tail
             values.update(zip([name for name, _, _ in tail.outputs], session.run([values[n] for n in tail.inputs])))
         return [values[name] for name, _, _ in self.outputs]
 
+    def serving(self, *arrays: Any) -> ExternalSubgraph | None:
+        """The subgraph that runs the whole model at these inputs' sizes instead of relaxc's
+        program (``ExternalSubgraph.serves``), None where the program runs."""
+        served = self._serving(self._checked(arrays))
+        return None if served is None else served[0]
+
+    def _serving(self, ordered: list[np.ndarray]) -> tuple[ExternalSubgraph, Any] | None:
+        if not self._by_size:
+            return None
+        work = math.prod(self._dims(ordered).values())
+        return next(((sub, session) for sub, session in self._by_size if sub.serves[0] <= work < sub.serves[1]), None)
+
     def program_values(self, *arrays: Any) -> dict[str, np.ndarray]:
         """What relaxc's program returns, by name, before a tail of external subgraphs runs on it:
         the model's outputs it makes and the tail's inputs (to check relaxc's part alone). A program
         that only hands its inputs to the tail (a model one library runs whole) is not run."""
-        if self._hands_inputs_on:
-            given = dict(zip(self._names, self._checked(arrays)))
-            return {name: given[name] for name in self.program_outputs}
-        return dict(zip(self.program_outputs or [name for name, _, _ in self.outputs], self._program(arrays)))
+        return self._program_values(self._checked(arrays))
 
-    def _program(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+    def _program_values(self, ordered: list[np.ndarray]) -> dict[str, np.ndarray]:
+        if self._hands_inputs_on:
+            given = dict(zip(self._names, ordered))
+            return {name: given[name] for name in self.program_outputs}
+        return dict(zip(self.program_outputs or [name for name, _, _ in self.outputs], self._program(ordered)))
+
+    def _program(self, ordered: list[np.ndarray]) -> list[np.ndarray]:
+        """relaxc's program on inputs already checked (``_checked``)."""
         if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
-        ordered = self._checked(arrays)
         args = [tvm.runtime.tensor(value, self._device) for value in ordered]
         with self._pool.vm() as vm:
             try:
@@ -183,11 +208,12 @@ class Runner:
         """The inputs in order, checked against the signature."""
         checked = [self._check(spec, value) for spec, value in zip(self._expected, self._order(arrays))]
         if self.dim_bounds:
-            self._check_dims(checked)
+            self._dims(checked)
         return checked
 
-    def _check_dims(self, arrays: list[np.ndarray]) -> None:
-        """Each dynamic dim within its bound and the same in every input that has it."""
+    def _dims(self, arrays: list[np.ndarray]) -> dict[str, int]:
+        """Each dynamic dim's size in ``arrays``, checked: within its bound and the same in every
+        input that has it."""
         sizes: dict[str, tuple[int, str]] = {}
         for (name, shape, _), array in zip(self._expected, arrays):
             for axis, (dim, size) in enumerate(zip(shape, array.shape)):
@@ -200,6 +226,7 @@ class Runner:
                 if seen[0] != size:
                     raise InputError(f"input {name!r} dim {axis} ({dim!r}) is {size}, but input {seen[1]!r} "
                                      f"has {dim} {seen[0]}: inputs sharing a dim must agree")
+        return {dim: size for dim, (size, _) in sizes.items()}
 
     def _order(self, arrays: Sequence[Any]) -> list[Any]:
         names = self._names
@@ -312,7 +339,8 @@ def _subgraphs(folder: str, manifest: dict) -> list[ExternalSubgraph]:
             model = f.read()
         subgraphs.append(ExternalSubgraph(entry["backend"], entry["inputs"],
                                           [spec_from_json(o) for o in entry["outputs"]], entry["tail"], model,
-                                          entry.get("alone", False)))
+                                          entry.get("alone", False),
+                                          tuple(entry["serves"]) if entry.get("serves") else None))
     return subgraphs
 
 

@@ -19,6 +19,9 @@ class ExternalSubgraph:
     tail: bool
     model: bytes
     alone: bool = False  # the whole model: no kernel of relaxc's runs beside it
+    # the whole model run instead of relaxc's program at the sizes whose work (the product of the
+    # dynamic dims) is in [low, high): where another backend measured fastest (``serves``)
+    serves: tuple[int, int] | None = None
 
     @property
     def function(self) -> str:

@@ -429,8 +429,9 @@ def test_a_library_may_run_the_model_as_exported(tmp_path, monkeypatch):
 def test_a_dynamic_model_is_measured_whole_at_two_sizes(tmp_path, monkeypatch):
     """Dims dynamic up to 16: every candidate timed whole (no segments) at batch 4 and 1, a quarter
     and a sixteenth of the bound (times replaced: relaxc fastest at 1, onnxruntime as exported at
-    4 and by the geometric mean); the library's artifact runs any size within the bound, refuses
-    one past it as relaxc's own does, exports, loads and replays."""
+    4 and by the geometric mean), so relaxc's program runs batch 1 and onnxruntime from batch 2 (the
+    geometric mean of 1 and 4); the artifact runs any size within the bound, refuses one past it
+    as relaxc's own does, exports, loads and replays with the same split."""
     timed = []
 
     def compare(runners, inputs, repeat=20):
@@ -448,19 +449,52 @@ def test_a_dynamic_model_is_measured_whole_at_two_sizes(tmp_path, monkeypatch):
     backends = art.report()["backends"]
     assert timed == [4, 1] and backends["segments"] == []
     assert set(backends["measured_ms_by_size"]) == {"batch 4", "batch 1"}
-    assert backends["decision"] == "onnxruntime@export"
     assert backends["measured_ms"]["relaxc"] == pytest.approx(2 ** 0.5, abs=1e-3)
-    for batch in (1, 3, 16):
+    assert backends["decision"] == "relaxc"
+    assert backends["decision_by_size"] == {"batch 4": "onnxruntime@export", "batch 1": "relaxc"}
+    (sub,) = backends["subgraphs"]
+    assert (sub["backend"], sub["placement"], sub["serves"]) == ("onnxruntime", "sizes", [2, 17])
+    assert art.subgraphs[0].model == model.SerializeToString()  # as exported
+    for batch in (1, 2, 3, 16):
         inputs = reference.random_inputs(art.inputs, seed=batch, dims={"batch": batch})
+        assert (art.serving(inputs) is None) == (batch == 1)
         reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
     with pytest.raises(compiler.InputError, match=r"dim 0 \('batch'\) is 17, outside its bound 1..16"):
         art.run(reference.random_inputs(art.inputs, dims={"batch": 17}))
+    at = [reference.random_inputs(art.inputs, seed=k, dims={"batch": 1 + k % 2 * 2}) for k in range(8)]
+    alone = [art.run(inputs)[0] for inputs in at]
+    with ThreadPoolExecutor(8) as pool:  # program and library at once, from threads
+        for _ in range(10):
+            for got, want in zip(pool.map(lambda inputs: art.run(inputs)[0], at), alone):
+                np.testing.assert_array_equal(got, want)
+    assert "at batch 4" in plan_summary(backends) and "product is 2..16" in plan_summary(backends)
+    assert [(k.schedule, k.kind) for k in profile.profile(art, at[1]).kernels] == [("onnxruntime", "external")]
+    assert all(k.kind != "external" for k in profile.profile(art, at[0]).kernels)
     art.export(str(tmp_path / "model.so"))
     loaded = compiler.load(str(tmp_path / "model.so"))
-    inputs = reference.random_inputs(art.inputs, dims={"batch": 5})
-    np.testing.assert_array_equal(loaded.run(inputs)[0], art.run(inputs)[0])
+    for batch in (1, 5):
+        inputs = reference.random_inputs(art.inputs, dims={"batch": batch})
+        assert (loaded.serving(inputs) is None) == (batch == 1)
+        np.testing.assert_array_equal(loaded.run(inputs)[0], art.run(inputs)[0])
+    strategy = compiler.compile(model, strategy="memory", backends="measure", measure_budget_s=5, **options)
+    assert "decision_by_size" not in strategy.report()["backends"]  # one build held: never split
     monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
-    assert compiler.compile(model, **options).report()["backends"]["decision"] == "onnxruntime@export"
+    replayed = compiler.compile(model, **options).report()["backends"]
+    assert replayed["decision_by_size"] == backends["decision_by_size"]
+
+
+def test_sizes_split_only_where_another_backend_is_faster_by_more_than_split():
+    """Per size the fastest candidate, unless the fastest overall is within SPLIT of it there;
+    adjacent sizes of one candidate merge, boundaries at the geometric mean of their work."""
+    bounds = {"batch": 4, "sequence": 96}  # timed at 1x24 (work 24) and 1x6 (work 6)
+    entry = {"ms": {"relaxc": 1.0, "openvino": 1.1},
+             "ms_by_size": {"batch 1, sequence 24": {"relaxc": 2.0, "openvino": 1.5},
+                            "batch 1, sequence 6": {"relaxc": 0.5, "openvino": 0.8}}}
+    assert backend_choice.by_size(entry, bounds, {"relaxc", "openvino"}) == \
+        [("relaxc", 1, 12), ("openvino", 12, 4 * 96 + 1)]
+    entry["ms_by_size"]["batch 1, sequence 24"]["openvino"] = 2.0 / backend_choice.SPLIT * 1.001
+    assert backend_choice.by_size(entry, bounds, {"relaxc", "openvino"}) == [("relaxc", 1, 4 * 96 + 1)]
+    assert backend_choice.by_size(entry, bounds, {"openvino"}) == [("openvino", 1, 4 * 96 + 1)]
 
 
 def test_an_operator_relaxc_cannot_import_in_a_dynamic_model_runs_in_the_tail():

@@ -59,16 +59,29 @@ class ImportedModel:
 
 
 @dataclass(frozen=True)
+class Served:
+    """A backend running the whole model instead of relaxc's program at the sizes whose work (the
+    product of the dynamic dims) is in [``low``, ``high``); ``whole_from`` as in ``Partitioning``."""
+
+    backend: str
+    low: int
+    high: int
+    whole_from: bytes | None = None
+
+
+@dataclass(frozen=True)
 class Partitioning:
     """Which external backends may run nodes: ``external`` (installed, in order of preference, each
     with what it runs right) runs what relaxc cannot; ``chosen`` (node index -> backend,
-    measured) and ``overrides`` (node name glob -> backend) place other nodes. Empty
-    ``external``: relaxc's own kernels only."""
+    measured) and ``overrides`` (node name glob -> backend) place other nodes; ``by_size``: the
+    backends that run a dynamic model whole at some sizes instead. Empty ``external``: relaxc's own
+    kernels only."""
 
     external: Mapping[str, partition.Capability] = dataclasses.field(default_factory=dict)
     overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     chosen: Mapping[int, str] = dataclasses.field(default_factory=dict)
     whole_from: bytes | None = None  # where one backend runs it all: this form of the model (the export)
+    by_size: tuple[Served, ...] = ()
 
 
 @dataclass
@@ -374,7 +387,20 @@ def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Cons
 
 
 def convert(prepared: Prepared, partitioning: Partitioning = Partitioning()) -> ImportedModel:
-    """The prepared model in Relax: all of it, or relaxc's part with the external subgraphs as calls."""
+    """The prepared model in Relax: all of it, or relaxc's part with the external subgraphs as
+    calls; with the whole model on each backend of ``partitioning.by_size`` beside it."""
+    imported = _convert(prepared, partitioning)
+    everything = range(len(prepared.proto.graph.node))
+    for served in partitioning.by_size:
+        whole = Partitioning(partitioning.external, chosen=dict.fromkeys(everything, served.backend),
+                             whole_from=served.whole_from)
+        (sub,) = _convert(prepared, whole).subgraphs
+        imported.subgraphs.append(dataclasses.replace(sub, serves=(served.low, served.high),
+                                                      why="measured faster at these sizes"))
+    return imported
+
+
+def _convert(prepared: Prepared, partitioning: Partitioning) -> ImportedModel:
     proto, inputs = prepared.proto, prepared.inputs
     nodes = list(_all_nodes(proto.graph))
     facts = exactness.Facts(proto, inputs, nodes)  # shapes inferred once, when a rule first asks
