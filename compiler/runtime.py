@@ -153,18 +153,14 @@ class Runner:
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
         ordered = self._checked(arrays)
-        served = self._serving(ordered)
-        if served is not None:  # the whole model, on the backend fastest at this size
-            sub, session = served
-            given = dict(zip(self._names, ordered))
-            made = dict(zip([name for name, _, _ in sub.outputs], session.run([given[n] for n in sub.inputs])))
-            return [made[name] for name, _, _ in self.outputs]
-        if self.program_outputs is None:
+        served = self._serving(ordered)  # the whole model, on the backend fastest at this size
+        if served is None and self.program_outputs is None:
             return self._program(ordered)
-        values = self._program_values(ordered)
-        if self._tail is not None:
-            tail, session = self._tail
-            values.update(zip([name for name, _, _ in tail.outputs], session.run([values[n] for n in tail.inputs])))
+        values = dict(zip(self._names, ordered)) if served else self._program_values(ordered)
+        after = served or self._tail
+        if after is not None:
+            sub, session = after
+            values.update(zip([name for name, _, _ in sub.outputs], session.run([values[n] for n in sub.inputs])))
         return [values[name] for name, _, _ in self.outputs]
 
     def serving(self, *arrays: Any) -> ExternalSubgraph | None:
