@@ -29,12 +29,15 @@ def block(fn: Callable[[], object], runs: int) -> list[float]:
 
 def rounds_of_blocks(runs: dict[str, Callable[[], object]], repeat: int, rounds: int) -> dict[str, list[list[float]]]:
     """Each function's timed runs (milliseconds), block by block: ``repeat`` calls in all, the
-    functions taking turns in ``rounds`` blocks each."""
+    functions taking turns in ``rounds`` blocks each, each round starting one function further on
+    (so none always follows the same one)."""
     blocks: dict[str, list[list[float]]] = {name: [] for name in runs}
+    names = list(runs)
     for round_ in range(rounds):
         count = repeat // rounds + (round_ < repeat % rounds)
-        for name, fn in runs.items():
-            blocks[name].append(block(fn, count))
+        start = round_ % len(names)
+        for name in names[start:] + names[:start]:
+            blocks[name].append(block(runs[name], count))
     return blocks
 
 

@@ -538,6 +538,14 @@ def test_paired_times_cancel_slow_rounds_and_a_burst_in_one_block(monkeypatch):
     assert ms == {"a": 1.25, "b": 2.5}
 
 
+def test_each_round_of_blocks_starts_one_function_further_on(monkeypatch):
+    """No function always follows the same one (whose threads may still be winding down)."""
+    order = []
+    monkeypatch.setattr(turns, "block", lambda fn, count: [fn()])
+    turns.rounds_of_blocks({name: (lambda name=name: order.append(name)) for name in "abc"}, repeat=4, rounds=4)
+    assert "".join(order) == "abcbcacababc"
+
+
 class _UnscheduledConvs(dl.ScheduleRule):
     """Test hook: the convolutions' kernels (direct, or Winograd's transforms and its batched GEMM,
     ``dense_packed``) left as TVM emits them without a schedule (serial loops, tens of times slower
