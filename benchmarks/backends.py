@@ -14,8 +14,11 @@ comparison: in blocks of three runs after a pause, where a VM's idle cores wake 
 ShuffleNet-V2 x0.5 took 2.16 ms and onnxruntime's 1.87 (Sapphire Rapids class VM), against 1.33
 and 1.42 in 50 ms blocks.
 The row gives the four times, the plan, and the ratio of the measured build to the fastest of the
-three alone that give onnxruntime's outputs (project tolerance): the limit is 1.03x. One that does
-not is marked "other output" and is no peer: SSDlite with random weights gets other boxes from
+three alone that give onnxruntime's outputs (project tolerance): the limit is 1.03x. Beside it, where
+that ratio lies with 95 % confidence from the rounds' ratios alone (``support.turns.ratio_range``):
+on a host whose blocks move up to 2x between rounds, one build against itself spans up to
+0.91-1.08, so a row's ratio is only as exact as its range. A build alone whose outputs are not
+onnxruntime's is marked "other output" and is no peer: SSDlite with random weights gets other boxes from
 OpenVINO, whose near-equal scores order differently. A model with dynamic dims (the zoo's
 ``*_dynamic``) is compiled with the bounds ``benchmarks/dynamic_shapes.py`` uses and has a row at
 each size the measurement times it at (``backend_choice.sizes``).
@@ -40,7 +43,7 @@ from relaxc.backend_choice import BLOCK_SECONDS, size_label, sizes
 from relaxc.benchmarks.bench import merge_results, table_line, this_cpu
 from relaxc.benchmarks.dynamic_shapes import bounds_for
 from relaxc.benchmarks.harness import _load
-from relaxc.support.turns import block, paired
+from relaxc.support.turns import block, paired_times, ratio_range, round_medians
 from relaxc.cli import run_command
 from relaxc.frontend import models
 from relaxc.runtime import random_inputs
@@ -58,12 +61,15 @@ least) for 24 rounds, each round starting one further on; each time is the measu
 times the median over the rounds of the ratio of its block to the measured build's. The plan is what
 the measurement chose: one backend for the whole model, or a mix (its external subgraphs listed).
 `to fastest alone` counts only the builds alone whose outputs match onnxruntime's (a time marked
-"other output" does not). Segments summed: the model cut into 8 segments, each timed alone on each
-backend on the values the model makes there, summed per backend, and `mix` the sum of each segment's
-cheapest: a mixed plan can save at most the gap between `mix` and the best single sum, less a call
-per crossing and the fusion lost at each cut, so a mix is chosen only where it measures faster whole
-(`mixed plan timed`: that mix, built and timed whole while compiling; why it loses:
-docs/backends.md, "Why mixed plans lose"). One section per CPU and target. Do not edit by hand."""
+"other output" does not); in brackets, where that ratio lies with 95 % confidence from the 24
+rounds' ratios (order statistics; one build against itself spanned up to 0.91-1.08 on a VM whose
+blocks moved 2x between rounds). Rows without a range predate it. Segments summed: the model cut
+into 8 segments, each timed alone on each backend on the values the model makes there, summed per
+backend, and `mix` the sum of each segment's cheapest: a mixed plan can save at most the gap between
+`mix` and the best single sum, less a call per crossing and the fusion lost at each cut, so a mix is
+chosen only where it measures faster whole (`mixed plan timed`: that mix, built and timed whole
+while compiling; why it loses: docs/backends.md, "Why mixed plans lose"). One section per CPU and
+target. Do not edit by hand."""
 LIMIT = 1.03
 
 
@@ -141,14 +147,17 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
         if alone is not None:
             runs["relaxc"] = lambda: alone.run(inputs)
         other = {name for name in ("relaxc", "openvino") if name in runs and not _agrees(runs[name](), expected)}
-        ms = paired(runs, rounds * max(repeat // rounds, _runs_in_a_block(runs)), rounds)
-        fastest = min(ms[name] for name in ("relaxc", "onnxruntime", "openvino") if name in ms and name not in other)
+        medians = round_medians(runs, rounds * max(repeat // rounds, _runs_in_a_block(runs)), rounds)
+        ms = paired_times(medians)
+        fastest = min((name for name in ("relaxc", "onnxruntime", "openvino") if name in ms and name not in other),
+                      key=ms.get)
+        low, high = ratio_range(medians, fastest, "measured")  # the fastest's block against the measured one's
 
         def cell(name: str) -> str:
             return "refused" if name not in ms else f"{ms[name]:.2f}" + (" (other output)" if name in other else "")
         model_at = spec + (f" at {size_label(dims)}" if dims else "")
         rows.append([model_at, cell("relaxc"), cell("onnxruntime"), cell("openvino"), cell("measured"),
-                     _plan(report, size_label(dims)), f"{ms['measured'] / fastest:.2f}x", sums or "not measured",
+                     _plan(report, size_label(dims)), f"{ms['measured'] / ms[fastest]:.2f}x ({1 / high:.2f}-{1 / low:.2f})", sums or "not measured",
                      datetime.date.today().isoformat()])
     return rows
 
@@ -190,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.markdown:  # after every model: a long run stopped halfway keeps what it measured
             _write(args.markdown, table)
     if table:
-        ratios = [float(row[6].rstrip("x")) for row in table]
+        ratios = [float(row[6].split("x")[0]) for row in table]
         print(f"worst {max(ratios):.2f}x, geometric mean {float(np.exp(np.mean(np.log(ratios)))):.2f}x "
               f"(limit {LIMIT}x each)", flush=True)
     if args.markdown and table:

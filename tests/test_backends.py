@@ -546,6 +546,14 @@ def test_each_round_of_blocks_starts_one_function_further_on(monkeypatch):
     assert "".join(order) == "abcbcacababc"
 
 
+def test_a_ratio_range_holds_the_middle_rounds_with_95_percent_confidence():
+    """24 rounds: the 7th and 18th smallest of the ratios (a binomial's 2.3 % tail each side)."""
+    ratios = [1.0 + k / 100 for k in range(24)]
+    medians = {"measured": [2.0] * 24, "fastest": [2.0 * r for r in ratios[::-1]]}
+    assert turns.ratio_range(medians, "fastest", "measured") == (ratios[6], ratios[17])
+    assert turns.ratio_range({"a": [1.0], "b": [3.0]}, "b", "a") == (3.0, 3.0)  # one round: nothing to spread
+
+
 class _UnscheduledConvs(dl.ScheduleRule):
     """Test hook: the convolutions' kernels (direct, or Winograd's transforms and its batched GEMM,
     ``dense_packed``) left as TVM emits them without a schedule (serial loops, tens of times slower
