@@ -151,13 +151,13 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
         ms = paired_times(medians)
         fastest = min((name for name in ("relaxc", "onnxruntime", "openvino") if name in ms and name not in other),
                       key=ms.get)
-        low, high = ratio_range(medians, fastest, "measured")  # the fastest's block against the measured one's
+        low, high = ratio_range(medians, "measured", fastest)
 
         def cell(name: str) -> str:
             return "refused" if name not in ms else f"{ms[name]:.2f}" + (" (other output)" if name in other else "")
         model_at = spec + (f" at {size_label(dims)}" if dims else "")
         rows.append([model_at, cell("relaxc"), cell("onnxruntime"), cell("openvino"), cell("measured"),
-                     _plan(report, size_label(dims)), f"{ms['measured'] / ms[fastest]:.2f}x ({1 / high:.2f}-{1 / low:.2f})", sums or "not measured",
+                     _plan(report, size_label(dims)), f"{ms['measured'] / ms[fastest]:.2f}x ({low:.2f}-{high:.2f})", sums or "not measured",
                      datetime.date.today().isoformat()])
     return rows
 
