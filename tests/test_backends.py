@@ -554,6 +554,17 @@ def test_a_ratio_range_holds_the_middle_rounds_with_95_percent_confidence():
     assert turns.ratio_range({"a": [1.0], "b": [3.0]}, "b", "a") == (3.0, 3.0)  # one round: nothing to spread
 
 
+def test_two_runtimes_are_settled_when_one_is_faster_or_both_are_within_a_tie():
+    """24 rounds of b against a: settled where the ratios' 95 % range lies above 1, or within
+    ``TIE`` of 1 either way; not where it holds 1 and reaches past ``TIE``."""
+    def rounds(ratios: list[float]) -> dict[str, list[float]]:
+        return {"a": [2.0] * len(ratios), "b": [2.0 * r for r in ratios]}
+
+    assert backend_choice.settled(rounds([1.01 + k / 200 for k in range(24)]))  # b slower: 1.04-1.10
+    assert backend_choice.settled(rounds([0.99 + k / 1000 for k in range(24)]))  # a tie: 0.996-1.007
+    assert not backend_choice.settled(rounds([0.93 + k / 100 for k in range(24)]))  # 0.99-1.10: not yet
+
+
 class _UnscheduledConvs(dl.ScheduleRule):
     """Test hook: the convolutions' kernels (direct, or Winograd's transforms and its batched GEMM,
     ``dense_packed``) left as TVM emits them without a schedule (serial loops, tens of times slower
