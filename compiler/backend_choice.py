@@ -438,12 +438,12 @@ def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: 
         per_block = max(1, math.ceil(BLOCK_SECONDS * 1e3 / ms[close[0]]))
         medians = round_medians({name: calls[name] for name in close}, CLOSE_ROUNDS * per_block, CLOSE_ROUNDS)
         ms |= paired_times(medians)
-        top = sorted(close, key=ms.get)[:2]
+        top = {name: calls[name] for name in sorted(close, key=ms.get)[:2]}
         medians = {name: medians[name] for name in top}
         for _ in range(MORE_ROUNDS):
             if settled(medians):
                 break
-            more = round_medians({name: calls[name] for name in top}, CLOSE_ROUNDS * per_block, CLOSE_ROUNDS)
+            more = round_medians(top, CLOSE_ROUNDS * per_block, CLOSE_ROUNDS)
             medians = {name: medians[name] + more[name] for name in top}
             ms |= paired_times(medians)
     return {name: round(value, 3) for name, value in ms.items()}
