@@ -140,7 +140,8 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
                    for name, low, high in ranges if name != choice)
     chosen = _chosen(entry, choice, len(prepared.proto.graph.node))
     summary = {"decision": choice, "strategy": config.strategy, "measured_ms": entry["ms"],
-               "measured_memory_bytes": entry.get("memory", {}), "rejected": entry.get("rejected", {}),
+               "measured_memory_bytes": entry.get("memory", {}), "tied": entry.get("tied", []),
+               "rejected": entry.get("rejected", {}),
                "unmeasured_segments": entry.get("unmeasured", 0),
                "segments": entry.get("segments", []), "segment_sums": segment_sums(entry.get("segments", []))} | \
         ({"measured_ms_by_size": entry["ms_by_size"]} if "ms_by_size" in entry else {}) | \
@@ -185,13 +186,18 @@ def _fastest_by_size(entry: dict, bounds: dict[str, int], ranges: list[tuple[str
 
 def decide(entry: dict, strategy: str, among: set[str] | None = None) -> str:
     """The candidate a measurement picks under ``strategy`` (among ``among``, default all timed):
-    the fastest, or (``memory``) the fastest of those within ``SAME_MEMORY`` of the smallest."""
+    the fastest, or (``memory``) the fastest of those within ``SAME_MEMORY`` of the smallest. A
+    mixed plan the rounds could not tell from the next fastest (``tied``) yields to it: one runtime,
+    no crossings (Swin-T's mix timed 0.99x OpenVINO alone while compiling, then 1.06x it)."""
     ms = {name: t for name, t in entry["ms"].items() if among is None or name in among}
     if strategy == "memory":
         memory = entry["memory"]
         least = min(memory[name] for name in ms)
         ms = {name: t for name, t in ms.items() if memory[name] <= SAME_MEMORY * least}
-    return min(ms, key=ms.get)
+    fastest = min(ms, key=ms.get)
+    tied = entry.get("tied", [])
+    other = next((name for name in tied if name != fastest and name in ms), None)
+    return other if fastest == "plan" and fastest in tied and other else fastest
 
 
 def segment_sums(segments: list[dict]) -> dict[str, float]:
@@ -276,15 +282,17 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
             chosen = {i: backend for start, stop, backend in plan for i in range(start, stop)}
             built.add("plan", build, prepared, frontend.Partitioning(base.external, base.overrides, chosen))
         bar.update()
-    by_size = {size_label(dims): _compare(built.runners, at) for dims, at in zip(timed_at, inputs)}
+    compared = [_compare(built.runners, at) for at in inputs]
+    by_size = {size_label(dims): times for dims, (times, _) in zip(timed_at, compared)}
     ms = _geometric_mean(list(by_size.values()))
     memory = built.released()
     log.info("backends for %s: %s", prepared.name, ", ".join(
         f"{n} {t:.3f} ms {memory[n] / 2**20:.1f} MiB" for n, t in ms.items()))
-    # "choice" (the fastest) is what relaxc before the strategies read from a shared store
-    return {"choice": min(ms, key=ms.get), "ms": ms, "memory": memory, "plan": plan, "unmeasured": unmeasured,
-            "rejected": built.rejected,
-            "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]} | \
+    entry = {"ms": ms, "memory": memory, "tied": compared[0][1] if len(compared) == 1 else []}
+    # "choice" is what relaxc before the strategies read from a shared store
+    return entry | {"choice": decide(entry, "latency"), "plan": plan, "unmeasured": unmeasured,
+                    "rejected": built.rejected,
+                    "segments": [{"nodes": [nodes[0], nodes[-1] + 1], "ms": c} for nodes, c in zip(parts, costs)]} | \
         ({"ms_by_size": by_size} if prepared.bounds else {})
 
 
@@ -415,8 +423,10 @@ def _shortest(parts: list[list[int]], costs: list[dict[str, float]]) -> list[tup
     return [(nodes[0], nodes[-1] + 1, backend) for nodes, backend in zip(parts, path)]
 
 
-def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: int = 20) -> dict[str, float]:
-    """Milliseconds of each runner, the runners taking turns in blocks of runs (after a pause, so
+def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray],
+             repeat: int = 20) -> tuple[dict[str, float], list[str]]:
+    """Milliseconds of each runner, and the two fastest where their rounds could not tell which is
+    faster (95 % range of their ratio holding 1; else no names): the runners taking turns in blocks of runs (after a pause, so
     the threads of the one before are idle), each block against the fastest's in its round
     (``support.turns.paired``), rounded to microseconds: at least ``repeat`` runs each, and
     enough to last ``COMPARE_SECONDS``. A runner whose faster of two first runs takes over ``SLOWER``
@@ -434,6 +444,7 @@ def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: 
     ms = first | paired({name: calls[name] for name in timed}, runs)
     best = min(ms[name] for name in timed)
     close = sorted((name for name in timed if ms[name] <= CLOSE * best), key=ms.get)
+    tied: list[str] = []
     if len(close) > 1:
         per_block = max(1, math.ceil(BLOCK_SECONDS * 1e3 / ms[close[0]]))
         medians = round_medians({name: calls[name] for name in close}, CLOSE_ROUNDS * per_block, CLOSE_ROUNDS)
@@ -446,7 +457,9 @@ def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray], repeat: 
             more = round_medians(top, CLOSE_ROUNDS * per_block, CLOSE_ROUNDS)
             medians = {name: medians[name] + more[name] for name in top}
             ms |= paired_times(medians)
-    return {name: round(value, 3) for name, value in ms.items()}
+        low, high = ratio_range(medians, *list(top)[::-1])
+        tied = list(top) if low < 1 < high else []
+    return {name: round(value, 3) for name, value in ms.items()}, tied
 
 
 def settled(medians: dict[str, list[float]]) -> bool:

@@ -77,6 +77,9 @@ def plan_summary(backends: dict) -> str:
     if "decision" in backends:
         lines.append(f"  decision: {backends['decision']}"
                      + (f" (strategy {backends['strategy']})" if "strategy" in backends else ""))
+    if backends.get("tied"):
+        lines.append(f"    tied: {' and '.join(backends['tied'])} (95 % range of their ratio holds 1; "
+                     "a mixed plan yields to one backend)")
     for size, choice in backends.get("decision_by_size", {}).items():
         lines.append(f"    at {size}: {choice}")
     memory = backends.get("measured_memory_bytes", {})

@@ -233,6 +233,11 @@ def test_segments_cut_where_fewest_values_cross():
     assert 1 < len(parts) <= 3
 
 
+def _fastest(name: str):
+    """A stand-in for ``backend_choice._compare``: ``name`` times 1 ms, every other runner 2, no tie."""
+    return lambda runners, inputs, repeat=20: ({other: (1.0 if other == name else 2.0) for other in runners}, [])
+
+
 @pytest.fixture
 def two_segments(monkeypatch):
     """Measurements cut the graph in two segments: what is checked here is the decision and its
@@ -249,7 +254,7 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
 
     def compare(runners, inputs, repeat=20):
         measured.update({name: runner for name, runner in runners.items()})
-        return {name: (1.0 if name == "onnxruntime" else 2.0) for name in runners}
+        return {name: (1.0 if name == "onnxruntime" else 2.0) for name in runners}, []
 
     monkeypatch.setattr(backend_choice, "_compare", compare)
     model = reference.small_cnn()
@@ -269,8 +274,7 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
 
 @pytest.mark.usefixtures("two_segments")
 def test_a_stored_choice_of_a_missing_backend_falls_back_to_the_best_installed(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
-                        {name: (1.0 if name == "onnxruntime" else 2.0) for name in runners})
+    monkeypatch.setattr(backend_choice, "_compare", _fastest("onnxruntime"))
     model = reference.small_cnn()
     compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
     installed = external.installed()
@@ -282,8 +286,7 @@ def test_a_stored_choice_of_a_missing_backend_falls_back_to_the_best_installed(t
 
 @pytest.mark.usefixtures("two_segments")
 def test_segments_past_the_budget_stay_on_relaxc_and_show_no_time(tmp_path, monkeypatch):
-    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
-                        {name: (1.0 if name == "relaxc" else 2.0) for name in runners})
+    monkeypatch.setattr(backend_choice, "_compare", _fastest("relaxc"))
     art = compiler.compile(reference.small_cnn(), tuning="off", backends="measure", cache_dir=str(tmp_path),
                            measure_budget_s=1e-6)
     backends = art.report()["backends"]
@@ -305,8 +308,7 @@ def test_a_candidate_that_fails_to_build_is_dropped_with_its_reason(tmp_path, mo
         return artifact(prepared, given, *args, **kwargs)
 
     monkeypatch.setattr(pipeline, "_artifact", failing_on_openvino)
-    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
-                        {name: (1.0 if name == "relaxc" else 2.0) for name in runners})
+    monkeypatch.setattr(backend_choice, "_compare", _fastest("relaxc"))
     art = compiler.compile(reference.small_cnn(), tuning="off", backends="measure", cache_dir=str(tmp_path),
                            measure_budget_s=5)
     rejected = art.report()["backends"]["rejected"]
@@ -328,8 +330,7 @@ def test_each_strategy_is_measured_and_replayed_on_its_own(tmp_path, monkeypatch
     """relaxc fastest, onnxruntime smallest (both replaced here: which is which is the machine's to
     say): ``memory`` picks onnxruntime and replays it unmeasured; ``latency`` has a measurement of
     its own (relaxc's convolutions are other builds under each)."""
-    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
-                        {name: (1.0 if name == "relaxc" else 2.0) for name in runners})
+    monkeypatch.setattr(backend_choice, "_compare", _fastest("relaxc"))
     monkeypatch.setattr(backend_choice.Built, "released", lambda self:
                         {name: (1 if name == "onnxruntime" else 50) << 20 for name in self.runners})
     model = reference.small_cnn()
@@ -414,8 +415,7 @@ def test_a_detector_ending_in_non_max_suppression_compiles_exports_and_matches(t
 def test_a_library_may_run_the_model_as_exported(tmp_path, monkeypatch):
     """The whole model on a library is measured both as relaxc prepared it and as exported; the
     export chosen (times replaced here) is what the library runs, and what replays."""
-    monkeypatch.setattr(backend_choice, "_compare", lambda runners, inputs, repeat=20:
-                        {name: (1.0 if name == "onnxruntime@export" else 2.0) for name in runners})
+    monkeypatch.setattr(backend_choice, "_compare", _fastest("onnxruntime@export"))
     model = reference.small_cnn()
     art = compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
     assert art.report()["backends"]["decision"] == "onnxruntime@export"
@@ -438,7 +438,7 @@ def test_a_dynamic_model_is_measured_whole_at_two_sizes(tmp_path, monkeypatch):
         batch = inputs["x"].shape[0]
         timed.append(batch)
         ms = {"relaxc": 2.0, "onnxruntime@export": 1.0} if batch == 4 else {"relaxc": 1.0, "onnxruntime@export": 1.5}
-        return {name: ms.get(name, 3.0) for name in runners}
+        return {name: ms.get(name, 3.0) for name in runners}, []
 
     monkeypatch.setattr(backend_choice, "_compare", compare)
     model = reference.small_cnn()
@@ -552,6 +552,41 @@ def test_a_ratio_range_holds_the_middle_rounds_with_95_percent_confidence():
     medians = {"measured": [2.0] * 24, "fastest": [2.0 * r for r in ratios[::-1]]}
     assert turns.ratio_range(medians, "fastest", "measured") == (ratios[6], ratios[17])
     assert turns.ratio_range({"a": [1.0], "b": [3.0]}, "b", "a") == (3.0, 3.0)  # one round: nothing to spread
+
+
+def test_a_mixed_plan_tied_with_one_backend_yields_to_it():
+    """The mix timed fastest but its rounds against OpenVINO's held 1: one runtime, no crossings,
+    wins; not where the mix is faster for sure, and a tie between two single backends goes to the
+    faster as timed."""
+    entry = {"ms": {"plan": 77.7, "openvino": 78.7, "relaxc": 90.0}, "memory": {}, "tied": ["plan", "openvino"]}
+    assert backend_choice.decide(entry, "latency") == "openvino"
+    assert backend_choice.decide(entry | {"tied": []}, "latency") == "plan"
+    assert backend_choice.decide(entry, "latency", {"plan", "relaxc"}) == "plan"
+    singles = {"ms": {"relaxc": 1.0, "openvino": 1.01}, "memory": {}, "tied": ["relaxc", "openvino"]}
+    assert backend_choice.decide(singles, "latency") == "relaxc"
+
+
+def test_compare_names_the_two_fastest_where_their_rounds_cannot_tell_them_apart(monkeypatch):
+    """``_compare`` on stand-in runners whose blocks the rounds give: one 1.2x slower in every round
+    is no tie; two whose ratio swings 0.9-1.1 about 1 are, after the extra rounds."""
+    class Runner:
+        def __init__(self, ms: float) -> None:
+            self.ms = ms
+
+        def run(self, inputs):
+            return self.ms
+
+    def rounds(runs, repeat, count):
+        swing = [0.9, 1.1] * (count // 2)
+        return {name: [run() * (s if name == "b" else 1.0) for s in swing] for name, run in runs.items()}
+
+    monkeypatch.setattr(backend_choice, "block", lambda call, runs: [call()] * runs)
+    monkeypatch.setattr(backend_choice, "paired", lambda runs, repeat: {name: call() for name, call in runs.items()})
+    monkeypatch.setattr(backend_choice, "round_medians", rounds)
+    ms, tied = backend_choice._compare({"a": Runner(1.0), "c": Runner(1.2)}, {})
+    assert tied == [] and ms["c"] == pytest.approx(1.2)
+    ms, tied = backend_choice._compare({"a": Runner(1.0), "b": Runner(1.0), "c": Runner(1.2)}, {})
+    assert sorted(tied) == ["a", "b"]
 
 
 def test_two_runtimes_are_settled_when_one_is_faster_or_both_are_within_a_tie():
