@@ -196,8 +196,8 @@ def decide(entry: dict, strategy: str, among: set[str] | None = None) -> str:
         ms = {name: t for name, t in ms.items() if memory[name] <= SAME_MEMORY * least}
     fastest = min(ms, key=ms.get)
     tied = entry.get("tied", [])
-    other = next((name for name in tied if name != fastest and name in ms), None)
-    return other if fastest == "plan" and fastest in tied and other else fastest
+    other = [name for name in tied if name != fastest and name in ms]
+    return other[0] if fastest == "plan" and fastest in tied and other else fastest
 
 
 def segment_sums(segments: list[dict]) -> dict[str, float]:
@@ -288,6 +288,7 @@ def measure(prepared: frontend.Prepared, base: frontend.Partitioning, budget_s: 
     memory = built.released()
     log.info("backends for %s: %s", prepared.name, ", ".join(
         f"{n} {t:.3f} ms {memory[n] / 2**20:.1f} MiB" for n, t in ms.items()))
+    # a dynamic model, timed at two sizes, has no mixed plan to yield
     entry = {"ms": ms, "memory": memory, "tied": compared[0][1] if len(compared) == 1 else []}
     # "choice" is what relaxc before the strategies read from a shared store
     return entry | {"choice": decide(entry, "latency"), "plan": plan, "unmeasured": unmeasured,
@@ -426,8 +427,8 @@ def _shortest(parts: list[list[int]], costs: list[dict[str, float]]) -> list[tup
 def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray],
              repeat: int = 20) -> tuple[dict[str, float], list[str]]:
     """Milliseconds of each runner, and the two fastest where their rounds could not tell which is
-    faster (95 % range of their ratio holding 1; else no names): the runners taking turns in blocks of runs (after a pause, so
-    the threads of the one before are idle), each block against the fastest's in its round
+    faster (``spread`` holding 1; else no names). The runners take turns in blocks of runs (after
+    a pause, so the threads of the one before are idle), each block against the fastest's in its round
     (``support.turns.paired``), rounded to microseconds: at least ``repeat`` runs each, and
     enough to last ``COMPARE_SECONDS``. A runner whose faster of two first runs takes over ``SLOWER``
     times the fastest's keeps that time: a cliff in one kernel costs two runs of it (one alone was
@@ -457,7 +458,7 @@ def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray],
             more = round_medians(top, CLOSE_ROUNDS * per_block, CLOSE_ROUNDS)
             medians = {name: medians[name] + more[name] for name in top}
             ms |= paired_times(medians)
-        low, high = ratio_range(medians, *list(top)[::-1])
+        low, high = spread(medians)
         tied = list(top) if low < 1 < high else []
     return {name: round(value, 3) for name, value in ms.items()}, tied
 
@@ -465,9 +466,14 @@ def _compare(runners: dict[str, Runner], inputs: dict[str, np.ndarray],
 def settled(medians: dict[str, list[float]]) -> bool:
     """Whether the rounds (two runtimes' block medians, ``support.turns.round_medians``) tell which
     is faster, or that they are within ``TIE`` of each other either way (95 % ranges)."""
-    first, second = medians
-    low, high = ratio_range(medians, second, first)
+    low, high = spread(medians)
     return low >= 1 or high <= 1 or (low >= 1 / TIE and high <= TIE)
+
+
+def spread(medians: dict[str, list[float]]) -> tuple[float, float]:
+    """The 95 % range of the second runtime's rounds against the first's (``support.turns.ratio_range``)."""
+    first, second = medians
+    return ratio_range(medians, second, first)
 
 
 def whole_model(prepared: frontend.Prepared, given: frontend.Partitioning,

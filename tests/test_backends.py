@@ -562,6 +562,7 @@ def test_a_mixed_plan_tied_with_one_backend_yields_to_it():
     assert backend_choice.decide(entry, "latency") == "openvino"
     assert backend_choice.decide(entry | {"tied": []}, "latency") == "plan"
     assert backend_choice.decide(entry, "latency", {"plan", "relaxc"}) == "plan"
+    assert backend_choice.decide(entry | {"tied": ["openvino", "relaxc"]}, "latency") == "plan"
     singles = {"ms": {"relaxc": 1.0, "openvino": 1.01}, "memory": {}, "tied": ["relaxc", "openvino"]}
     assert backend_choice.decide(singles, "latency") == "relaxc"
 
