@@ -6,6 +6,8 @@ import gc
 import json
 import os
 import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -270,6 +272,34 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
     assert replayed.report()["backends"]["decision"] == "onnxruntime"
     assert compiler.compile(model, tuning="off", cache_dir=str(tmp_path), backends="fallback") \
         .report()["backends"]["subgraphs"] == []
+
+
+REPLAY_AND_LIST_LIBRARIES = """
+import sys, relaxc
+art = relaxc.compile(sys.argv[1], tuning="off", cache_dir=sys.argv[2])
+print(art.report()["backends"]["decision"], sorted({"onnxruntime", "openvino"} & set(sys.modules)))
+"""
+
+
+@pytest.mark.usefixtures("two_segments")
+def test_a_replayed_decision_for_relaxc_imports_no_library(tmp_path, monkeypatch):
+    """Replaying a stored decision for relaxc's kernels compiles as ``backends="relaxc"`` does:
+    the libraries' versions come from their metadata, not from importing them (0.23 s)."""
+    monkeypatch.setattr(backend_choice, "_compare", _fastest("relaxc"))
+    model = reference.small_cnn()
+    compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
+    with open(tmp_path / "model.onnx", "wb") as f:
+        f.write(model.SerializeToString())
+    proc = subprocess.run([sys.executable, "-c", REPLAY_AND_LIST_LIBRARIES, str(tmp_path / "model.onnx"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[-2] == "relaxc []", proc.stdout
+
+
+def test_a_backends_version_is_its_distributions_as_the_library_reports_it():
+    for name in external.installed():
+        backend = external.get(name)
+        assert backend.library().__version__.startswith(backend.version())
 
 
 @pytest.mark.usefixtures("two_segments")

@@ -45,6 +45,7 @@ class OnnxRuntimeSession:
 class OnnxRuntime(Backend):
     name = "onnxruntime"
     module = "onnxruntime"
+    distributions = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml")
     extra = "onnxruntime"
     domains = frozenset({"ai.onnx", "ai.onnx.ml", "com.microsoft"})
     guarded = KNOWN_WRONG_OPS

@@ -49,6 +49,7 @@ class OpenVinoSession:
 class OpenVino(Backend):
     name = "openvino"
     module = "openvino"
+    distributions = ("openvino",)
     extra = "openvino"
     domains = frozenset({"ai.onnx"})
     guarded = KNOWN_WRONG_OPS
