@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from tests.fuzz.__main__ import fuzz
-from tests.fuzz.check import Outcome, check, check_in, inputs_for, out_of_range, worker
+from tests.fuzz.check import Outcome, assert_rounding_explains, check, check_in, inputs_for, out_of_range, worker
 from tests.fuzz.generate import random_graph
 from tests.fuzz.shrink import shrink
 from tests.isolated import HUNG, Isolated
@@ -54,6 +54,21 @@ def test_kept_reproducer(path, isolated):
         assert outcome.kind in ("pass", "refused"), outcome
     else:
         assert outcome.kind == "pass", outcome
+
+
+def test_relaxcs_quantized_values_explain_a_step_on_a_rounding_boundary_not_a_wrong_value():
+    """Softplus one ulp from a rounding boundary, then QuantizeLinear: relaxc's value one step from
+    onnxruntime's is explained by relaxc's quantized values; a value two steps off is not."""
+    import relaxc
+
+    model = onnx.load(os.path.join(os.path.dirname(__file__), "fuzz_cases", "mismatch-seed38000801.onnx"))
+    inputs = inputs_for(model)
+    (actual,) = relaxc.compile(model, tuning="off").run(inputs)
+    assert_rounding_explains(model, inputs, [actual], "replay", "cpu", "found")
+    wrong = actual.copy()
+    wrong.flat[0] += 2
+    with pytest.raises(AssertionError, match="given relaxc's quantized values"):
+        assert_rounding_explains(model, inputs, [wrong], "replay", "cpu", "found")
 
 
 def test_out_of_range_indices_are_refused_as_onnxruntime_refuses_them():
