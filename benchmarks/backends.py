@@ -65,7 +65,8 @@ the measurement chose: one backend for the whole model, or a mix (its external s
 rounds' ratios (order statistics; one build against itself spanned up to 0.91-1.08 on a VM whose
 blocks moved 2x between rounds). Rows without a range predate it. Segments summed: the model cut
 into 8 segments, each timed alone on each backend on the values the model makes there, summed per
-backend, and `mix` the sum of each segment's cheapest: a mixed plan can save at most the gap between
+backend (`k of n segments`: only those measured within the compile's budget, the others left
+out), and `mix` the sum of each segment's cheapest: a mixed plan can save at most the gap between
 `mix` and the best single sum, less a call per crossing and the fusion lost at each cut, so a mix is
 chosen only where it measures faster whole (`mixed plan timed`: that mix, built and timed whole
 while compiling; why it loses: docs/backends.md, "Why mixed plans lose"). One section per CPU and
@@ -135,6 +136,9 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
     print(f"{spec}: timed while compiling, ms: " + ", ".join(
         f"{name} {value:.2f}" for name, value in report["backends"].get("measured_ms", {}).items()), file=sys.stderr)
     sums = ", ".join(f"{name} {value:.1f}" for name, value in report["backends"].get("segment_sums", {}).items())
+    segments, unmeasured = len(report["backends"].get("segments", [])), report["backends"].get("unmeasured_segments", 0)
+    if sums and unmeasured:
+        sums += f" ({segments - unmeasured} of {segments} segments)"
     if "plan" in report["backends"].get("measured_ms", {}):  # the mix, built and timed whole while compiling
         sums += f"; mixed plan timed {report['backends']['measured_ms']['plan']:.1f}"
     rows = []
