@@ -138,6 +138,21 @@ def agreement(outputs: list[np.ndarray], expected: list[np.ndarray], step: float
     return float(np.mean(steps < 0.5)), float(steps.max(initial=0.0))
 
 
+def with_quantized_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` also returning the integer result of every quantizing node (``QuantizeLinear``,
+    QOperator ``QLinear*``; shapes inferred on the QDQ form, which standard ONNX describes)."""
+    from relaxc.frontend import qoperators
+
+    infos = {v.name: v for v in onnx.shape_inference.infer_shapes(qoperators.to_qdq(model)).graph.value_info}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    outputs = {value.name for value in copy.graph.output}
+    for node in copy.graph.node:
+        if (node.op_type.startswith("QLinear") or node.op_type == "QuantizeLinear") and node.output[0] not in outputs:
+            copy.graph.output.append(infos[node.output[0]])
+    return copy
+
+
 def with_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` also returning every activation ``DynamicQuantizeLinear`` quantizes (uint8)."""
     inferred = onnx.shape_inference.infer_shapes(model)

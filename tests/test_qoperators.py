@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper, shape_inference
+from onnx import TensorProto, helper, numpy_helper
 
 import relaxc as compiler
+from relaxc.benchmarks.quantized import with_quantized_outputs
 from relaxc.frontend import qoperators
 from relaxc.support.errors import UnsupportedOperatorError
 from tests import reference
@@ -39,19 +40,6 @@ def _mixed(seed: int = 0) -> onnx.ModelProto:
                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 12])], inits)
 
 
-def _with_quantized_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` also returning the uint8 result of every quantizing node (shapes inferred on the
-    QDQ form, which standard ONNX describes)."""
-    infos = {v.name: v for v in shape_inference.infer_shapes(qoperators.to_qdq(model)).graph.value_info}
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    outputs = {value.name for value in copy.graph.output}
-    for node in copy.graph.node:
-        if (node.op_type.startswith("QLinear") or node.op_type == "QuantizeLinear") and node.output[0] not in outputs:
-            copy.graph.output.append(infos[node.output[0]])
-    return copy
-
-
 @pytest.mark.parametrize("make, ops", [
     (_float_cnn, {"QLinearConv", "QLinearAdd", "QLinearSigmoid", "QLinearMul", "QLinearGlobalAveragePool", "QGemm"}),
     (_mixed, {"QLinearConv", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearConcat", "QLinearMatMul",
@@ -59,7 +47,7 @@ def _with_quantized_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
 def test_qoperator_models_equal_onnxruntime_int8_to_the_bit(make, ops):
     model = quantize(make(), form="QOperator")
     assert ops <= {node.op_type for node in model.graph.node}
-    model = _with_quantized_outputs(model)
+    model = with_quantized_outputs(model)
     art = compiler.compile(model, tuning="off", backends="relaxc")
     summary = art.report()["quantized"]
     assert summary["float"] == {} and summary["requantized"] == sum(

@@ -162,10 +162,10 @@ def assert_rounding_explains(model: onnx.ModelProto, inputs: dict[str, np.ndarra
     before a quantization, a Selu after it) is then one step of that value away, not wrong."""
     import relaxc as compiler
     from relaxc.benchmarks import reference
-    from relaxc.benchmarks.quantized import agreement
+    from relaxc.benchmarks.quantized import agreement, with_quantized_outputs
 
     names = list(dict.fromkeys(node.output[0] for node in model.graph.node if node.op_type == "QuantizeLinear"))
-    exposed = _with_outputs(model, names)
+    exposed = with_quantized_outputs(model)
     outputs = [value.name for value in exposed.graph.output]
     ours = dict(zip(outputs, compiler.compile(exposed, target=target, tuning="off", backends=backends).run(inputs)))
     theirs = dict(zip(outputs, reference.ort_session(exposed, config=QUANTIZED_SESSION).run(None, inputs)))
@@ -173,7 +173,8 @@ def assert_rounding_explains(model: onnx.ModelProto, inputs: dict[str, np.ndarra
         equal, worst = agreement([ours[name]], [theirs[name]], 1.0)
         assert equal >= QUANTIZED_EQUAL and round(worst) <= QUANTIZED_STEPS, \
             f"{found}; quantized value {name}: {100 * equal:.2f} % equal, {worst:.0f} steps apart at most"
-    given = reference.ort_session(_given(model, names), config=QUANTIZED_SESSION) \
+    values = [value for value in exposed.graph.output if value.name in names]
+    given = reference.ort_session(_given(model, values), config=QUANTIZED_SESSION) \
         .run(None, inputs | {name: ours[name] for name in names})
     try:
         reference.assert_matches(actual, given)
@@ -181,29 +182,15 @@ def assert_rounding_explains(model: onnx.ModelProto, inputs: dict[str, np.ndarra
         raise AssertionError(f"{found}; onnxruntime given relaxc's quantized values: {err}") from None
 
 
-def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """``model`` also returning the values ``names``."""
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    present = {value.name for value in model.graph.output}
-    exposed.graph.output.extend(_infos(model)[name] for name in names if name not in present)
-    return exposed
-
-
-def _given(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """``model`` with the ``QuantizeLinear`` nodes making ``names`` removed, their values graph inputs."""
+def _given(model: onnx.ModelProto, values: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    """``model`` with the nodes making ``values`` removed, those values graph inputs."""
+    names = {value.name for value in values}
     given = onnx.ModelProto()
     given.CopyFrom(model)
     del given.graph.node[:]
     given.graph.node.extend(node for node in model.graph.node if node.output[0] not in names)
-    given.graph.input.extend(_infos(model)[name] for name in names)
+    given.graph.input.extend(values)
     return given
-
-
-def _infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """Type and shape of each value of ``model``, as ONNX shape inference gives them."""
-    inferred = onnx.shape_inference.infer_shapes(model).graph
-    return {value.name: value for value in list(inferred.value_info) + list(inferred.output)}
 
 
 def _refused_alike(art, reference, model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> Outcome | None:
