@@ -115,7 +115,7 @@ def _plan(report: dict, size: str) -> str:
 
 def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float) -> list[list[str]]:
     """The model's rows: one, or one per size ``backend_choice.sizes`` times a dynamic model at."""
-    import relaxc as compiler
+    import relaxc
 
     model = _load(spec)
     if models.is_light(model):
@@ -124,10 +124,10 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
     # a store of the run's own over the shipped one, for both builds: a cache_dir alone would leave
     # out the shipped records the build alone reads, and charge relaxc's candidate for it
     with tempfile.TemporaryDirectory() as store, mock.patch.dict(os.environ, {"RELAXC_CACHE_DIR": store}):
-        measured = compiler.compile(spec, tuning="off", backends="measure", measure_budget_s=budget_s,
+        measured = relaxc.compile(spec, tuning="off", backends="measure", measure_budget_s=budget_s,
                                     dim_bounds=bounds or None)
         try:
-            alone = compiler.compile(spec, tuning="off", backends="relaxc", dim_bounds=bounds or None)
+            alone = relaxc.compile(spec, tuning="off", backends="relaxc", dim_bounds=bounds or None)
         except UserError:
             alone = None
     session = reference.ort_session(model, threads=threads)

@@ -22,7 +22,7 @@ import tempfile
 
 import onnx
 
-import relaxc as compiler
+import relaxc
 from relaxc.benchmarks import reference
 from relaxc import frontend
 from relaxc.profile import model_calls
@@ -70,7 +70,7 @@ def _ort_kinds(path: str) -> dict[str, str]:
 def compare(spec: str | onnx.ModelProto, rounds: int, **options) -> tuple[dict[str, float], dict[str, float], float, float]:
     """Per kind, relaxc's and onnxruntime's milliseconds per inference; and each one's total."""
     model = frontend.load_model(spec)[0]
-    art = compiler.compile(spec, **options)
+    art = relaxc.compile(spec, **options)
     inputs = random_inputs(art.inputs, high=art.input_high)
     _vm, calls = model_calls(art, inputs)
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend
 from relaxc.benchmarks import harness, reference
 from relaxc.benchmarks.bench import cpu_model
@@ -49,8 +49,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20, help="inferences per runtime, state and round")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        claimed = compiler.load(args.build)
-        even = compiler.load(_copy(args.build, folder), parallel="tvm")
+        claimed = relaxc.load(args.build)
+        even = relaxc.load(_copy(args.build, folder), parallel="tvm")
         if (claimed.launcher, even.launcher) != ("relaxc", "tvm"):
             sys.exit(f"{args.build}: its parallel loops run on {claimed.launcher!r}, not relaxc's launcher; "
                      f"export it again")

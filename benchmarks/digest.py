@@ -18,7 +18,7 @@ import sys
 
 import onnx
 
-import relaxc as compiler
+import relaxc
 from relaxc.frontend import models
 from relaxc.runtime import random_inputs
 from relaxc.benchmarks.reference import randomize_weights
@@ -33,7 +33,7 @@ def _sha(data: bytes) -> str:
 
 
 def digest(spec: str, target, tuning: str) -> dict[str, str]:
-    art = compiler.compile(randomize_weights(onnx.load(models.bundled_path(spec))), target=target, tuning=tuning)
+    art = relaxc.compile(randomize_weights(onnx.load(models.bundled_path(spec))), target=target, tuning=tuning)
     outputs = art.run(random_inputs(art.inputs))
     report = art.report()
     for timing in ("phases", "compile_seconds"):

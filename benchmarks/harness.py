@@ -50,10 +50,10 @@ def _load(spec: str) -> onnx.ModelProto:
 
 def bench_one(spec: str, *, repeat: int, threads: int, target: str, **compile_options) -> Row:
     """Compile ``spec``, check it against onnxruntime, and time both in alternating rounds."""
-    import relaxc as compiler
+    import relaxc
 
     start = time.perf_counter()
-    art = compiler.compile(spec, target=target, **compile_options)
+    art = relaxc.compile(spec, target=target, **compile_options)
     compile_s = time.perf_counter() - start
     inputs = random_inputs(art.inputs, high=art.input_high)
     session = reference.ort_session(_load(spec), threads=threads)

@@ -209,25 +209,25 @@ def _ort_ops(model: onnx.ModelProto, inputs: dict, threads: int) -> str:
 
 def bench_one(spec: str, repeat: int, rounds: int, threads: int, form: str = "QDQ",
               target: str = "cpu", activations: str = "uint8") -> list[str]:
-    import relaxc as compiler
+    import relaxc
 
     model = _load(spec)
     if models.is_light(model):
         model = models.fill_light(model)
     elif spec.startswith(models.PREFIX):  # the onnx package's CNNs: constant fills, which quantize to nothing
         model = reference.randomize_weights(model)
-    floats = compiler.compile(model, target=target, tuning="off", backends="relaxc")
+    floats = relaxc.compile(model, target=target, tuning="off", backends="relaxc")
     calibration = [random_inputs(floats.inputs, seed=k, high=floats.input_high) for k in range(CALIBRATION_INPUTS)]
     quantized = quantize(model, calibration=calibration, form=form, activations=activations)
     step = output_step(quantized)
-    int8 = compiler.compile(quantized, target=target, tuning="off", backends="relaxc")
+    int8 = relaxc.compile(quantized, target=target, tuning="off", backends="relaxc")
     inputs = random_inputs(int8.inputs, seed=CALIBRATION_INPUTS, high=int8.input_high)
     ort_int8 = reference.ort_session(quantized, threads=threads)
     ort_float = reference.ort_session(model, threads=threads)
     equal_cell = None
     if form == "dynamic":  # the output is float: compare the activations each matmul quantized, then the output
         checked = with_activations(quantized)
-        ours = compiler.compile(checked, target=target, tuning="off", backends="relaxc")
+        ours = relaxc.compile(checked, target=target, tuning="off", backends="relaxc")
         (equal, worst, relative), (own_equal, own_worst, own_relative) = dynamic_agreements(
             ours.run, checked, [inputs] + [random_inputs(int8.inputs, seed=CALIBRATION_INPUTS + k, high=int8.input_high)
                                            for k in range(1, DYNAMIC_INPUTS)], threads)

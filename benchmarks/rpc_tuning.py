@@ -22,7 +22,7 @@ from tvm import rpc
 from tvm.rpc.tracker import Tracker
 from tvm.s_tir import meta_schedule as ms
 
-import relaxc as compiler
+import relaxc
 from relaxc.benchmarks.bench import cpu_model
 from relaxc.support.targets import host_cpu
 from relaxc.support.threads import configure_threads
@@ -44,7 +44,7 @@ def tune_once(model: str, trials: int, kernels: list[str], servers: int) -> dict
     options = {"rpc": f"127.0.0.1:{tracker.port}", "rpc_key": KEY} if servers else {}
     try:
         with tempfile.TemporaryDirectory() as store, ms.Profiler() as profiler:
-            summary = compiler.tune(model, trials=trials, kernels=kernels, cache_dir=store, **options)
+            summary = relaxc.tune(model, trials=trials, kernels=kernels, cache_dir=store, **options)
         profile = {name: float(seconds) for name, seconds in profiler.get().items()}
     finally:
         for server in started:

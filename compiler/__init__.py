@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from relaxc.options import Options, TuneOptions
     from relaxc.support.targets import TargetLike
 
-__all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Options", "TuneOptions", "Deployed",
+__all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Artifact", "Options", "TuneOptions", "Deployed",
            "UserError", "ModelError", "UnsupportedOperatorError", "ShapeError", "TargetError", "InputError",
            "ExportError"]
 
@@ -45,7 +45,7 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     constants: inputs fixed at compile time, e.g. ``{"axes": np.array([1])}``: each becomes a constant
         of the model and is no longer an input of the artifact (for inputs that must be static: a
         reduction's axes, pads, a Reshape's shape).
-    options: the fields of ``compiler.Options`` as keywords (``tuning``, ``cache_dir``,
+    options: the fields of ``relaxc.Options`` as keywords (``tuning``, ``cache_dir``,
         ``layout_block``, ``memory_planner``, ``unshared``, ``validate_memory``), each documented there.
     """
     from relaxc.options import Options
@@ -59,8 +59,8 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
          tune_sizes: "dict[str, list[int]] | None" = None, **options: Any) -> dict:
     """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the record store.
 
-    options: the fields of ``compiler.TuneOptions`` (``trials``, ``trials_per_task``, ``minutes``,
-    ``kernels``, ``reselect``) and of ``compiler.Options`` but ``tuning``, as keywords. Records go to
+    options: the fields of ``relaxc.TuneOptions`` (``trials``, ``trials_per_task``, ``minutes``,
+    ``kernels``, ``reselect``) and of ``relaxc.Options`` but ``tuning``, as keywords. Records go to
     ``<cache_dir>/<target key>/`` as they are measured, so an interrupted run loses nothing and a
     rerun resumes. Then each kernel whose records changed (every kernel with ``reselect``; only those
     matching ``kernels``, if given) gets its
@@ -104,8 +104,12 @@ def load_cache(path: str, cache_dir: str | None = None) -> dict[str, int]:
 
 
 def __getattr__(name: str) -> Any:
-    """``Options`` and ``TuneOptions`` on first use: their choices come from the passes and
-    schedules, which loading an artifact never needs."""
+    """``Artifact``, ``Options`` and ``TuneOptions`` on first use: they import the compile side (the
+    passes and schedules, code generation), which loading an artifact never needs."""
+    if name == "Artifact":
+        from relaxc import artifact
+
+        return artifact.Artifact
     if name in ("Options", "TuneOptions"):
         from relaxc import options
 

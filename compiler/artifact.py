@@ -1,6 +1,6 @@
 """A compiled model: run it, inspect what each phase did, export it for deployment.
 
-``Artifact`` is what ``compiler.compile`` returns. Export writes the shared library, the device code
+``Artifact`` is what ``relaxc.compile`` returns. Export writes the shared library, the device code
 of GPU targets and a JSON manifest together (``support.files.Staging``), so a failure leaves
 nothing behind; ``compiler.load`` (``compiler/runtime.py``) reads them back with TVM's runtime only.
 """

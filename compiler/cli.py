@@ -191,9 +191,9 @@ def _check_phase(args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.model.endswith(".so"):
-        import relaxc as compiler
+        import relaxc
 
-        runner = compiler.load(args.model, device=args.device)
+        runner = relaxc.load(args.model, device=args.device)
         given = _given_inputs(args, [name for name, _, _ in runner.inputs])
         report = None
     else:
@@ -263,9 +263,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    import relaxc as compiler
+    import relaxc
 
-    summary = compiler.tune(args.model, target=args.target, shapes=_shapes(args), constants=_constants(args),
+    summary = relaxc.tune(args.model, target=args.target, shapes=_shapes(args), constants=_constants(args),
                             dim_bounds=_named_sizes(args.dim_bound, "--dim-bound"),
                             tune_sizes=_named_sizes([(n, list(s)) for n, s in args.tune_sizes], "--tune-sizes"),
                             **option_values(args, Options, TuneOptions))

@@ -238,7 +238,7 @@ PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)  # Artifa
 def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes: frontend.Shapes | None = None,
                   options: Options = Options(), constants: frontend.Constants | None = None,
                   dim_bounds: frontend.DimBounds | None = None) -> Artifact:
-    """Compile ``model`` for ``target``; see ``compiler.compile`` for the contract."""
+    """Compile ``model`` for ``target``; see ``relaxc.compile`` for the contract."""
     configure_threads()  # constant folding runs kernels: TVM's thread pool may start right here
     fast_math.register()
     config = options.resolve(target)

@@ -43,7 +43,7 @@ from relaxc.schedules.selection import TOLERANCE, Candidate, Recorded, candidate
 from relaxc.support import tvm_internals, tvm_log
 
 log = logging.getLogger("relaxc")
-SELECTIONS = ("alone", "sequence")  # compiler.TuneOptions.selection: selection.py or this module
+SELECTIONS = ("alone", "sequence")  # relaxc.TuneOptions.selection: selection.py or this module
 TOP_K = 4  # best records (by their tuning measurement) per kernel, beside the default and the current choice
 RUNS = 50  # inferences per candidate (each kernel then takes about 1 s of an inference's time per candidate)
 RTOL = 1e-3  # a candidate's outputs against the current schedule's (reductions reordered: rounding only)

@@ -109,7 +109,7 @@ def run_case(path: str) -> dict:
     import numpy as np
     from onnx.backend.test.runner import Runner
 
-    import relaxc as compiler
+    import relaxc
     from relaxc.frontend import graph_inputs
 
     with open(path, "rb") as f:
@@ -135,10 +135,10 @@ def run_case(path: str) -> dict:
               if value.name not in fixed and any(not dim.dim_value for dim in value.type.tensor_type.shape.dim)}
     inputs = [array for value, array in zip(declared, inputs) if value.name not in fixed]
     try:
-        art = compiler.compile(case.model, shapes=shapes, constants=constants,
+        art = relaxc.compile(case.model, shapes=shapes, constants=constants,
                                backends=os.environ.get(BACKENDS_VARIABLE, "replay"))
         delegated = sorted({sub["backend"] for sub in art.report()["backends"].get("subgraphs", [])})
-    except compiler.UserError as err:
+    except relaxc.UserError as err:
         return result("unsupported", str(err))
     except Exception as err:  # anything else is a relaxc/TVM failure on a valid model
         return result("error", f"compile: {type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}")

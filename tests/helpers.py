@@ -9,7 +9,7 @@ import sys
 import onnx
 import tvm
 
-import relaxc as compiler
+import relaxc
 from relaxc.passes import tir_pipeline
 from relaxc.passes.dispatch import DIRECT, WINOGRAD
 from relaxc.schedules.cache import DISPATCH_FILE
@@ -40,14 +40,14 @@ def relaxc_command(*args) -> list[str]:
     return [sys.executable, "-m", "relaxc", *(str(a) for a in args)]
 
 
-def relaxc(*args, cwd=ROOT, timeout=600) -> subprocess.CompletedProcess:
+def run_cli(*args, cwd=ROOT, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(relaxc_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=env())
 
 
 def store_choosing(tmp_path, model: onnx.ModelProto, choice: str) -> str:
     """A record store whose dispatch.json makes ``choice`` the fastest candidate of every workload."""
-    art = compiler.compile(model, tuning="off", dispatch="heuristic")
+    art = relaxc.compile(model, tuning="off", dispatch="heuristic")
     workloads = {c["workload"] for c in art.report()["dispatch"]["convolutions"]}
     entry = {"candidates": {name: {"ms": 1.0 if name == choice else 2.0, "error": 0.0,
                                    "scratch_bytes": 0 if name == DIRECT else 1 << 20}

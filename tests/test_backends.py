@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc import backend_choice, external, pipeline, profile
 from relaxc.frontend import partition
 from relaxc.report import plan_summary
@@ -62,7 +62,7 @@ def _matches(art, model, seed=0):
 
 def test_an_operator_relaxc_cannot_import_runs_on_onnxruntime_inside_the_program():
     model = _det_between_convs()
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     _matches(art, model)
     backends = art.report()["backends"]
     assert [(s["backend"], s["placement"], s["ops"]) for s in backends["subgraphs"]] == \
@@ -74,36 +74,36 @@ def test_an_operator_relaxc_cannot_import_runs_on_onnxruntime_inside_the_program
 def test_profile_lists_external_calls_and_the_tail():
     """A call into a library and the tail are rows of the profile (kind external, the backend as
     schedule), timed alone as kernels are; the tail counts in end to end."""
-    art = compiler.compile(_det_between_convs(), tuning="off")
+    art = relaxc.compile(_det_between_convs(), tuning="off")
     found = profile.profile(art, reference.random_inputs(art.inputs))
     (row,) = [k for k in found.kernels if k.kind == "external"]
     assert row.schedule == "onnxruntime" and row.ms > 0 and row.lost_ms == 0.0
     assert any(k.kind != "external" for k in found.kernels)
     assert "of them external subgraphs" in found.table()
-    tail = compiler.compile(_nonzero_tail(), tuning="off")
+    tail = relaxc.compile(_nonzero_tail(), tuning="off")
     (row,) = [k for k in profile.profile(tail, reference.random_inputs(tail.inputs)).kernels if k.kind == "external"]
     assert row.name == tail.subgraphs[0].function and row.calls == 1
 
 
 def test_a_dropped_artifact_frees_its_sessions():
     model = _det_between_convs()
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     name = art.report()["backends"]["subgraphs"][0]["function"]
     assert name in external._OPEN
     del art
     gc.collect()
     assert name not in external._OPEN  # a measured choice's losing candidates free their libraries
-    _matches(compiler.compile(model, tuning="off"), model)  # opened again by the next
+    _matches(relaxc.compile(model, tuning="off"), model)  # opened again by the next
 
 
 def test_relaxc_only_refuses_what_it_cannot_compile():
-    with pytest.raises(compiler.UnsupportedOperatorError, match="Det"):
-        compiler.compile(_det_between_convs(), tuning="off", backends="relaxc")
+    with pytest.raises(relaxc.UnsupportedOperatorError, match="Det"):
+        relaxc.compile(_det_between_convs(), tuning="off", backends="relaxc")
 
 
 def test_a_data_dependent_output_runs_after_the_program():
     model = _nonzero_tail()
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     _matches(art, model)
     assert art.outputs[0] == ("picked", None, "int64")
     (sub,) = art.report()["backends"]["subgraphs"]
@@ -113,14 +113,14 @@ def test_a_data_dependent_output_runs_after_the_program():
 def test_overrides_pin_nodes_to_a_backend():
     pytest.importorskip("openvino")
     model = _det_between_convs()
-    art = compiler.compile(model, tuning="off", backend_overrides={"conv": "openvino"})
+    art = relaxc.compile(model, tuning="off", backend_overrides={"conv": "openvino"})
     _matches(art, model)
     placed = sorted((s["backend"], tuple(s["ops"])) for s in art.report()["backends"]["subgraphs"])
     assert placed == [("onnxruntime", ("Det",)), ("openvino", ("Conv",))]
-    with pytest.raises(compiler.UnsupportedOperatorError, match="cannot run on relaxc"):
-        compiler.compile(model, tuning="off", backend_overrides={"det": "relaxc"})
-    with pytest.raises(compiler.UserError, match="GLOB=BACKEND"):
-        compiler.compile(model, tuning="off", backend_overrides={"det": "tensorrt"})
+    with pytest.raises(relaxc.UnsupportedOperatorError, match="cannot run on relaxc"):
+        relaxc.compile(model, tuning="off", backend_overrides={"det": "relaxc"})
+    with pytest.raises(relaxc.UserError, match="GLOB=BACKEND"):
+        relaxc.compile(model, tuning="off", backend_overrides={"det": "tensorrt"})
 
 
 def test_a_constant_read_across_a_boundary_is_copied_not_passed():
@@ -133,7 +133,7 @@ def test_a_constant_read_across_a_boundary_is_copied_not_passed():
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
                     helper.make_tensor_value_info("shape", TensorProto.INT64, [2])])  # returned too
-    art = compiler.compile(model, tuning="off", backend_overrides={"shape_const": "onnxruntime", "relu": "onnxruntime"})
+    art = relaxc.compile(model, tuning="off", backend_overrides={"shape_const": "onnxruntime", "relu": "onnxruntime"})
     _matches(art, model)
     backends = art.report()["backends"]
     assert "whole_model_because" not in backends
@@ -145,19 +145,19 @@ def test_an_operator_no_backend_runs_is_refused_naming_it():
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
-    with pytest.raises(compiler.UnsupportedOperatorError, match="'custom'.*runs right on no installed backend"):
-        compiler.compile(model, tuning="off")
+    with pytest.raises(relaxc.UnsupportedOperatorError, match="'custom'.*runs right on no installed backend"):
+        relaxc.compile(model, tuning="off")
 
 
 def test_a_model_without_external_subgraphs_compiles_as_before():
-    art = compiler.compile(reference.small_cnn(), tuning="off")
+    art = relaxc.compile(reference.small_cnn(), tuning="off")
     assert art.report()["backends"]["subgraphs"] == []
     assert art.program_outputs is None
 
 
 def test_export_and_load_keep_the_external_subgraphs(tmp_path):
     model = _det_between_convs()
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     inputs, outputs = _matches(art, model)
     path = str(tmp_path / "det.so")
     manifest_path = art.export(path)
@@ -165,35 +165,35 @@ def test_export_and_load_keep_the_external_subgraphs(tmp_path):
         manifest = json.load(f)
     (entry,) = manifest["external"]
     assert entry["backend"] == "onnxruntime" and os.path.isfile(tmp_path / entry["file"])
-    loaded = compiler.load(path)
+    loaded = relaxc.load(path)
     np.testing.assert_array_equal(loaded.run(inputs)[0], outputs[0])
 
     wrong_version = dict(manifest, external=[dict(entry, version="0.0.1")])
     with open(manifest_path, "w") as f:
         json.dump(wrong_version, f)
-    with pytest.raises(compiler.ExportError, match="compiled with onnxruntime 0.0.1"):
-        compiler.load(path)
+    with pytest.raises(relaxc.ExportError, match="compiled with onnxruntime 0.0.1"):
+        relaxc.load(path)
     with open(manifest_path, "w") as f:
         json.dump(manifest, f)
     with open(tmp_path / entry["file"], "ab") as f:
         f.write(b"x")
-    with pytest.raises(compiler.ExportError, match="does not match its manifest"):
-        compiler.load(path)
+    with pytest.raises(relaxc.ExportError, match="does not match its manifest"):
+        relaxc.load(path)
 
 
 def test_the_tail_exports_and_loads(tmp_path):
     model = _nonzero_tail()
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     inputs, outputs = _matches(art, model)
     art.export(str(tmp_path / "tail.so"))
-    loaded = compiler.load(str(tmp_path / "tail.so"))
+    loaded = relaxc.load(str(tmp_path / "tail.so"))
     for got, want in zip(loaded.run(inputs), outputs):
         np.testing.assert_array_equal(got, want)
 
 
 def test_concurrent_runs_with_an_external_call_are_identical():
     model = _det_between_convs()
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     cases = [reference.random_inputs(art.inputs, seed=s) for s in range(8)]
     expected = [art.run(c)[0] for c in cases]
 
@@ -212,9 +212,9 @@ def test_bad_values_in_an_external_subgraph_are_input_errors():
                            helper.make_tensor_value_info("i", TensorProto.INT64, [4, 3])],
                    [helper.make_tensor_value_info("d", TensorProto.FLOAT, []),
                     helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])], [data])
-    art = compiler.compile(model, tuning="off", backend_overrides={"*": "onnxruntime"})
+    art = relaxc.compile(model, tuning="off", backend_overrides={"*": "onnxruntime"})
     bad = {"m": np.eye(2, dtype=np.float32), "i": np.full((4, 3), 99, np.int64)}
-    with pytest.raises(compiler.InputError, match="onnxruntime subgraph refused its input"):
+    with pytest.raises(relaxc.InputError, match="onnxruntime subgraph refused its input"):
         art.run(bad)
 
 
@@ -260,7 +260,7 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(backend_choice, "_compare", compare)
     model = reference.small_cnn()
-    art = compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
+    art = relaxc.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
     assert {"relaxc", "onnxruntime"} <= set(measured)
     backends = art.report()["backends"]
     assert backends["decision"] == "onnxruntime"
@@ -268,9 +268,9 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
     _matches(art, model)
 
     monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
-    replayed = compiler.compile(model, tuning="off", cache_dir=str(tmp_path))
+    replayed = relaxc.compile(model, tuning="off", cache_dir=str(tmp_path))
     assert replayed.report()["backends"]["decision"] == "onnxruntime"
-    assert compiler.compile(model, tuning="off", cache_dir=str(tmp_path), backends="fallback") \
+    assert relaxc.compile(model, tuning="off", cache_dir=str(tmp_path), backends="fallback") \
         .report()["backends"]["subgraphs"] == []
 
 
@@ -287,7 +287,7 @@ def test_a_replayed_decision_for_relaxc_imports_no_library(tmp_path, monkeypatch
     the libraries' versions come from their metadata, not from importing them (0.23 s)."""
     monkeypatch.setattr(backend_choice, "_compare", _fastest("relaxc"))
     model = reference.small_cnn()
-    compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
+    relaxc.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
     with open(tmp_path / "model.onnx", "wb") as f:
         f.write(model.SerializeToString())
     proc = subprocess.run([sys.executable, "-c", REPLAY_AND_LIST_LIBRARIES, str(tmp_path / "model.onnx"),
@@ -306,10 +306,10 @@ def test_a_backends_version_is_its_distributions_as_the_library_reports_it():
 def test_a_stored_choice_of_a_missing_backend_falls_back_to_the_best_installed(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(backend_choice, "_compare", _fastest("onnxruntime"))
     model = reference.small_cnn()
-    compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
+    relaxc.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
     installed = external.installed()
     monkeypatch.setattr(external, "installed", lambda: [n for n in installed if n != "onnxruntime"])
-    art = compiler.compile(model, tuning="off", cache_dir=str(tmp_path))
+    art = relaxc.compile(model, tuning="off", cache_dir=str(tmp_path))
     assert "onnxruntime" not in [s["backend"] for s in art.report()["backends"]["subgraphs"]]
     assert "not installed" in caplog.text
 
@@ -317,7 +317,7 @@ def test_a_stored_choice_of_a_missing_backend_falls_back_to_the_best_installed(t
 @pytest.mark.usefixtures("two_segments")
 def test_segments_past_the_budget_stay_on_relaxc_and_show_no_time(tmp_path, monkeypatch):
     monkeypatch.setattr(backend_choice, "_compare", _fastest("relaxc"))
-    art = compiler.compile(reference.small_cnn(), tuning="off", backends="measure", cache_dir=str(tmp_path),
+    art = relaxc.compile(reference.small_cnn(), tuning="off", backends="measure", cache_dir=str(tmp_path),
                            measure_budget_s=1e-6)
     backends = art.report()["backends"]
     assert backends["unmeasured_segments"] == len(backends["segments"]) == 2
@@ -339,7 +339,7 @@ def test_a_candidate_that_fails_to_build_is_dropped_with_its_reason(tmp_path, mo
 
     monkeypatch.setattr(pipeline, "_artifact", failing_on_openvino)
     monkeypatch.setattr(backend_choice, "_compare", _fastest("relaxc"))
-    art = compiler.compile(reference.small_cnn(), tuning="off", backends="measure", cache_dir=str(tmp_path),
+    art = relaxc.compile(reference.small_cnn(), tuning="off", backends="measure", cache_dir=str(tmp_path),
                            measure_budget_s=5)
     rejected = art.report()["backends"]["rejected"]
     assert rejected["openvino"] == "not built: AssertionError: emit_te now only supports Tensor that has " \
@@ -365,15 +365,15 @@ def test_each_strategy_is_measured_and_replayed_on_its_own(tmp_path, monkeypatch
                         {name: (1 if name == "onnxruntime" else 50) << 20 for name in self.runners})
     model = reference.small_cnn()
     options = dict(tuning="off", cache_dir=str(tmp_path), measure_budget_s=5)
-    small = compiler.compile(model, backends="measure", strategy="memory", **options)
+    small = relaxc.compile(model, backends="measure", strategy="memory", **options)
     assert small.report()["backends"]["decision"] == "onnxruntime"
     assert small.report()["backends"]["measured_memory_bytes"]["onnxruntime"] == 1 << 20
     assert "(strategy memory)" in plan_summary(small.report()["backends"])
     assert [s["why"] for s in small.report()["backends"]["subgraphs"]] == ["measured smaller"]
-    assert "none stored" in compiler.compile(model, **options).report()["backends"]["decision"]
-    assert compiler.compile(model, backends="measure", **options).report()["backends"]["decision"] == "relaxc"
+    assert "none stored" in relaxc.compile(model, **options).report()["backends"]["decision"]
+    assert relaxc.compile(model, backends="measure", **options).report()["backends"]["decision"] == "relaxc"
     monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
-    assert compiler.compile(model, strategy="memory", **options).report()["backends"]["decision"] == "onnxruntime"
+    assert relaxc.compile(model, strategy="memory", **options).report()["backends"]["decision"] == "onnxruntime"
 
 
 def test_a_candidates_memory_is_what_freeing_it_gives_back():
@@ -397,7 +397,7 @@ def test_a_candidates_memory_is_what_freeing_it_gives_back():
 
 
 def test_inspect_plan_prints_the_subgraphs(tmp_path):
-    from tests.helpers import relaxc as run_cli
+    from tests.helpers import run_cli
 
     path = tmp_path / "det.onnx"
     path.write_bytes(_det_between_convs().SerializeToString())
@@ -419,7 +419,7 @@ def test_a_detector_ending_in_non_max_suppression_compiles_exports_and_matches(t
     from relaxc.frontend import exactness, models
 
     spec = "zoo:ssdlite320_mobilenet_v3_large"
-    art = compiler.compile(spec, tuning="off", backends="replay")
+    art = relaxc.compile(spec, tuning="off", backends="replay")
     (tail,) = art.report()["backends"]["subgraphs"]
     assert tail["placement"] == "tail" and tail["ops"]["NonMaxSuppression"] == 1
     proto = models.fill_light(onnx.load(models.bundled_path(spec)))
@@ -436,7 +436,7 @@ def test_a_detector_ending_in_non_max_suppression_compiles_exports_and_matches(t
     reference.assert_matches(list(values.values()), [expected[name] for name in values])
 
     art.export(str(tmp_path / "ssd.so"))
-    loaded = compiler.load(str(tmp_path / "ssd.so"))
+    loaded = relaxc.load(str(tmp_path / "ssd.so"))
     for got, want in zip(loaded.run(image), outputs):
         np.testing.assert_array_equal(got, want)
 
@@ -447,12 +447,12 @@ def test_a_library_may_run_the_model_as_exported(tmp_path, monkeypatch):
     export chosen (times replaced here) is what the library runs, and what replays."""
     monkeypatch.setattr(backend_choice, "_compare", _fastest("onnxruntime@export"))
     model = reference.small_cnn()
-    art = compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
+    art = relaxc.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=5)
     assert art.report()["backends"]["decision"] == "onnxruntime@export"
     (sub,) = art.subgraphs
     assert sub.alone and sub.model == model.SerializeToString()
     _matches(art, model)
-    replayed = compiler.compile(model, tuning="off", cache_dir=str(tmp_path))
+    replayed = relaxc.compile(model, tuning="off", cache_dir=str(tmp_path))
     assert replayed.subgraphs[0].model == sub.model
 
 
@@ -475,7 +475,7 @@ def test_a_dynamic_model_is_measured_whole_at_two_sizes(tmp_path, monkeypatch):
     for value in (model.graph.input[0], model.graph.output[0]):
         value.type.tensor_type.shape.dim[0].dim_param = "batch"
     options = dict(tuning="off", cache_dir=str(tmp_path), dim_bounds={"batch": 16})
-    art = compiler.compile(model, backends="measure", measure_budget_s=5, **options)
+    art = relaxc.compile(model, backends="measure", measure_budget_s=5, **options)
     backends = art.report()["backends"]
     assert timed == [4, 1] and backends["segments"] == []
     assert set(backends["measured_ms_by_size"]) == {"batch 4", "batch 1"}
@@ -489,7 +489,7 @@ def test_a_dynamic_model_is_measured_whole_at_two_sizes(tmp_path, monkeypatch):
         inputs = reference.random_inputs(art.inputs, seed=batch, dims={"batch": batch})
         assert (art.serving(inputs) is None) == (batch == 1)
         reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
-    with pytest.raises(compiler.InputError, match=r"dim 0 \('batch'\) is 17, outside its bound 1..16"):
+    with pytest.raises(relaxc.InputError, match=r"dim 0 \('batch'\) is 17, outside its bound 1..16"):
         art.run(reference.random_inputs(art.inputs, dims={"batch": 17}))
     at = [reference.random_inputs(art.inputs, seed=k, dims={"batch": 1 + k % 2 * 2}) for k in range(8)]
     alone = [art.run(inputs)[0] for inputs in at]
@@ -501,15 +501,15 @@ def test_a_dynamic_model_is_measured_whole_at_two_sizes(tmp_path, monkeypatch):
     assert [(k.schedule, k.kind) for k in profile.profile(art, at[1]).kernels] == [("onnxruntime", "external")]
     assert all(k.kind != "external" for k in profile.profile(art, at[0]).kernels)
     art.export(str(tmp_path / "model.so"))
-    loaded = compiler.load(str(tmp_path / "model.so"))
+    loaded = relaxc.load(str(tmp_path / "model.so"))
     for batch in (1, 5):
         inputs = reference.random_inputs(art.inputs, dims={"batch": batch})
         assert (loaded.serving(inputs) is None) == (batch == 1)
         np.testing.assert_array_equal(loaded.run(inputs)[0], art.run(inputs)[0])
-    strategy = compiler.compile(model, strategy="memory", backends="measure", measure_budget_s=5, **options)
+    strategy = relaxc.compile(model, strategy="memory", backends="measure", measure_budget_s=5, **options)
     assert "decision_by_size" not in strategy.report()["backends"]  # one build held: never split
     monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
-    replayed = compiler.compile(model, **options).report()["backends"]
+    replayed = relaxc.compile(model, **options).report()["backends"]
     assert replayed["decision_by_size"] == backends["decision_by_size"]
 
 
@@ -533,7 +533,7 @@ def test_an_operator_relaxc_cannot_import_in_a_dynamic_model_runs_in_the_tail():
     model = _det_between_convs()
     for value in (model.graph.input[0], model.graph.output[0]):
         value.type.tensor_type.shape.dim[0].dim_param = "batch"
-    art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8})
+    art = relaxc.compile(model, tuning="off", dim_bounds={"batch": 8})
     assert [(s["placement"], s["ops"]) for s in art.report()["backends"]["subgraphs"]] == \
         [("tail", {"Det": 1, "Add": 1})]
     for batch in (1, 5, 8):
@@ -664,7 +664,7 @@ def test_measure_moves_what_relaxc_runs_slowly_to_the_library(tmp_path, monkeypa
     monkeypatch.setattr(default, "RULES", (("unscheduled", _UnscheduledConvs), *default.RULES))
     monkeypatch.setattr(external, "installed", lambda: ["onnxruntime"])
     model = _conv_pair()
-    art = compiler.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=60)
+    art = relaxc.compile(model, tuning="off", backends="measure", cache_dir=str(tmp_path), measure_budget_s=60)
     backends = art.report()["backends"]
     assert backends["measured_ms"]["relaxc"] > 2 * min(backends["measured_ms"].values())
     assert {sub["backend"] for sub in backends["subgraphs"]} == {"onnxruntime"}

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-import relaxc as compiler
+import relaxc
 from relaxc.frontend import models
 from relaxc.runtime import random_inputs
 from tests import reference
@@ -18,7 +18,7 @@ THREADS, RUNS = 8, 50
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     # random weights: the light model's constant weights give the same output for every input
-    art = compiler.compile(reference.randomize_weights(onnx.load(models.bundled_path("onnx:squeezenet"))))
+    art = relaxc.compile(reference.randomize_weights(onnx.load(models.bundled_path("onnx:squeezenet"))))
     library = tmp_path_factory.mktemp("concurrency") / "squeezenet.so"
     art.export(library)
     return art, str(library)
@@ -50,7 +50,7 @@ def _hammer(runner, inputs, expected) -> list[str]:
 @pytest.mark.parametrize("form", ["compiled", "loaded"])
 def test_threads_get_the_single_threaded_outputs(compiled, form):
     art, library = compiled
-    runner = art if form == "compiled" else compiler.load(library)
+    runner = art if form == "compiled" else relaxc.load(library)
     inputs = [random_inputs(runner.inputs, seed) for seed in range(3)]  # distinct inputs catch shared arenas
     expected = [runner.run(x)[0] for x in inputs]
     assert not np.array_equal(expected[0], expected[1])
@@ -59,12 +59,12 @@ def test_threads_get_the_single_threaded_outputs(compiled, form):
 
 
 def test_concurrency_limit_bounds_the_vms(compiled):
-    runner = compiler.load(compiled[1], concurrency=2)
+    runner = relaxc.load(compiled[1], concurrency=2)
     inputs = [random_inputs(runner.inputs, seed) for seed in range(2)]
     assert _hammer(runner, inputs, [runner.run(x)[0] for x in inputs]) == []
     assert runner._pool.created == 2
-    with pytest.raises(compiler.UserError, match="at least 1"):
-        compiler.load(compiled[1], concurrency=0)
+    with pytest.raises(relaxc.UserError, match="at least 1"):
+        relaxc.load(compiled[1], concurrency=0)
 
 
 def test_threads_running_a_dynamic_artifact_at_different_sizes(tmp_path):
@@ -73,8 +73,8 @@ def test_threads_running_a_dynamic_artifact_at_different_sizes(tmp_path):
     for value in (model.graph.input[0], model.graph.output[0]):
         value.type.tensor_type.shape.dim[0].dim_param = "batch"
     library = tmp_path / "dynamic.so"
-    compiler.compile(model, tuning="off", dim_bounds={"batch": 8}).export(library)
-    runner = compiler.load(str(library))
+    relaxc.compile(model, tuning="off", dim_bounds={"batch": 8}).export(library)
+    runner = relaxc.load(str(library))
     inputs = [random_inputs(runner.inputs, seed, dims={"batch": batch}) for seed, batch in enumerate((1, 5, 8))]
     expected = [runner.run(x)[0] for x in inputs]
     assert [e.shape[0] for e in expected] == [1, 5, 8]
@@ -86,7 +86,7 @@ def _run_in_child(runner, inputs, queue) -> None:
 
 
 def _load_and_run_in_child(library, inputs, queue) -> None:
-    queue.put(compiler.load(library).run(inputs)[0])
+    queue.put(relaxc.load(library).run(inputs)[0])
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])

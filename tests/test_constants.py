@@ -5,9 +5,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import relaxc as compiler
+import relaxc
 from tests import reference
-from tests.helpers import relaxc
+from tests.helpers import run_cli
 
 
 def _reduce_with_axes_input() -> onnx.ModelProto:
@@ -21,30 +21,30 @@ def _reduce_with_axes_input() -> onnx.ModelProto:
 
 def test_axes_given_as_a_constant_compile_and_leave_the_inputs():
     model = _reduce_with_axes_input()
-    with pytest.raises(compiler.UnsupportedOperatorError, match="constant axes"):
-        compiler.compile(model, tuning="off", backends="relaxc")
-    art = compiler.compile(model, tuning="off", constants={"axes": np.array([1], np.int64)})
+    with pytest.raises(relaxc.UnsupportedOperatorError, match="constant axes"):
+        relaxc.compile(model, tuning="off", backends="relaxc")
+    art = relaxc.compile(model, tuning="off", constants={"axes": np.array([1], np.int64)})
     assert [name for name, _, _ in art.inputs] == ["x"]
     x = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32)
     np.testing.assert_allclose(art.run(x)[0], x.sum(axis=1), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("constants, error, match", [
-    ({"nope": np.array([1], np.int64)}, compiler.InputError, "unknown input"),
-    ({"axes": np.array([1], np.int32)}, compiler.InputError, "dtype is int64"),
-    ({"axes": np.array([1, 2], np.int64)}, compiler.ShapeError, "does not fit"),
+    ({"nope": np.array([1], np.int64)}, relaxc.InputError, "unknown input"),
+    ({"axes": np.array([1], np.int32)}, relaxc.InputError, "dtype is int64"),
+    ({"axes": np.array([1, 2], np.int64)}, relaxc.ShapeError, "does not fit"),
 ])
 def test_bad_constants_are_user_errors(constants, error, match):
     with pytest.raises(error, match=match):
-        compiler.compile(_reduce_with_axes_input(), tuning="off", constants=constants)
+        relaxc.compile(_reduce_with_axes_input(), tuning="off", constants=constants)
 
 
 def test_cli_constant_flag(tmp_path):
     path = tmp_path / "reduce.onnx"
     onnx.save(_reduce_with_axes_input(), path)
     np.save(tmp_path / "axes.npy", np.array([2], np.int64))
-    proc = relaxc("run", str(path), "--constant", f"axes={tmp_path / 'axes.npy'}")
+    proc = run_cli("run", str(path), "--constant", f"axes={tmp_path / 'axes.npy'}")
     assert proc.returncode == 0, proc.stderr
     assert "output y: shape (3, 4) float32" in proc.stdout
-    proc = relaxc("run", str(path), "--constant", f"axes={tmp_path / 'missing.npy'}")
+    proc = run_cli("run", str(path), "--constant", f"axes={tmp_path / 'missing.npy'}")
     assert proc.returncode == 2 and "cannot read --constant axes=" in proc.stderr

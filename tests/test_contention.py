@@ -6,14 +6,14 @@ import sys
 
 import onnx
 
-import relaxc as compiler
+import relaxc
 from tests import reference
 
 
 def test_the_contention_benchmark_times_both_launchers_and_onnxruntime(tmp_path):
     model = tmp_path / "small.onnx"
     onnx.save(reference.small_cnn(), model)
-    compiler.compile(str(model)).export(tmp_path / "small.so")
+    relaxc.compile(str(model)).export(tmp_path / "small.so")
     proc = subprocess.run([sys.executable, "-m", "relaxc.benchmarks.contention", str(tmp_path / "small.so"), str(model),
                            "--rounds", "1", "--repeat", "2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

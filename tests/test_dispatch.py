@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-import relaxc as compiler
+import relaxc
 from relaxc.report import dispatch_summary
 from relaxc.passes import winograd
 from relaxc.passes.dispatch import DIRECT, WINOGRAD
@@ -15,7 +15,7 @@ from relaxc.schedules import cache
 from relaxc.schedules.dispatch import ERROR_LIMIT, decide, forcing
 from relaxc.support import targets
 from tests import reference
-from tests.helpers import relaxc, store_choosing
+from tests.helpers import run_cli, store_choosing
 
 
 @pytest.mark.parametrize("choice", [WINOGRAD[2], WINOGRAD[4]])
@@ -26,7 +26,7 @@ from tests.helpers import relaxc, store_choosing
 ])
 def test_winograd_matches_onnxruntime(tmp_path, choice, shape):
     model = reference.conv3x3(**shape)
-    art = compiler.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, choice))
+    art = relaxc.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, choice))
     dispatch = art.report()["dispatch"]
     assert dispatch["choices"] == {choice: 1} and dispatch["sources"] == {"stored": 1}
     x = np.random.default_rng(1).standard_normal(
@@ -49,7 +49,7 @@ def test_weight_transform_is_the_minimal_filtering_algorithm():
 
 def test_measure_stores_then_replay_measures_nothing(tmp_path):
     model = reference.conv3x3(16, 16, 12, 12, 1)
-    first = compiler.compile(model, tuning="off", dispatch="measure", cache_dir=str(tmp_path)).report()["dispatch"]
+    first = relaxc.compile(model, tuning="off", dispatch="measure", cache_dir=str(tmp_path)).report()["dispatch"]
     assert first["sources"] == {"measured": 1}
     (conv,) = first["convolutions"]
     assert set(conv["candidates"]) == {DIRECT, *WINOGRAD.values()}
@@ -58,7 +58,7 @@ def test_measure_stores_then_replay_measures_nothing(tmp_path):
     assert conv["choice"] == decide({"candidates": conv["candidates"]}, "latency")
     stored = json.loads((tmp_path / cache.target_key(targets.resolve("cpu")) / cache.DISPATCH_FILE).read_text())["workloads"]
     assert list(stored) == [conv["workload"]]
-    again = compiler.compile(model, tuning="off", dispatch="replay", cache_dir=str(tmp_path))
+    again = relaxc.compile(model, tuning="off", dispatch="replay", cache_dir=str(tmp_path))
     assert again.report()["dispatch"]["sources"] == {"stored": 1}
     seconds = {p["name"]: p["seconds"] for p in again.report()["phases"]}
     assert seconds["dispatch"] < 1.0  # nothing built, nothing timed (measuring took seconds)
@@ -66,20 +66,20 @@ def test_measure_stores_then_replay_measures_nothing(tmp_path):
 
 def test_replay_without_a_decision_uses_the_rule_and_strict_refuses(tmp_path):
     model = reference.conv3x3(16, 16, 8, 8, 1)
-    report = compiler.compile(model, tuning="off", cache_dir=str(tmp_path)).report()["dispatch"]
+    report = relaxc.compile(model, tuning="off", cache_dir=str(tmp_path)).report()["dispatch"]
     assert report["sources"] == {"rule": 1} and report["choices"] == {WINOGRAD[4]: 1}
-    with pytest.raises(compiler.UserError, match="no dispatch decision for conv2d_nchwc.*dispatch='measure'"):
-        compiler.compile(model, tuning="strict", cache_dir=str(tmp_path))
+    with pytest.raises(relaxc.UserError, match="no dispatch decision for conv2d_nchwc.*dispatch='measure'"):
+        relaxc.compile(model, tuning="strict", cache_dir=str(tmp_path))
 
 
 def test_rule_keeps_direct_for_few_channels_f2_for_small_outputs_and_off_everywhere():
-    narrow = compiler.compile(reference.conv3x3(3, 16, 8, 8, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
+    narrow = relaxc.compile(reference.conv3x3(3, 16, 8, 8, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
     assert narrow["choices"] == {DIRECT: 1}
-    small = compiler.compile(reference.conv3x3(16, 16, 7, 7, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
+    small = relaxc.compile(reference.conv3x3(16, 16, 7, 7, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
     assert small["choices"] == {WINOGRAD[2]: 1}  # a 7x7 output: F(4x4) would cover 8x8 with 4x the weights
-    lean = compiler.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", strategy="memory").report()["dispatch"]
+    lean = relaxc.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", strategy="memory").report()["dispatch"]
     assert lean["choices"] == {DIRECT: 1} and lean["sources"] == {"rule": 1}  # no transformed weights
-    off = compiler.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", dispatch="off").report()["dispatch"]
+    off = relaxc.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", dispatch="off").report()["dispatch"]
     assert off["choices"] == {DIRECT: 1} and off["sources"] == {"off": 1}
 
 
@@ -104,21 +104,21 @@ def test_a_choice_made_in_sequence_overrides_the_times_alone_under_latency_only(
 def test_forcing_fixes_a_workloads_candidate_whatever_the_store_says(tmp_path):
     model = reference.conv3x3(16, 16, 8, 8, 1)
     store = store_choosing(tmp_path, model, WINOGRAD[4])
-    (conv,) = compiler.compile(model, tuning="off", cache_dir=store).report()["dispatch"]["convolutions"]
+    (conv,) = relaxc.compile(model, tuning="off", cache_dir=store).report()["dispatch"]["convolutions"]
     assert conv["choice"] == WINOGRAD[4]
     with forcing({conv["workload"]: DIRECT}):
-        forced = compiler.compile(model, tuning="off", cache_dir=store).report()["dispatch"]
+        forced = relaxc.compile(model, tuning="off", cache_dir=store).report()["dispatch"]
     assert forced["choices"] == {DIRECT: 1} and forced["sources"] == {"forced": 1}
-    with forcing({conv["workload"]: "winograd7"}), pytest.raises(compiler.UserError, match="not a candidate"):
-        compiler.compile(model, tuning="off", cache_dir=store)
-    assert compiler.compile(model, tuning="off", cache_dir=store).report()["dispatch"]["choices"] == {WINOGRAD[4]: 1}
+    with forcing({conv["workload"]: "winograd7"}), pytest.raises(relaxc.UserError, match="not a candidate"):
+        relaxc.compile(model, tuning="off", cache_dir=store)
+    assert relaxc.compile(model, tuning="off", cache_dir=store).report()["dispatch"]["choices"] == {WINOGRAD[4]: 1}
 
 
 def test_memory_strategy_compiles_direct_and_plans_less(tmp_path):
     model = reference.conv3x3(32, 32, 16, 16, 1)
     store = store_choosing(tmp_path, model, WINOGRAD[4])
-    fast = compiler.compile(model, tuning="off", cache_dir=store).report()
-    small = compiler.compile(model, tuning="off", cache_dir=store, strategy="memory").report()
+    fast = relaxc.compile(model, tuning="off", cache_dir=store).report()
+    small = relaxc.compile(model, tuning="off", cache_dir=store, strategy="memory").report()
     assert fast["dispatch"]["choices"] == {WINOGRAD[4]: 1} and small["dispatch"]["choices"] == {DIRECT: 1}
     assert small["memory"]["arena_bytes"] < fast["memory"]["arena_bytes"]
 
@@ -130,7 +130,7 @@ def test_the_summary_shows_the_times_in_sequence_that_decided(tmp_path):
     for entry in stored["workloads"].values():
         entry["in_sequence"] = {"model": "conv", "choice": DIRECT, "ms": {DIRECT: 1.5, WINOGRAD[4]: 1.75}}
     path.write_text(json.dumps(stored))
-    dispatch = compiler.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", cache_dir=store).report()["dispatch"]
+    dispatch = relaxc.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", cache_dir=store).report()["dispatch"]
     assert dispatch["choices"] == {DIRECT: 1}
     assert "in sequence (conv, chose direct): direct 1.500 ms  winograd4 1.750 ms" in dispatch_summary(dispatch)
 
@@ -138,7 +138,7 @@ def test_the_summary_shows_the_times_in_sequence_that_decided(tmp_path):
 def test_inspect_prints_the_choices(tmp_path):
     path = tmp_path / "conv.onnx"
     onnx.save(reference.conv3x3(16, 16, 8, 8, 1), str(path))
-    out = relaxc("inspect", str(path), "--tuning", "off", "--dispatch-mode", "heuristic", "--dispatch")
+    out = run_cli("inspect", str(path), "--tuning", "off", "--dispatch-mode", "heuristic", "--dispatch")
     assert out.returncode == 0, out.stderr
     block = targets.vector_lanes(targets.resolve("cpu"))  # 16 with AVX-512, 8 with AVX2
     assert "dispatch: 1 winograd4 (1 rule)" in out.stdout and f"conv2d_nchwc-1x{16 // block}x8x8x{block}" in out.stdout

@@ -7,7 +7,7 @@ import onnx
 import pytest
 import tvm
 
-import relaxc as compiler
+import relaxc
 from relaxc import cli, frontend
 from tests import reference
 
@@ -23,11 +23,11 @@ def _dynamic_cnn() -> onnx.ModelProto:
 
 
 @pytest.fixture(scope="module")
-def bert() -> compiler.Artifact:
-    return compiler.compile(BERT, tuning="off", backends="relaxc", dim_bounds=BOUNDS)
+def bert() -> relaxc.Artifact:
+    return relaxc.compile(BERT, tuning="off", backends="relaxc", dim_bounds=BOUNDS)
 
 
-def _bert_inputs(art: compiler.Artifact, batch: int, sequence: int, seed: int = 0) -> dict[str, np.ndarray]:
+def _bert_inputs(art: relaxc.Artifact, batch: int, sequence: int, seed: int = 0) -> dict[str, np.ndarray]:
     return reference.random_inputs(art.inputs, seed, art.input_high, {"batch": batch, "sequence": sequence})
 
 
@@ -62,26 +62,26 @@ def test_memory_is_planned_once_for_the_bounds(bert):
     ({"batch": 1, "sequence": 65}, r"dim 1 \('sequence'\) is 65, outside its bound 1\.\.64"),
 ])
 def test_a_size_outside_its_bound_is_refused(bert, sizes, message):
-    with pytest.raises(compiler.InputError, match=message):
+    with pytest.raises(relaxc.InputError, match=message):
         bert.run(_bert_inputs(bert, sizes["batch"], sizes["sequence"]))
 
 
 def test_inputs_sharing_a_dim_must_agree(bert):
     inputs = _bert_inputs(bert, 2, 8)
     inputs["attention_mask"] = inputs["attention_mask"][:, :6]
-    with pytest.raises(compiler.InputError, match=r"input 'attention_mask' dim 1 \('sequence'\) is 6, but input "
+    with pytest.raises(relaxc.InputError, match=r"input 'attention_mask' dim 1 \('sequence'\) is 6, but input "
                                                   r"'input_ids' has sequence 8"):
         bert.run(inputs)
 
 
 def test_export_and_load_keep_the_dynamic_dims(bert, tmp_path):
     bert.export(tmp_path / "bert.so")
-    loaded = compiler.load(str(tmp_path / "bert.so"))
+    loaded = relaxc.load(str(tmp_path / "bert.so"))
     assert loaded.inputs == bert.inputs and loaded.dim_bounds == BOUNDS
     for batch, sequence in ((1, 5), (3, 64)):
         inputs = _bert_inputs(bert, batch, sequence, seed=1)
         np.testing.assert_array_equal(loaded.run(inputs)[0], bert.run(inputs)[0])
-    with pytest.raises(compiler.InputError, match="outside its bound"):
+    with pytest.raises(relaxc.InputError, match="outside its bound"):
         loaded.run(_bert_inputs(bert, 1, 70))
 
 
@@ -94,7 +94,7 @@ def test_export_and_load_keep_the_dynamic_dims(bert, tmp_path):
 def test_more_families_with_dynamic_dims_match_onnxruntime(name, bounds, sizes):
     """T5's relative position buckets, Qwen2's grouped-query attention, Whisper's 1-D convolutions
     and DistilBERT from the TorchScript exporter, each compiled once with its dims dynamic."""
-    art = compiler.compile(f"zoo:{name}", tuning="off", backends="relaxc", dim_bounds=bounds)
+    art = relaxc.compile(f"zoo:{name}", tuning="off", backends="relaxc", dim_bounds=bounds)
     assert all(set(bounds) & set(shape) for _, shape, _ in art.inputs)
     session = reference.ort_session(frontend.load_model(f"zoo:{name}")[0])
     for seed, size in enumerate(sizes):
@@ -104,12 +104,12 @@ def test_more_families_with_dynamic_dims_match_onnxruntime(name, bounds, sizes):
 
 def test_a_cnn_with_a_dynamic_batch():
     model = _dynamic_cnn()
-    art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8})
+    art = relaxc.compile(model, tuning="off", dim_bounds={"batch": 8})
     assert art.inputs == [("x", ("batch", 3, 32, 32), "float32")] and art.outputs == [("y", ("batch", 10), "float32")]
     for batch in (1, 3, 8):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
         reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
-    assert compiler.compile(model, tuning="off", dim_bounds={"batch": 4}).fingerprint != art.fingerprint  # the bounds
+    assert relaxc.compile(model, tuning="off", dim_bounds={"batch": 4}).fingerprint != art.fingerprint  # the bounds
 
 
 @pytest.mark.parametrize("candidate", ["winograd2", "winograd4"])
@@ -119,11 +119,11 @@ def test_winograd_takes_a_dynamic_batch(candidate):
     from relaxc.schedules.dispatch import forcing
 
     model = _dynamic_cnn()
-    keys = [c["workload"] for c in compiler.compile(model, tuning="off", dim_bounds={"batch": 8},
+    keys = [c["workload"] for c in relaxc.compile(model, tuning="off", dim_bounds={"batch": 8},
                                                     dispatch="heuristic").report()["dispatch"]["convolutions"]]
     assert keys and all("-1x" in key for key in keys)  # the workload at batch 1
     with forcing({key: candidate for key in keys}):
-        art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8}, dispatch="heuristic")
+        art = relaxc.compile(model, tuning="off", dim_bounds={"batch": 8}, dispatch="heuristic")
     assert art.report()["dispatch"]["choices"] == {candidate: len(keys)}
     assert art.report()["schedules"].get("winograd")
     for batch in (1, 3, 8):
@@ -139,15 +139,15 @@ def test_winograd_takes_a_dynamic_batch(candidate):
     ({"batch": 0}, r"dim_bounds\['batch'\] must be a whole number of at least 1, got 0"),
 ])
 def test_bad_bounds_are_refused_before_any_work(bounds, message):
-    with pytest.raises(compiler.ShapeError, match=message):
-        compiler.compile(_dynamic_cnn(), tuning="off", dim_bounds=bounds)
+    with pytest.raises(relaxc.ShapeError, match=message):
+        relaxc.compile(_dynamic_cnn(), tuning="off", dim_bounds=bounds)
 
 
 def test_a_dim_without_a_name_must_be_bound_by_shapes():
     model = _dynamic_cnn()
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = ""
-    with pytest.raises(compiler.ShapeError, match=r"dynamic dimension 0 \(unnamed\); bind it with shapes="):
-        compiler.compile(model, tuning="off", dim_bounds={"batch": 8})
+    with pytest.raises(relaxc.ShapeError, match=r"dynamic dimension 0 \(unnamed\); bind it with shapes="):
+        relaxc.compile(model, tuning="off", dim_bounds={"batch": 8})
 
 
 def test_the_command_line_bounds_dims_and_sizes_the_random_inputs(tmp_path, capsys):
@@ -160,13 +160,13 @@ def test_the_command_line_bounds_dims_and_sizes_the_random_inputs(tmp_path, caps
 
 
 def test_combinations_that_do_not_work_yet_are_refused():
-    with pytest.raises(compiler.UserError, match="backend_overrides do not apply to a model with dynamic dims yet"):
-        compiler.compile(_dynamic_cnn(), tuning="off", dim_bounds={"batch": 8}, backend_overrides={"*": "onnxruntime"})
+    with pytest.raises(relaxc.UserError, match="backend_overrides do not apply to a model with dynamic dims yet"):
+        relaxc.compile(_dynamic_cnn(), tuning="off", dim_bounds={"batch": 8}, backend_overrides={"*": "onnxruntime"})
     from relaxc.benchmarks.quantized import quantize
 
     pytest.importorskip("onnxruntime.quantization")
     quantized = quantize(reference.small_cnn())
     quantized.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
-    with pytest.raises(compiler.ShapeError, match=r"quantized models \(DequantizeLinear, QuantizeLinear\) with "
+    with pytest.raises(relaxc.ShapeError, match=r"quantized models \(DequantizeLinear, QuantizeLinear\) with "
                                                   r"dynamic dims are not supported yet"):
-        compiler.compile(quantized, tuning="off", dim_bounds={"batch": 8})
+        relaxc.compile(quantized, tuning="off", dim_bounds={"batch": 8})

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend
 from tests import reference
 
@@ -18,31 +18,31 @@ def _write(path, data: bytes):
 
 
 def test_missing_file():
-    with pytest.raises(compiler.ModelError, match="model file not found: /no/such/model.onnx"):
-        compiler.compile("/no/such/model.onnx")
+    with pytest.raises(relaxc.ModelError, match="model file not found: /no/such/model.onnx"):
+        relaxc.compile("/no/such/model.onnx")
 
 
 def test_directory_instead_of_file(tmp_path):
-    with pytest.raises(compiler.ModelError, match="is a directory"):
-        compiler.compile(str(tmp_path))
+    with pytest.raises(relaxc.ModelError, match="is a directory"):
+        relaxc.compile(str(tmp_path))
 
 
 def test_not_an_onnx_file(tmp_path):
     path = _write(tmp_path / "notes.onnx", b"these are not the weights you are looking for\n")
-    with pytest.raises(compiler.ModelError, match="not (a readable )?(an )?ONNX model"):
-        compiler.compile(path)
+    with pytest.raises(relaxc.ModelError, match="not (a readable )?(an )?ONNX model"):
+        relaxc.compile(path)
 
 
 def test_truncated_protobuf(tmp_path):
     data = reference.small_cnn().SerializeToString()
     path = _write(tmp_path / "cut.onnx", data[: len(data) // 2])
-    with pytest.raises(compiler.ModelError, match="cut.onnx is not"):
-        compiler.compile(path)
+    with pytest.raises(relaxc.ModelError, match="cut.onnx is not"):
+        relaxc.compile(path)
 
 
 def test_unknown_bundled_model():
-    with pytest.raises(compiler.ModelError, match="unknown bundled model 'onnx:resnet18'.*onnx:resnet50"):
-        compiler.compile("onnx:resnet18")
+    with pytest.raises(relaxc.ModelError, match="unknown bundled model 'onnx:resnet18'.*onnx:resnet50"):
+        relaxc.compile("onnx:resnet18")
 
 
 def test_checker_failure_says_why():
@@ -51,8 +51,8 @@ def test_checker_failure_says_why():
     node = helper.make_node("Add", ["x", "ghost"], ["y"], name="add_ghost")
     model = helper.make_model(helper.make_graph([node], "g", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(compiler.ModelError, match="fails the ONNX checker: .*ghost"):
-        compiler.compile(model)
+    with pytest.raises(relaxc.ModelError, match="fails the ONNX checker: .*ghost"):
+        relaxc.compile(model)
 
 
 def test_all_unsupported_operators_listed_before_import(monkeypatch):
@@ -68,8 +68,8 @@ def test_all_unsupported_operators_listed_before_import(monkeypatch):
     ]
     model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
-    with pytest.raises(compiler.UnsupportedOperatorError) as info:
-        compiler.compile(model, backends="relaxc")
+    with pytest.raises(relaxc.UnsupportedOperatorError) as info:
+        relaxc.compile(model, backends="relaxc")
     message = str(info.value)
     assert "3 unsupported operator type(s)" in message
     assert "Det (nodes: det_1, det_2)" in message
@@ -87,9 +87,9 @@ def test_an_op_the_importer_gets_wrong_is_refused_with_the_reason(monkeypatch):
     nms = helper.make_node("NonMaxSuppression", ["boxes", "scores"], ["picked"], name="nms")
     model = helper.make_model(helper.make_graph([nms], "g", [boxes, scores], [picked]),
                               opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(compiler.UnsupportedOperatorError,
+    with pytest.raises(relaxc.UnsupportedOperatorError,
                        match=r"NonMaxSuppression node .nms.: its data-dependent output shape is made static"):
-        compiler.compile(model, backends="relaxc")
+        relaxc.compile(model, backends="relaxc")
 
 
 def _dynamic_model():
@@ -99,8 +99,8 @@ def _dynamic_model():
 
 
 def test_dynamic_dim_without_shapes_names_input_and_dim():
-    with pytest.raises(compiler.ShapeError, match=r"input 'x' has a dynamic dimension 0 \('batch'\)"):
-        compiler.compile(_dynamic_model())
+    with pytest.raises(relaxc.ShapeError, match=r"input 'x' has a dynamic dimension 0 \('batch'\)"):
+        relaxc.compile(_dynamic_model())
 
 
 @pytest.mark.parametrize("shapes, message", [
@@ -109,8 +109,8 @@ def test_dynamic_dim_without_shapes_names_input_and_dim():
     ({"x": (2, 4, 32, 32)}, "dim 1 is fixed to 3 in the model, but shapes gives 4"),
 ])
 def test_bad_shape_bindings(shapes, message):
-    with pytest.raises(compiler.ShapeError, match=message):
-        compiler.compile(_dynamic_model(), shapes=shapes)
+    with pytest.raises(relaxc.ShapeError, match=message):
+        relaxc.compile(_dynamic_model(), shapes=shapes)
 
 
 @pytest.mark.parametrize("target, message", [
@@ -121,38 +121,38 @@ def test_bad_shape_bindings(shapes, message):
     ({"kind": "metal"}, "target kind 'metal' is not supported; relaxc compiles for llvm, cuda, rocm"),
 ])
 def test_unknown_target(target, message):
-    with pytest.raises(compiler.TargetError, match=message):
-        compiler.compile(reference.small_cnn(), target=target)
+    with pytest.raises(relaxc.TargetError, match=message):
+        relaxc.compile(reference.small_cnn(), target=target)
 
 
 def test_bad_tuning_mode():
-    with pytest.raises(compiler.UserError, match="tuning must be one of"):
-        compiler.compile(reference.small_cnn(), tuning="fast")
+    with pytest.raises(relaxc.UserError, match="tuning must be one of"):
+        relaxc.compile(reference.small_cnn(), tuning="fast")
 
 
 @pytest.fixture(scope="module")
 def small_artifact():
-    return compiler.compile(reference.small_cnn())
+    return relaxc.compile(reference.small_cnn())
 
 
 def test_run_with_wrong_name(small_artifact):
-    with pytest.raises(compiler.InputError, match=r"unknown \['image'\], missing \['x'\]; expected \['x'\]"):
+    with pytest.raises(relaxc.InputError, match=r"unknown \['image'\], missing \['x'\]; expected \['x'\]"):
         small_artifact.run({"image": np.zeros((1, 3, 32, 32), np.float32)})
 
 
 def test_run_with_wrong_shape(small_artifact):
-    with pytest.raises(compiler.InputError, match=r"input 'x': expected shape \(1, 3, 32, 32\), got \(1, 3, 224, 224\)"):
+    with pytest.raises(relaxc.InputError, match=r"input 'x': expected shape \(1, 3, 32, 32\), got \(1, 3, 224, 224\)"):
         small_artifact.run(np.zeros((1, 3, 224, 224), np.float32))
 
 
 def test_run_with_wrong_dtype(small_artifact):
-    with pytest.raises(compiler.InputError, match="input 'x': expected dtype float32, got float64"):
+    with pytest.raises(relaxc.InputError, match="input 'x': expected dtype float32, got float64"):
         small_artifact.run(np.zeros((1, 3, 32, 32)))
 
 
 def test_run_with_wrong_count(small_artifact):
     x = np.zeros((1, 3, 32, 32), np.float32)
-    with pytest.raises(compiler.InputError, match=r"model takes 1 input\(s\) \['x'\], got 2"):
+    with pytest.raises(relaxc.InputError, match=r"model takes 1 input\(s\) \['x'\], got 2"):
         small_artifact.run(x, x)
 
 
@@ -176,7 +176,7 @@ def test_any_numpy_memory_form_gives_the_same_answer(small_artifact):
         before = form.copy()
         np.testing.assert_array_equal(small_artifact.run(form)[0], expected, err_msg=name)
         np.testing.assert_array_equal(form, before, err_msg=name)  # the caller's array is left alone
-    with pytest.raises(compiler.InputError, match="expected dtype float32, got >f8"):
+    with pytest.raises(relaxc.InputError, match="expected dtype float32, got >f8"):
         small_artifact.run(x.astype(">f8"))
 
 
@@ -199,7 +199,7 @@ def test_nan_and_infinities_pass_through_as_in_onnxruntime():
                                numpy_helper.from_array(np.array(6, np.float32), "hi")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = reference.ORT_MAX_IR_VERSION
-    ours = compiler.compile(model, tuning="off").run(x)
+    ours = relaxc.compile(model, tuning="off").run(x)
     for name, got, expected in zip(outputs, ours, reference.ort_run(model, {"x": x})):
         assert np.isnan(expected).any(), name  # the case is there
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=name)  # NaN where it has NaN
@@ -232,19 +232,19 @@ def test_a_quantized_nan_is_the_lowest_value_as_in_onnxruntime():
     model.ir_version = reference.ORT_MAX_IR_VERSION
     expected = reference.ort_run(model, {"x": x})
     assert np.allclose(expected[0][0, 1], -3 * 6e-5) and expected[1][0, 2, 3, 5] == -128  # the case is there
-    for got, want in zip(compiler.compile(model, tuning="off").run(x), expected):
+    for got, want in zip(relaxc.compile(model, tuning="off").run(x), expected):
         np.testing.assert_array_equal(got, want)
 
 
 def test_export_to_missing_directory(small_artifact, tmp_path):
-    with pytest.raises(compiler.ExportError, match="does not exist"):
+    with pytest.raises(relaxc.ExportError, match="does not exist"):
         small_artifact.export(tmp_path / "nope" / "m.so")
     assert os.listdir(tmp_path) == []
 
 
 def test_export_onto_a_directory_leaves_nothing(small_artifact, tmp_path):
     (tmp_path / "m.so").mkdir()
-    with pytest.raises(compiler.ExportError, match="cannot export to"):
+    with pytest.raises(relaxc.ExportError, match="cannot export to"):
         small_artifact.export(tmp_path / "m.so")
     assert os.listdir(tmp_path) == ["m.so"] and os.listdir(tmp_path / "m.so") == []
 
@@ -256,7 +256,7 @@ def test_export_failing_midway_leaves_nothing(small_artifact, tmp_path, monkeypa
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(small_artifact.executable, "export_library", half_written, raising=False)
-    with pytest.raises(compiler.ExportError, match="No space left on device"):
+    with pytest.raises(relaxc.ExportError, match="No space left on device"):
         small_artifact.export(tmp_path / "m.so")
     assert os.listdir(tmp_path) == []
 
@@ -264,16 +264,16 @@ def test_export_failing_midway_leaves_nothing(small_artifact, tmp_path, monkeypa
 def test_load_without_manifest(small_artifact, tmp_path):
     small_artifact.export(tmp_path / "m.so")
     os.unlink(tmp_path / "m.json")
-    with pytest.raises(compiler.ExportError, match="manifest .*m.json is missing"):
-        compiler.load(tmp_path / "m.so")
+    with pytest.raises(relaxc.ExportError, match="manifest .*m.json is missing"):
+        relaxc.load(tmp_path / "m.so")
 
 
 def test_load_missing_library(tmp_path):
-    with pytest.raises(compiler.ExportError, match="no artifact at"):
-        compiler.load(tmp_path / "absent.so")
+    with pytest.raises(relaxc.ExportError, match="no artifact at"):
+        relaxc.load(tmp_path / "absent.so")
 
 
 def test_load_unknown_device(small_artifact, tmp_path):
     small_artifact.export(tmp_path / "m.so")
-    with pytest.raises(compiler.UserError, match="unknown device 'tpu'"):
-        compiler.load(tmp_path / "m.so", device="tpu")
+    with pytest.raises(relaxc.UserError, match="unknown device 'tpu'"):
+        relaxc.load(tmp_path / "m.so", device="tpu")

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-import relaxc as compiler
+import relaxc
 from relaxc.support.threads import SPIN_S, spin_count
 from tests import reference
 
@@ -18,8 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LOAD_AND_RUN = """
 import sys, json, numpy as np
-import relaxc as compiler
-dep = compiler.load(sys.argv[1])
+import relaxc
+dep = relaxc.load(sys.argv[1])
 x = np.load(sys.argv[2])
 out = dep.run({dep.inputs[0][0]: x})
 np.save(sys.argv[3], out[0])
@@ -36,7 +36,7 @@ def test_export_then_load_in_fresh_process_gives_identical_outputs(tmp_path, mod
     """Loading imports none of the compiler (ONNX, the passes, schedules, MetaSchedule, tqdm), also
     with ``TVM_USE_RUNTIME_LIB=1``: TVM's runtime-only library, what a deployment image carries."""
     source = reference.small_cnn() if model == "small_cnn" else model
-    art = compiler.compile(source)
+    art = relaxc.compile(source)
     manifest_path = art.export(tmp_path / "model.so")
     assert sorted(os.listdir(tmp_path)) == ["model.json", "model.so"]
     manifest = json.loads(open(manifest_path).read())
@@ -59,10 +59,10 @@ def test_export_then_load_in_fresh_process_gives_identical_outputs(tmp_path, mod
 
 
 def test_loaded_artifact_validates_inputs(tmp_path):
-    art = compiler.compile(reference.small_cnn())
+    art = relaxc.compile(reference.small_cnn())
     art.export(tmp_path / "m.so")
-    dep = compiler.load(tmp_path / "m.so")
-    with pytest.raises(compiler.InputError, match=r"expected shape \(1, 3, 32, 32\)"):
+    dep = relaxc.load(tmp_path / "m.so")
+    with pytest.raises(relaxc.InputError, match=r"expected shape \(1, 3, 32, 32\)"):
         dep.run(np.zeros((1, 3, 31, 32), np.float32))
 
 
@@ -73,9 +73,9 @@ def test_runtime_threads_default_to_physical_cores(env, expected, start, tmp_pat
     its default when a compile starts or an artifact is loaded; importing it changes nothing."""
     import psutil
 
-    compiler.compile(reference.small_cnn(), tuning="off").export(tmp_path / "m.so")
-    begin = ("compiler.compile(reference.small_cnn(), tuning='off')" if start == "compile"
-             else f"compiler.load({str(tmp_path / 'm.so')!r})")
+    relaxc.compile(reference.small_cnn(), tuning="off").export(tmp_path / "m.so")
+    begin = ("relaxc.compile(reference.small_cnn(), tuning='off')" if start == "compile"
+             else f"relaxc.load({str(tmp_path / 'm.so')!r})")
     code = ("import os, relaxc as compiler, tvm; from tests import reference; "
             "untouched = not {'TVM_NUM_THREADS', 'TVM_BIND_THREADS', 'TVM_THREAD_POOL_SPIN_COUNT'} & set(os.environ); "
             "from relaxc.support.threads import spin_count; "
@@ -108,7 +108,7 @@ def test_spin_count_yields_for_about_spin_s():
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    art = compiler.compile(reference.small_cnn(), tuning="off")
+    art = relaxc.compile(reference.small_cnn(), tuning="off")
     folder = tmp_path_factory.mktemp("exported")
     art.export(folder / "m.so")
     return art, folder
@@ -140,8 +140,8 @@ def test_damaged_artifacts_are_refused_not_run(exported, tmp_path, damage, messa
     """A truncated library loaded as it is kills the process (SIGBUS): load checks the bytes first."""
     lib, man = _copy(exported[1], tmp_path)
     damage(lib, man)
-    with pytest.raises(compiler.ExportError, match=message):
-        compiler.load(lib)
+    with pytest.raises(relaxc.ExportError, match=message):
+        relaxc.load(lib)
 
 
 def test_damaged_device_code_is_refused(exported, tmp_path):
@@ -150,8 +150,8 @@ def test_damaged_device_code_is_refused(exported, tmp_path):
     manifest = json.loads(man.read_text())
     manifest["device_code"] = [{"file": "m.0.fatbin", "sha256": "0" * 64, "source_sha256": "0" * 64}]
     man.write_text(json.dumps(manifest))
-    with pytest.raises(compiler.ExportError, match=r"m.0.fatbin does not match its manifest"):
-        compiler.load(lib)
+    with pytest.raises(relaxc.ExportError, match=r"m.0.fatbin does not match its manifest"):
+        relaxc.load(lib)
 
 
 @pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
@@ -166,10 +166,10 @@ def test_failed_or_interrupted_export_leaves_the_old_artifact_alone(exported, tm
         raise failure
 
     monkeypatch.setattr(type(art.executable), "export_library", half_written)
-    with pytest.raises(compiler.ExportError if isinstance(failure, OSError) else KeyboardInterrupt) as err:
+    with pytest.raises(relaxc.ExportError if isinstance(failure, OSError) else KeyboardInterrupt) as err:
         art.export(lib)
     if isinstance(failure, OSError):
         assert "No space left on device" in str(err.value)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporaries, old files intact
-    np.testing.assert_array_equal(compiler.load(lib).run(reference.random_inputs(art.inputs))[0],
+    np.testing.assert_array_equal(relaxc.load(lib).run(reference.random_inputs(art.inputs))[0],
                                   art.run(reference.random_inputs(art.inputs))[0])

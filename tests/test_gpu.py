@@ -8,13 +8,13 @@ import struct
 import onnx
 import pytest
 
-import relaxc as compiler
+import relaxc
 from relaxc.frontend import models
 from relaxc.backend import toolchain
 from relaxc.runtime import open_device
 from relaxc.support import targets
 from tests import reference
-from tests.helpers import relaxc
+from tests.helpers import run_cli
 
 FATBIN_MAGIC = 0xBA55ED50
 EM_AMDGPU = 224
@@ -23,7 +23,7 @@ EM_AMDGPU = 224
 def _gpu_visible(kind: str) -> bool:
     try:
         open_device(kind)
-    except compiler.TargetError:
+    except relaxc.TargetError:
         return False
     return True
 
@@ -45,17 +45,17 @@ def test_presets_and_fingerprints():
     assert cuda["host"]["kind"] == "llvm" and "mcpu" not in cuda["host"]  # portable host code
     for bad, message in (("cuda:90", "not a cuda architecture"), ("rocm:sm_80", "not a rocm architecture"),
                          ("metal", "unknown target 'metal'")):
-        with pytest.raises(compiler.TargetError, match=message):
+        with pytest.raises(relaxc.TargetError, match=message):
             targets.resolve(bad)
-    sm80 = compiler.compile(reference.small_cnn(), target="cuda:sm_80")
-    sm90 = compiler.compile(reference.small_cnn(), target="cuda:sm_90")
+    sm80 = relaxc.compile(reference.small_cnn(), target="cuda:sm_80")
+    sm90 = relaxc.compile(reference.small_cnn(), target="cuda:sm_90")
     assert sm80.fingerprint != sm90.fingerprint
     assert sm80.report()["versions"]["nvcc"].count(".") == 2
     assert sm80.report()["layout"]["block"] == 0 and "until" in sm80.report()["layout"]["why"]
-    rocm = compiler.compile(reference.small_cnn(), target="rocm").report()["versions"]
+    rocm = relaxc.compile(reference.small_cnn(), target="rocm").report()["versions"]
     assert rocm["rocm_device_libs"] and int(rocm["lld"].split(".")[0]) >= 22
-    with pytest.raises(compiler.UserError, match="arena planner .* CPU-only"):
-        compiler.compile(reference.small_cnn(), target="cuda", memory_planner="arena")
+    with pytest.raises(relaxc.UserError, match="arena planner .* CPU-only"):
+        relaxc.compile(reference.small_cnn(), target="cuda", memory_planner="arena")
 
 
 # Every operator form of the bundled models: the Inceptions and DenseNet-121 add none to SqueezeNet
@@ -73,7 +73,7 @@ ROCM_MODELS = ("squeezenet",)
 @pytest.mark.parametrize("name, kind", [(name, "cuda") for name in CUDA_MODELS] +
                          [(name, "rocm") for name in ROCM_MODELS])
 def test_bundled_model_exports_with_device_code(name, kind, tmp_path):
-    art = compiler.compile(f"onnx:{name}", target=kind)
+    art = relaxc.compile(f"onnx:{name}", target=kind)
     schedules = art.report()["schedules"]
     assert schedules.get("none", 0) == 0 and "tuned" not in schedules  # every kernel got a GPU schedule
     manifest = json.load(open(art.export(tmp_path / f"{name}.so")))
@@ -88,21 +88,21 @@ def test_bundled_model_exports_with_device_code(name, kind, tmp_path):
         objects = _amdgpu_objects(library)
         assert objects, "no AMDGPU code object in the library"
         assert b"amdgcn-amd-amdhsa" in library and targets.DEFAULT_ROCM_ARCH.encode() in library
-    with pytest.raises(compiler.TargetError, match=f"compiled for '{kind}'"):
-        compiler.load(tmp_path / f"{name}.so", device="cpu")
+    with pytest.raises(relaxc.TargetError, match=f"compiled for '{kind}'"):
+        relaxc.load(tmp_path / f"{name}.so", device="cpu")
 
 
 @pytest.mark.parametrize("kind", ["cuda", "rocm"])
 def test_loading_needs_the_gpu(kind, tmp_path):
-    art = compiler.compile(reference.small_cnn(), target=kind)
-    with pytest.raises(compiler.UserError, match="runs where its GPU is"):
+    art = relaxc.compile(reference.small_cnn(), target=kind)
+    with pytest.raises(relaxc.UserError, match="runs where its GPU is"):
         art.run(reference.random_inputs(art.inputs))
     art.export(tmp_path / "m.so")
     if _gpu_visible(kind):
         pytest.skip(f"a {kind} GPU is visible: the execution tests cover loading")
-    with pytest.raises(compiler.TargetError, match=f"no {kind} device"):
-        compiler.load(tmp_path / "m.so")  # the device defaults to the artifact's kind
-    proc = relaxc("run", str(tmp_path / "m.so"))
+    with pytest.raises(relaxc.TargetError, match=f"no {kind} device"):
+        relaxc.load(tmp_path / "m.so")  # the device defaults to the artifact's kind
+    proc = run_cli("run", str(tmp_path / "m.so"))
     assert proc.returncode == 2 and f"no {kind} device" in proc.stderr
 
 
@@ -112,24 +112,24 @@ def test_a_missing_tool_is_named(monkeypatch):
     toolchain.cuda_home.cache_clear()
     try:
         with pytest.raises(toolchain.ToolchainError, match="needs nvcc on PATH"):
-            compiler.compile(reference.small_cnn(), target="cuda")
+            relaxc.compile(reference.small_cnn(), target="cuda")
     finally:
         toolchain.cuda_home.cache_clear()
 
 
 def test_missing_fatbin_is_named(tmp_path):
-    compiler.compile(reference.small_cnn(), target="cuda").export(tmp_path / "m.so")
+    relaxc.compile(reference.small_cnn(), target="cuda").export(tmp_path / "m.so")
     os.unlink(tmp_path / "m.0.fatbin")
-    with pytest.raises(compiler.ExportError, match="m.0.fatbin is missing"):
-        compiler.load(tmp_path / "m.so", device="cuda")
+    with pytest.raises(relaxc.ExportError, match="m.0.fatbin is missing"):
+        relaxc.load(tmp_path / "m.so", device="cuda")
 
 
 @pytest.mark.skipif(not _gpu_visible("cuda"), reason="no CUDA GPU visible (CI never has one)")
 @pytest.mark.parametrize("name", models.BUNDLED)
 def test_bundled_model_matches_onnxruntime_on_cuda(name, tmp_path):
-    art = compiler.compile(f"onnx:{name}", target="cuda")
+    art = relaxc.compile(f"onnx:{name}", target="cuda")
     art.export(tmp_path / "m.so")
-    deployed = compiler.load(tmp_path / "m.so", device="cuda")
+    deployed = relaxc.load(tmp_path / "m.so", device="cuda")
     inputs = reference.random_inputs(deployed.inputs)
     expected = reference.ort_run(onnx.load(models.bundled_path(f"onnx:{name}")), inputs)
     reference.assert_matches(deployed.run(inputs), expected)

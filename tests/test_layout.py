@@ -13,7 +13,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend, pipeline
 from relaxc.passes.layout import LayoutPass
 from relaxc.passes.layout_algebra import (block_constant, blocked, input_block, pack_conv_weight, pack_windowed_conv_weight,
@@ -283,7 +283,7 @@ def test_block_zero_leaves_the_module_alone():
 
 
 def test_clip_and_a_conv_with_groups_split_by_blocks_stay_blocked():
-    art = compiler.compile(reference.branchy_cnn(), layout_block=8)
+    art = relaxc.compile(reference.branchy_cnn(), layout_block=8)
     report = art.report()["layout"]
     # Clip (imported as TIR max/min) stays blocked, and so does the 4-group conv with 11 channels
     # per group (windows of input blocks); only the channel softmax runs in NCHW
@@ -303,7 +303,7 @@ def test_a_conv_with_groups_narrower_than_the_block_runs_blocked():
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 104, 6, 6])],
         [reference._const("w1", rng.standard_normal((104, 8, 3, 3)) * 0.3),
          reference._const("wg", rng.standard_normal((104, 8, 3, 3)) * 0.3)])
-    art = compiler.compile(model, layout_block=16)
+    art = relaxc.compile(model, layout_block=16)
     convs = _calls(art.module("layout"), "relax.nn.conv2d")
     assert [c.attrs.data_layout for c in convs] == ["NCHW8c", "NCHW16c"] and convs[1].attrs.groups == 7
     inputs = reference.random_inputs(art.inputs)
@@ -311,7 +311,7 @@ def test_a_conv_with_groups_narrower_than_the_block_runs_blocked():
 
 
 def test_concat_after_whole_blocks_stays_blocked():
-    art = compiler.compile(reference.blocked_paths_cnn(), layout_block=16)
+    art = relaxc.compile(reference.blocked_paths_cnn(), layout_block=16)
     concats = _calls(art.module("layout"), "relax.concat")
     # 32 + 20 channels: the padded part is last, its padding ends the concat
     assert concats and all(len(c.ty.shape.values) == 5 for c in concats)
@@ -353,7 +353,7 @@ def _shufflenet_v2_unit(channels: int = 116, chunked: bool = False) -> onnx.Mode
 
 def test_channel_split_unaligned_concat_and_shuffle_stay_blocked():
     model = _shufflenet_v2_unit()
-    art = compiler.compile(model, layout_block=16)
+    art = relaxc.compile(model, layout_block=16)
     report = art.report()["layout"]
     assert report["standard_op_kinds"] == {} and report["converters"] == 2  # the graph's input and output
     text = art.ir("layout")
@@ -366,7 +366,7 @@ def test_halves_of_a_shuffled_concat_gather_from_its_parts():
     """The next unit's halves read the concat's parts directly: neither the concat nor the shuffle
     is computed (each was a pass over the feature map)."""
     model = _shufflenet_v2_unit(chunked=True)
-    art = compiler.compile(model, layout_block=16)
+    art = relaxc.compile(model, layout_block=16)
     kernels = [gv.name_hint for gv in art.module("final").get_global_vars()]
     assert any(name.startswith("take_concat_channels") for name in kernels)  # one kernel, called for each half
     assert not any(name.startswith("concat_channels") for name in kernels)
@@ -380,7 +380,7 @@ def test_halves_of_a_shuffled_concat_gather_from_its_parts():
 
 @pytest.mark.slow
 def test_resnet50_layout():
-    art = compiler.compile("onnx:resnet50")
+    art = relaxc.compile("onnx:resnet50")
     layout = art.module("layout")
     convs = _calls(layout, "relax.nn.conv2d")
     assert len(convs) == 53 and all(c.attrs.data_layout.endswith("c") for c in convs)
@@ -425,7 +425,7 @@ def test_a_split_along_channels_stays_blocked_and_its_concat_vectorises(splits):
     norm and swish) gets vector loops, not a loop scalarised by a per-lane guard, and a plain gather
     copies each output channel along the map, its channels in parallel (steps._lanes_from_tables)."""
     model = _mixed_depthwise_unit(splits)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     assert art.report()["layout"]["converters"] == 2  # the graph's input and output only
     gathers = {gv.name_hint: func for gv, func in art.module("final").functions.items()
                if isinstance(func, tvm.tirx.PrimFunc) and ("concat" in gv.name_hint or "take" in gv.name_hint)}

@@ -11,7 +11,7 @@ import pytest
 import tvm
 from onnx import TensorProto, helper
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend, pipeline
 from relaxc.passes import layout_choice
 from relaxc.passes.layout_algebra import STANDARD, blocked
@@ -53,7 +53,7 @@ def softmax_between_convs() -> onnx.ModelProto:
 
 def simplified(model: onnx.ModelProto):
     """The model's Relax module as the layout phase receives it."""
-    config = compiler.Options(layout_block=16).resolve("cpu")
+    config = relaxc.Options(layout_block=16).resolve("cpu")
     compilation = pipeline.Compilation(config, frontend.import_model(model))
     return pipeline.PHASES[0].run(compilation.model.module, compilation)
 
@@ -92,7 +92,7 @@ def test_any_chosen_plan_matches_onnxruntime(monkeypatch, model, seed):
         return choice.plan, choice.summary()
 
     monkeypatch.setattr(pipeline, "_plan_layouts", plan)
-    art = compiler.compile(onnx_model, tuning="off", layouts="replay")
+    art = relaxc.compile(onnx_model, tuning="off", layouts="replay")
     assert len({layout.name for layout in chosen.values()}) >= 2  # a mixed plan, not one layout
     x = np.random.default_rng(seed).standard_normal(
         [d.dim_value for d in onnx_model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
@@ -101,15 +101,15 @@ def test_any_chosen_plan_matches_onnxruntime(monkeypatch, model, seed):
 
 def test_times_measured_once_then_replayed(tmp_path):
     model = reference.conv3x3(16, 16, 12, 12, 1)
-    first = compiler.compile(model, tuning="off", layouts="measure", cache_dir=str(tmp_path)).report()["layout"]
+    first = relaxc.compile(model, tuning="off", layouts="measure", cache_dir=str(tmp_path)).report()["layout"]
     assert first["choice"]["source"] == "measured" and first["choice"]["method"] == "exact"
     assert first["choice"]["ms"] <= first["choice"]["default_ms"] + 1e-9
     stored = json.loads((tmp_path / cache.target_key(targets.resolve("cpu")) / LAYOUT_FILE).read_text())["workloads"]
     assert {key.rsplit("-", 1)[1] for key in stored if key.startswith("conv2d")} == {"NCHW", "NCHW8c", "NCHW16c"}
     assert all(entry["ms"] > 0 for entry in stored.values())
-    again = compiler.compile(model, tuning="off", layouts="replay", cache_dir=str(tmp_path)).report()["layout"]
+    again = relaxc.compile(model, tuning="off", layouts="replay", cache_dir=str(tmp_path)).report()["layout"]
     assert again["choice"]["source"] == "stored" and again["choice"]["ms"] == first["choice"]["ms"]
-    empty = compiler.compile(model, tuning="off", layouts="replay", cache_dir=str(tmp_path / "none")).report()["layout"]
+    empty = relaxc.compile(model, tuning="off", layouts="replay", cache_dir=str(tmp_path / "none")).report()["layout"]
     assert empty["choice"]["source"] == "rule" and "layouts='measure'" in empty["choice"]["why"]
-    default = compiler.compile(model, tuning="off", cache_dir=str(tmp_path)).report()["layout"]
+    default = relaxc.compile(model, tuning="off", cache_dir=str(tmp_path)).report()["layout"]
     assert "choice" not in default  # the rule, no choice made

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relaxc import diagnostics
 from relaxc.support import tvm_log
-from tests.helpers import ROOT, env, relaxc
+from tests.helpers import ROOT, env, run_cli
 
 
 def _gather_pow_model(path) -> None:
@@ -72,7 +72,7 @@ def test_decoder_block_compiles_quietly_and_matches(tmp_path):
     from tests import reference
 
     _decoder_block(tmp_path / "block.onnx")
-    code = ("import sys, numpy as np, relaxc as compiler; art = compiler.compile(sys.argv[1]); "
+    code = ("import sys, numpy as np, relaxc as compiler; art = relaxc.compile(sys.argv[1]); "
             "np.save(sys.argv[2], art.run({'ids': np.arange(8).reshape(1, 8) % 50})[0])")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "block.onnx"), str(tmp_path / "y.npy")],
                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=env())
@@ -84,10 +84,10 @@ def test_decoder_block_compiles_quietly_and_matches(tmp_path):
 
 COMPILE_EXPORT_LOAD = """
 import json, sys
-import relaxc as compiler
-art = compiler.compile(sys.argv[1])
+import relaxc
+art = relaxc.compile(sys.argv[1])
 art.export(sys.argv[2])
-compiler.load(sys.argv[2]).run({"ids": __import__("numpy").arange(8).reshape(1, 8)})
+relaxc.load(sys.argv[2]).run({"ids": __import__("numpy").arange(8).reshape(1, 8)})
 print(json.dumps(art.report()))
 """
 
@@ -98,7 +98,7 @@ def _tvm_lines(text: str) -> list[str]:
 
 @pytest.mark.slow
 def test_relaxc_run_resnet50_prints_no_tvm_line():
-    proc = relaxc("run", "onnx:resnet50", "--repeat", "1")
+    proc = run_cli("run", "onnx:resnet50", "--repeat", "1")
     assert proc.returncode == 0, proc.stderr
     assert _tvm_lines(proc.stderr + proc.stdout) == []
     assert "[relaxc] build" in proc.stderr  # relaxc's own progress still shows

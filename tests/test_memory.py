@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import relaxc as compiler
+import relaxc
 from relaxc.passes import memory
 from relaxc.passes.memory import ALIGNMENT, Tensor, lower_bound, plan, verify_placement
 from tests import reference
@@ -113,7 +113,7 @@ def _memory(art) -> dict:
 
 
 def test_small_cnn_plan_is_real_and_correct():
-    art = compiler.compile(reference.small_cnn(), validate_memory=True)
+    art = relaxc.compile(reference.small_cnn(), validate_memory=True)
     report = _memory(art)
     assert report["planner"] == "arena" and report["validated"]
     assert report["lower_bound_bytes"] <= report["arena_bytes"] <= report["tvm_static_plan_bytes"]
@@ -140,17 +140,17 @@ def test_garbage_fill_exposes_a_broken_plan(monkeypatch):
 
     monkeypatch.setattr(memory, "plan", everything_at_zero)
     with pytest.raises(RuntimeError, match="memory plan is invalid: .* share bytes"):
-        compiler.compile(reference.small_cnn())
+        relaxc.compile(reference.small_cnn())
     monkeypatch.setattr(memory, "verify_placement", lambda *args: [])
-    art = compiler.compile(reference.small_cnn(), validate_memory=True)
+    art = relaxc.compile(reference.small_cnn(), validate_memory=True)
     inputs = reference.random_inputs(art.inputs)
     with pytest.raises(AssertionError):
         reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
 
 
 def test_unshared_kernels_get_bytes_of_their_own():
-    shared = _memory(compiler.compile(reference.branchy_cnn()))
-    art = compiler.compile(reference.branchy_cnn(), unshared=["fused_conv2d*"], validate_memory=True)
+    shared = _memory(relaxc.compile(reference.branchy_cnn()))
+    art = relaxc.compile(reference.branchy_cnn(), unshared=["fused_conv2d*"], validate_memory=True)
     report = _memory(art)
     own = [t for t in report["tensors"] if t["kernel"].startswith("fused_conv2d")]
     others = [t for t in report["tensors"] if t not in own]
@@ -165,11 +165,11 @@ def test_unshared_kernels_get_bytes_of_their_own():
 
 
 def test_tvm_planner_for_comparison():
-    art = compiler.compile(reference.branchy_cnn(), memory_planner="tvm")
+    art = relaxc.compile(reference.branchy_cnn(), memory_planner="tvm")
     report = _memory(art)
     assert report["planner"] == "tvm" and report["arena_bytes"] == report["tvm_static_plan_bytes"]
     assert "arena" not in art.ir("final")
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.branchy_cnn(), inputs))
-    with pytest.raises(compiler.UserError, match="memory_planner must be one of arena, tvm"):
-        compiler.compile(reference.small_cnn(), memory_planner="best")
+    with pytest.raises(relaxc.UserError, match="memory_planner must be one of arena, tvm"):
+        relaxc.compile(reference.small_cnn(), memory_planner="best")

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-import relaxc as compiler
+import relaxc
 from relaxc.benchmarks.bench import build_parser as bench_parser
 from relaxc.cli import build_parser, option_values
 from relaxc.options import Options, TuneOptions
@@ -55,7 +55,7 @@ def test_cli_and_api_accept_the_same_choices(field, choices):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["compile", "m.onnx", flag, "bogus"])
     assert exit_info.value.code == 2
-    with pytest.raises(compiler.UserError, match=f"{field} must be one of {', '.join(choices)}, not 'bogus'"):
+    with pytest.raises(relaxc.UserError, match=f"{field} must be one of {', '.join(choices)}, not 'bogus'"):
         Options(**{field: "bogus"}).resolve("cpu")
 
 
@@ -69,10 +69,10 @@ def test_resolve_fills_in_the_target_defaults():
     assert cpu.layout_block in (4, 8, 16) and cpu.memory_planner == "arena"
     assert cpu.layout_why == "the target's fp32 vector lanes"
     assert Options(layout_block=0).resolve("cpu").layout_why == "given by the caller"
-    with pytest.raises(compiler.UserError, match="layout_block must be 0"):
+    with pytest.raises(relaxc.UserError, match="layout_block must be 0"):
         Options(layout_block=1).resolve("cpu")
 
 
 def test_an_unknown_option_is_refused_by_the_api():
     with pytest.raises(TypeError, match="bogus"):
-        compiler.compile("onnx:squeezenet", bogus=1)
+        relaxc.compile("onnx:squeezenet", bogus=1)

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc.benchmarks.quantized import with_quantized_outputs
 from relaxc.frontend import qoperators
 from relaxc.support.errors import UnsupportedOperatorError
@@ -48,7 +48,7 @@ def test_qoperator_models_equal_onnxruntime_int8_to_the_bit(make, ops):
     model = quantize(make(), form="QOperator")
     assert ops <= {node.op_type for node in model.graph.node}
     model = with_quantized_outputs(model)
-    art = compiler.compile(model, tuning="off", backends="relaxc")
+    art = relaxc.compile(model, tuning="off", backends="relaxc")
     summary = art.report()["quantized"]
     assert summary["float"] == {} and summary["requantized"] == sum(
         node.op_type in ("QLinearConv", "QLinearMatMul", "QGemm") for node in model.graph.node)
@@ -73,4 +73,4 @@ def test_a_qoperator_form_without_a_qdq_chain_is_refused_by_name():
                                                     helper.make_opsetid(qoperators.MICROSOFT, 1)])
     model.ir_version = reference.ORT_MAX_IR_VERSION
     with pytest.raises(UnsupportedOperatorError, match="com.microsoft::QLinearGlobalAveragePool.*gap"):
-        compiler.compile(model, tuning="off", backends="relaxc")
+        relaxc.compile(model, tuning="off", backends="relaxc")

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 from tvm.script import tirx as T
 
-import relaxc as compiler
+import relaxc
 from relaxc import profile, roofline
 from relaxc.passes import fast_math
 from relaxc.support.targets import resolve
@@ -79,7 +79,7 @@ def test_the_machine_is_measured_once_and_kept_in_the_store(tmp_path, monkeypatc
 @pytest.mark.timing
 def test_a_matmul_reaches_a_fair_share_of_the_peak_and_never_much_more():
     """The peak is not underestimated (no kernel runs well above it) and a dense matmul is no cliff."""
-    art = compiler.compile(_matmul_model(), tuning="off")
+    art = relaxc.compile(_matmul_model(), tuning="off")
     machine = roofline.machine(art.target)
     # the best of three profiles: one lasts ~30 ms, short enough for a shared VM's hiccup to cover it
     results = [profile.profile(art, {"x": np.ones((M, K), "float32")}, machine) for _ in range(3)]

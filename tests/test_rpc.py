@@ -15,13 +15,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc.schedules import cache, tuning
 from relaxc.support import remote, targets, versions
 from relaxc.support.errors import RemoteError, TargetError, UserError
 from relaxc.support.threads import physical_cores
 from tests import reference
-from tests.helpers import ROOT, env, relaxc
+from tests.helpers import ROOT, env, run_cli
 
 pytest.importorskip("tornado", reason="the RPC tracker needs tornado (pip install 'relaxc[rpc]')")
 from tvm.rpc.tracker import Tracker  # noqa: E402 - after the skip: it imports tornado
@@ -79,7 +79,7 @@ def tuned_remotely(fleet, tmp_path_factory):
     address, servers = fleet
     folder = tmp_path_factory.mktemp("records")
     onnx.save(_mlp(), folder / "mlp.onnx")
-    done = relaxc("tune", folder / "mlp.onnx", "--trials", 12, "--trials-per-task", 4, "--log-dir", folder / "store",
+    done = run_cli("tune", folder / "mlp.onnx", "--trials", 12, "--trials-per-task", 4, "--log-dir", folder / "store",
                   "--rpc", f"127.0.0.1:{address.port}", "--rpc-key", KEY, "-q")
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), str(folder / "store"), servers
@@ -104,7 +104,7 @@ def test_records_tuned_remotely_replay_strictly(tuned_remotely, fleet):
     address, _ = fleet
     device = remote.probe(address)
     assert os.path.basename(summary["cache_dir"]) == cache.target_key(device.target())
-    art = compiler.compile(_mlp(), target=device.target(), tuning="strict", cache_dir=log_dir)
+    art = relaxc.compile(_mlp(), target=device.target(), tuning="strict", cache_dir=log_dir)
     assert art.report()["tuning"]["missing"] == []
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(_mlp(), inputs))
@@ -140,44 +140,44 @@ def test_a_fleet_of_two_kinds_or_other_versions_is_refused():
 def test_rpc_mistakes_are_clear_errors(fleet):
     address, _ = fleet
     with pytest.raises(RemoteError, match="no RPC server is registered under key 'nobody'"):
-        compiler.compile(_mlp(), rpc=f"127.0.0.1:{address.port}", rpc_key="nobody")
+        relaxc.compile(_mlp(), rpc=f"127.0.0.1:{address.port}", rpc_key="nobody")
     with pytest.raises(UserError, match="give the tracker too"):
-        compiler.compile(_mlp(), rpc_key=KEY)
+        relaxc.compile(_mlp(), rpc_key=KEY)
     for address_text in ("localhost", "localhost:0", "localhost:70000"):
         with pytest.raises(RemoteError, match="HOST:PORT"):
-            compiler.compile(_mlp(), rpc=address_text, rpc_key=KEY)
+            relaxc.compile(_mlp(), rpc=address_text, rpc_key=KEY)
     other = "znver4" if targets.host_cpu() != "znver4" else "znver3"
     with pytest.raises(TargetError, match="belongs in that target's store"):
-        compiler.compile(_mlp(), target={"kind": "llvm", "mcpu": other}, rpc=f"127.0.0.1:{address.port}",
+        relaxc.compile(_mlp(), target={"kind": "llvm", "mcpu": other}, rpc=f"127.0.0.1:{address.port}",
                          rpc_key=KEY)
     with pytest.raises(UserError, match="selection='sequence'"):
-        compiler.tune(_mlp(), trials=0, selection="sequence", rpc=f"127.0.0.1:{address.port}", rpc_key=KEY)
+        relaxc.tune(_mlp(), trials=0, selection="sequence", rpc=f"127.0.0.1:{address.port}", rpc_key=KEY)
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         nobody = closed.getsockname()[1]
     start = time.time()
     with pytest.raises(RemoteError, match="cannot reach the RPC tracker"):
-        compiler.tune(_mlp(), trials=0, rpc=f"127.0.0.1:{nobody}", rpc_key=KEY)
+        relaxc.tune(_mlp(), trials=0, rpc=f"127.0.0.1:{nobody}", rpc_key=KEY)
     assert time.time() - start < 15  # not TVM's minute of retries
 
 
 def test_shards_split_the_kernels_and_select_after_the_merge(tmp_path):
     model = reference.small_cnn()
-    tasks = tuning.tuning_tasks(compiler.compile(model, tuning="off").module("fuse"), targets.resolve("cpu"))
+    tasks = tuning.tuning_tasks(relaxc.compile(model, tuning="off").module("fuse"), targets.resolve("cpu"))
     shares = [tuning.shard_of(tasks, i, 3) for i in range(3)]
     assert set().union(*shares) == {t.task_name for t in tasks}
     assert sum(len(share) for share in shares) == len(tasks)  # disjoint
     assert shares == [tuning.shard_of(list(reversed(tasks)), i, 3) for i in range(3)]  # by workload, not order
     with pytest.raises(UserError, match="I/N"):
-        compiler.tune(_mlp(), trials=0, shard="2/2")
+        relaxc.tune(_mlp(), trials=0, shard="2/2")
     with pytest.raises(UserError, match="is empty"):
-        compiler.tune(_mlp(), trials=0, shard="7/8")
+        relaxc.tune(_mlp(), trials=0, shard="7/8")
 
     halves = [str(tmp_path / f"shard{i}") for i in range(2)]
     for i, log_dir in enumerate(halves):
-        summary = compiler.tune(_mlp(), trials=4, trials_per_task=1, shard=f"{i}/2", cache_dir=log_dir)
+        summary = relaxc.tune(_mlp(), trials=4, trials_per_task=1, shard=f"{i}/2", cache_dir=log_dir)
         assert summary["selection"]["selected"] == 0
     cache.merge(halves[1], halves[0])
-    summary = compiler.tune(_mlp(), trials=0, cache_dir=halves[0])  # the selection, after the merge
+    summary = relaxc.tune(_mlp(), trials=0, cache_dir=halves[0])  # the selection, after the merge
     assert summary["selection"]["kernels_with_choice"] == summary["tasks"]
-    assert compiler.compile(_mlp(), tuning="strict", cache_dir=halves[0]).report()["tuning"]["missing"] == []
+    assert relaxc.compile(_mlp(), tuning="strict", cache_dir=halves[0]).report()["tuning"]["missing"] == []

@@ -5,11 +5,11 @@ command line that compiles for a CPU with no committed store says so once, in th
 import pytest
 from tvm.target import codegen
 
-import relaxc as compiler
+import relaxc
 from relaxc.schedules import cache
 from relaxc.support import targets
 from tests import reference
-from tests.helpers import relaxc
+from tests.helpers import run_cli
 
 NO_STORE = ("rocketlake", "icelake-server", "sapphirerapids", "skylake-avx512", "haswell")
 COMMITTED = {"znver3", "znver4", "znver5", "emeraldrapids"}
@@ -55,8 +55,8 @@ def test_a_cpu_without_a_store_compiles_quietly_and_says_so_in_the_summary(tmp_p
     path = tmp_path / "small.onnx"
     path.write_bytes(reference.small_cnn().SerializeToString())
     target = f'{{"kind":"llvm","mcpu":"{mcpu}","num-cores":2}}'
-    proc = relaxc("inspect", path, "-t", target, "-q")
+    proc = run_cli("inspect", path, "-t", target, "-q")
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "no records for this CPU there" in proc.stdout
-    art = compiler.compile(reference.small_cnn(), target=target, cache_dir=str(tmp_path))
+    art = relaxc.compile(reference.small_cnn(), target=target, cache_dir=str(tmp_path))
     assert art.report()["tuning"]["store"] is None

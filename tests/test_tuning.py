@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend
 from relaxc.report import summary
 from relaxc import tuning as relaxc_tuning
@@ -29,7 +29,7 @@ from relaxc.schedules.cache import RecordStore
 from relaxc.schedules.dispatch import DispatchStore
 from tests import reference
 
-from tests.helpers import ROOT, env, relaxc, relaxc_command
+from tests.helpers import ROOT, env, run_cli, relaxc_command
 
 ZNVER3 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # the target the committed logs are for
 
@@ -47,7 +47,7 @@ def _tune_cli(model_file, log_dir, *extra):
 def tuned(tmp_path_factory):
     """small_cnn tuned for 2 trials on each of 3 kernels (a partial store)."""
     log_dir = tmp_path_factory.mktemp("records")
-    summary = compiler.tune(reference.small_cnn(), trials=6, trials_per_task=2, cache_dir=str(log_dir))
+    summary = relaxc.tune(reference.small_cnn(), trials=6, trials_per_task=2, cache_dir=str(log_dir))
     return log_dir, summary
 
 
@@ -75,7 +75,7 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     log_dir, summary = tuned
     n = _kernels(summary)
     assert summary["defaults_recorded"] == n  # every kernel's default schedule, measured
-    art = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict")
+    art = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict")
     report = art.report()["tuning"]
     assert report["mode"] == "strict" and report["tasks"] == report["tasks_with_records"] == n
     assert report["missing"] == [] and report["selected"] == n
@@ -85,14 +85,14 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     inputs = reference.random_inputs(art.inputs)
     outputs = art.run(inputs)
     reference.assert_matches(outputs, reference.ort_run(reference.small_cnn(), inputs))
-    again = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir))  # replay is deterministic
+    again = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir))  # replay is deterministic
     assert all(np.array_equal(a, b) for a, b in zip(outputs, again.run(inputs)))
-    other = compiler.compile(reference.branchy_cnn(), cache_dir=str(log_dir)).report()["tuning"]
+    other = relaxc.compile(reference.branchy_cnn(), cache_dir=str(log_dir)).report()["tuning"]
     assert other["missing"] and other["tasks_with_records"] + len(other["missing"]) == other["tasks"]
-    with pytest.raises(compiler.UserError, match=rf"tuning='strict': {len(other['missing'])} of {other['tasks']} "
+    with pytest.raises(relaxc.UserError, match=rf"tuning='strict': {len(other['missing'])} of {other['tasks']} "
                                                  rf"kernels have no tuning record that applies in .*{other['missing'][0]}"):
-        compiler.compile(reference.branchy_cnn(), cache_dir=str(log_dir), tuning="strict")
-    off = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="off").report()
+        relaxc.compile(reference.branchy_cnn(), cache_dir=str(log_dir), tuning="strict")
+    off = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="off").report()
     assert off["tuning"]["tasks_with_records"] == 0 and "tuned" not in off["schedules"]
 
 
@@ -107,18 +107,18 @@ def test_tuning_ends_by_choosing_each_kernel_by_measurement(tuned, tmp_path):
         assert entry["fastest_ms"] <= entry["ms"] <= entry["fastest_ms"] * (1 + selection.TOLERANCE)
         assert (entry["choice"] == "default") == (entry["record"] is None)
     defaults = sorted(e["task"] for e in chosen.values() if e["choice"] == "default")
-    assert compiler.compile(reference.small_cnn(), cache_dir=str(log_dir)).report()["tuning"]["chose_default"] == defaults
+    assert relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir)).report()["tuning"]["chose_default"] == defaults
     # a rerun with nothing new measures nothing again; --reselect measures every kernel again
-    again = compiler.tune(reference.small_cnn(), trials=0, cache_dir=str(log_dir))
+    again = relaxc.tune(reference.small_cnn(), trials=0, cache_dir=str(log_dir))
     assert again["trials"] == 0 and again["selection"]["selected"] == 0
     copy = tmp_path / "copy"
     shutil.copytree(log_dir, copy)
-    proc = relaxc("tune", "onnx:squeezenet", "--trials", "0", "--log-dir", copy)  # no records: nothing to select
+    proc = run_cli("tune", "onnx:squeezenet", "--trials", "0", "--log-dir", copy)  # no records: nothing to select
     assert proc.returncode == 0 and '"selected": 0' in proc.stdout
-    reselected = compiler.tune(reference.small_cnn(), trials=0, reselect=True, cache_dir=str(copy))
+    reselected = relaxc.tune(reference.small_cnn(), trials=0, reselect=True, cache_dir=str(copy))
     assert reselected["selection"]["selected"] == n
     one = sorted(e["task"] for e in chosen.values())[0]  # --kernels limits the selection too
-    limited = compiler.tune(reference.small_cnn(), trials=0, reselect=True, kernels=[one], cache_dir=str(copy))
+    limited = relaxc.tune(reference.small_cnn(), trials=0, reselect=True, kernels=[one], cache_dir=str(copy))
     assert limited["selection"]["selected"] == 1 and limited["selection"]["kernels_with_choice"] == n
 
 
@@ -126,7 +126,7 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
     log_dir, _ = tuned
     copy = tmp_path / "copy"
     shutil.copytree(log_dir, copy)
-    summary = compiler.tune(reference.small_cnn(), trials=0, selection="sequence", cache_dir=str(copy))
+    summary = relaxc.tune(reference.small_cnn(), trials=0, selection="sequence", cache_dir=str(copy))
     result = summary["selection"]
     assert result["selected"] == len(result["kernels"]) >= 1 and result["runs_per_candidate"] == sequence.RUNS
     # by workload key: a dispatch change leaves the entries of the kernels it replaced, maybe under the same names
@@ -148,13 +148,13 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
         assert stored[key]["in_sequence"]["choice"] == decision["choice"] and stored[key]["in_sequence"]["model"] == "test"
         assert decision["before"] in decision["ms"] and set(decision["ms"]) <= set(stored[key]["candidates"])
     untuned = dispatched.get("untuned", [])  # trials=0: an implementation chosen now may lack records
-    art = compiler.compile(reference.small_cnn(), cache_dir=str(copy), tuning="replay" if untuned else "strict")
+    art = relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="replay" if untuned else "strict")
     assert art.report()["tuning"]["missing"] == untuned
     made = {c["workload"]: c["choice"] for c in art.report()["dispatch"]["convolutions"]}
     assert all(made[key] == decision["choice"] for key, decision in dispatched["decisions"].items())
     assert all((name in art.report()["tuning"]["chose_default"]) == (kernel["choice"] == "default")
                for name, kernel in result["kernels"].items())
-    again = compiler.tune(reference.small_cnn(), trials=0, selection="sequence", cache_dir=str(copy))["selection"]
+    again = relaxc.tune(reference.small_cnn(), trials=0, selection="sequence", cache_dir=str(copy))["selection"]
     second = RecordStore.of(str(copy), targets.resolve("cpu")).selections()
     kept = [k["key"] for k in again["kernels"].values()
             if k["choice"] == k["before"] and chosen.get(k["key"], {}).get("measured") == "in sequence, test"]
@@ -188,12 +188,12 @@ def test_after_a_dispatch_change_only_the_untuned_kernels_are_tuned_then_selecte
         tuned_with.update(kwargs, mod=mod)
         return {"trials": 10}
 
-    summary = relaxc_tuning._in_sequence(Replayed, tune_kernels, compiler.TuneOptions(trials=10), None)
+    summary = relaxc_tuning._in_sequence(Replayed, tune_kernels, relaxc.TuneOptions(trials=10), None)
     assert calls == ["tune", "select"] and tuned_with == {"mod": "fuse", "select": False,
                                                           "kernels": ("winograd_product2", "winograd_input2")}
     assert summary["dispatch_in_sequence"]["untuned"] == [] and summary["tuned_after_dispatch"] == {"trials": 10}
     calls.clear()
-    summary = relaxc_tuning._in_sequence(Replayed, tune_kernels, compiler.TuneOptions(trials=0), None)
+    summary = relaxc_tuning._in_sequence(Replayed, tune_kernels, relaxc.TuneOptions(trials=0), None)
     assert calls == ["select"] and summary["dispatch_in_sequence"]["untuned"] == missing[0]
 
 
@@ -205,10 +205,10 @@ def test_an_invalid_selection_file_is_ignored_with_a_warning(tuned, tmp_path, ca
     with open(store.selection_path, "w") as f:
         f.write('{"kernels": [')
     with caplog.at_level("WARNING", logger="relaxc"):
-        report = compiler.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict").report()["tuning"]
+        report = relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict").report()["tuning"]
     assert f"{store.selection_path} is not a valid selection file" in caplog.text
     assert report["selected"] == 0 and report["missing"] == []  # the best records still apply
-    proc = relaxc("cache", "verify", "--log-dir", copy)
+    proc = run_cli("cache", "verify", "--log-dir", copy)
     assert proc.returncode == 1 and "invalid selection file selected.json" in proc.stdout
 
 
@@ -216,7 +216,7 @@ def test_a_packed_store_replays_like_the_plain_one(tuned, tmp_path):
     """``relaxc cache pack``: the form relaxc ships its stores in (database files gzipped), read only."""
     log_dir, _ = tuned
     packed = tmp_path / "packed"
-    proc = relaxc("cache", "pack", packed, "--log-dir", log_dir)
+    proc = run_cli("cache", "pack", packed, "--log-dir", log_dir)
     key = cache.target_key(targets.resolve("cpu"))
     assert proc.returncode == 0 and key in proc.stdout, proc.stderr
     assert sorted(os.listdir(packed / key)) == sorted(
@@ -226,7 +226,7 @@ def test_a_packed_store_replays_like_the_plain_one(tuned, tmp_path):
     hashes = list(plain.selections())
     assert shipped.records_of(hashes) == plain.records_of(hashes) and shipped.selections() == plain.selections()
     assert all(tvm_ffi.structural_equal(shipped.workload(h), plain.workload(h)) for h in hashes)
-    reports = [compiler.compile(reference.small_cnn(), cache_dir=str(root), tuning="strict").report()["tuning"]
+    reports = [relaxc.compile(reference.small_cnn(), cache_dir=str(root), tuning="strict").report()["tuning"]
                for root in (log_dir, packed)]
     assert reports[0]["tasks_with_records"] == reports[1]["tasks_with_records"] == reports[0]["tasks"]
 
@@ -250,9 +250,9 @@ def test_the_users_records_lie_over_the_shipped_store(tuned, tmp_path, monkeypat
     DispatchStore(store).save("w", {"candidates": {}})
     assert DispatchStore(store).load().keys() == DispatchStore(store.base).load().keys() | {"w"}
     assert cache.read_measurements(os.path.join(store.dir, cache.DISPATCH_FILE)).keys() == {"w"}
-    report = compiler.compile(reference.small_cnn(), tuning="strict").report()["tuning"]
+    report = relaxc.compile(reference.small_cnn(), tuning="strict").report()["tuning"]
     assert report["shipped"] == store.base.dir and report["missing"] == []
-    listed = relaxc("cache", "list").stdout.splitlines()  # another process: the checkout's stores beneath
+    listed = run_cli("cache", "list").stdout.splitlines()  # another process: the checkout's stores beneath
     assert listed[0] == f"your records: {tmp_path / 'user'} (no tuning records)"  # a choice and a measurement only
     beneath = listed.index(f"beneath them, relaxc's: {os.path.join(ROOT, 'tuning_logs')}")
     assert {line.split(":")[0].strip() for line in listed[beneath:] if line.startswith("  llvm-")} == \
@@ -339,15 +339,15 @@ def test_a_record_that_does_not_replay_leaves_its_kernel_to_the_default_and_says
         pass  # no workload to map the names through
     store.save_selections({key: entry})
     with caplog.at_level(logging.WARNING, logger="relaxc"):
-        art = compiler.compile(reference.small_cnn(), cache_dir=str(copy))
+        art = relaxc.compile(reference.small_cnn(), cache_dir=str(copy))
     report = art.report()["tuning"]
     (name, why), = report["records_not_applied"].items()
     assert "no_such_block" in why and name in report["missing"] and entry["task"] == name
     assert any("do not apply" in r.getMessage() and name in r.getMessage() for r in caplog.records)
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
-    with pytest.raises(compiler.UserError, match=rf"no tuning record that applies .*{name}"):
-        compiler.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict")
+    with pytest.raises(relaxc.UserError, match=rf"no tuning record that applies .*{name}"):
+        relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict")
 
 
 def test_measured_kernels_get_indices_in_range():
@@ -360,7 +360,7 @@ def test_measured_kernels_get_indices_in_range():
 
 def test_a_rerun_resumes_instead_of_starting_over(tuned):
     log_dir, first = tuned
-    again = compiler.tune(reference.small_cnn(), trials=2, trials_per_task=2, cache_dir=str(log_dir))
+    again = relaxc.tune(reference.small_cnn(), trials=2, trials_per_task=2, cache_dir=str(log_dir))
     assert again["records_before"] == first["records_after"] < again["records_after"]
     assert again["tasks_tuned"] < first["tasks_tuned"]  # kernels with their 2 records are not tuned again
 
@@ -373,17 +373,17 @@ def test_corrupted_lines_are_skipped_with_a_warning(tuned, tmp_path, caplog):
     records = copy / os.path.basename(store.dir) / "database_tuning_record.json"
     good = records.read_text()
     records.write_text('{"truncated": [1, 2\n' + good + "garbage that is not json\n")
-    selected = compiler.compile(reference.small_cnn(), cache_dir=str(copy)).report()["tuning"]
+    selected = relaxc.compile(reference.small_cnn(), cache_dir=str(copy)).report()["tuning"]
     assert selected["selected"] == selected["tasks_with_records"] == _kernels(summary)  # replay reads no record
     os.remove(store.selection_path)  # without a selection, replay applies the best records
     copies = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "relaxc-records-*")))  # noqa: E731
     before = copies()
     with caplog.at_level("WARNING", logger="relaxc"):
-        art = compiler.compile(reference.small_cnn(), cache_dir=str(copy))
+        art = relaxc.compile(reference.small_cnn(), cache_dir=str(copy))
     assert copies() == before  # the clean copy it read from is gone
     assert f"{records} line 1 is not a valid record" in caplog.text
     assert f"line {len(good.splitlines()) + 2} is not a valid record" in caplog.text
-    clean = compiler.compile(reference.small_cnn(), cache_dir=str(log_dir))
+    clean = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir))
     assert art.report()["tuning"]["tasks_with_records"] == clean.report()["tuning"]["tasks_with_records"]
     assert records.read_text().startswith('{"truncated"')  # a reader never rewrites the store
 
@@ -412,8 +412,8 @@ def test_records_that_do_not_apply_are_dropped_instead_of_refusing_the_store(tun
 
 def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
     log_dir, _ = tuned
-    archive = compiler.save_cache(str(tmp_path / "records.tar.gz"), cache_dir=str(log_dir))
-    loaded = compiler.load_cache(archive, cache_dir=str(tmp_path / "other"))
+    archive = relaxc.save_cache(str(tmp_path / "records.tar.gz"), cache_dir=str(log_dir))
+    loaded = relaxc.load_cache(archive, cache_dir=str(tmp_path / "other"))
     key = cache.target_key(targets.resolve("cpu"))
     original = cache.describe_store(str(log_dir), key)
     assert loaded == {key: original["records"]}
@@ -423,9 +423,9 @@ def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
     measured = cache.read_measurements(str(log_dir / key / "dispatch.json"))  # tuning measured dispatch first
     assert measured and cache.read_measurements(str(tmp_path / "other" / key / "dispatch.json")) == measured
     # the loaded records replay like the originals
-    replayed = compiler.compile(reference.small_cnn(), cache_dir=str(tmp_path / "other")).report()["tuning"]
+    replayed = relaxc.compile(reference.small_cnn(), cache_dir=str(tmp_path / "other")).report()["tuning"]
     assert replayed["tasks_with_records"] == original["workloads"]
-    run = lambda *a: relaxc("cache", *a, timeout=300)  # noqa: E731
+    run = lambda *a: run_cli("cache", *a, timeout=300)  # noqa: E731
     assert run("verify", "--log-dir", str(tmp_path / "other")).returncode == 0
     local = dict(measured)
     workload = next(iter(local))
@@ -445,8 +445,8 @@ def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
     proc = run("verify", "--log-dir", str(tmp_path / "other"))
     assert proc.returncode == 1 and "unparsable line database_tuning_record.json:" in proc.stdout
     assert "layouts.json is not a valid measurement file" in proc.stdout
-    with pytest.raises(compiler.UserError, match="not a relaxc cache archive"):
-        compiler.load_cache(str(log_dir / key / "manifest.json"), cache_dir=str(tmp_path / "x"))
+    with pytest.raises(relaxc.UserError, match="not a relaxc cache archive"):
+        relaxc.load_cache(str(log_dir / key / "manifest.json"), cache_dir=str(tmp_path / "x"))
 
 
 def test_kill_minus_9_loses_no_measured_record(model_file, tmp_path):
@@ -461,7 +461,7 @@ def test_kill_minus_9_loses_no_measured_record(model_file, tmp_path):
     proc.wait()
     measured = [line for line in _record_lines(store.dir) if line.endswith("\n")]
     assert len(measured) >= 2
-    summary = compiler.tune(reference.small_cnn(), trials=1, trials_per_task=4, cache_dir=str(tmp_path))
+    summary = relaxc.tune(reference.small_cnn(), trials=1, trials_per_task=4, cache_dir=str(tmp_path))
     assert summary["records_before"] >= len(measured) - 1  # at most the line being written is lost
     assert store.bad_lines() == []
 
@@ -482,10 +482,10 @@ def test_two_tuners_on_one_directory_do_not_corrupt_it(model_file, tmp_path):
 # --- fingerprints ---------------------------------------------------------------------------------
 
 def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monkeypatch):
-    code = ("import relaxc as compiler; from tests import reference; "
-            "print(compiler.compile(reference.small_cnn(), tuning='off').fingerprint)")
+    code = ("import relaxc; from tests import reference; "
+            "print(relaxc.compile(reference.small_cnn(), tuning='off').fingerprint)")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=300)
-    base = compiler.compile(reference.small_cnn(), tuning="off")
+    base = relaxc.compile(reference.small_cnn(), tuning="off")
     assert other.stdout.strip().splitlines()[-1] == base.fingerprint
     mod, target = base.module("fuse"), base.target
     options = {"layout_block": 8}
@@ -495,7 +495,7 @@ def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monk
     monkeypatch.setattr(versions.tvm, "__version__", "0.28.0")
     assert versions.fingerprint(mod, target, options) != base.fingerprint
     monkeypatch.undo()
-    changed = compiler.compile(reference.small_cnn(seed=5), tuning="off")  # other weights
+    changed = relaxc.compile(reference.small_cnn(seed=5), tuning="off")  # other weights
     assert changed.fingerprint != base.fingerprint
 
 
@@ -505,7 +505,7 @@ def test_replay_without_records_for_this_cpu_says_which_stores_exist(tmp_path, c
     for name in cache.DATABASE_FILES:
         (other / name).write_text("")
     with caplog.at_level(logging.INFO, logger="relaxc"):
-        full = compiler.compile(reference.small_cnn(), cache_dir=str(tmp_path)).report()
+        full = relaxc.compile(reference.small_cnn(), cache_dir=str(tmp_path)).report()
     report = full["tuning"]
     assert report["store"] is None and report["stores"] == ["llvm-othercpu-2c"]
     assert report["tune_command"].startswith("relaxc tune ") and f"--log-dir {tmp_path}" in report["tune_command"]
@@ -540,7 +540,7 @@ def test_committed_logs_replay_strictly(target, spec):
     convolution a committed dispatch decision (strict never tunes nor measures), the model matches
     onnxruntime, and a second build replays to bit-identical outputs."""
     logs = os.path.join(ROOT, "tuning_logs")
-    art = compiler.compile(spec, target=target, tuning="strict", cache_dir=logs)
+    art = relaxc.compile(spec, target=target, tuning="strict", cache_dir=logs)
     report = art.report()
     assert set(report["dispatch"]["sources"]) <= {"stored"}
     tuning = report["tuning"]
@@ -550,6 +550,6 @@ def test_committed_logs_replay_strictly(target, spec):
     outputs = art.run(inputs)
     reference.assert_matches(outputs, reference.ort_session(frontend.load_model(spec)[0]).run(None, inputs))
     if spec == "onnx:resnet50":
-        again = compiler.compile(spec, target=target, tuning="strict", cache_dir=logs)
+        again = relaxc.compile(spec, target=target, tuning="strict", cache_dir=logs)
         assert again.fingerprint == art.fingerprint
         assert all(np.array_equal(a, b) for a, b in zip(outputs, again.run(inputs)))

@@ -3,7 +3,7 @@
 import numpy as np
 import tvm
 
-import relaxc as compiler
+import relaxc
 import relaxc.runtime
 from relaxc.backend import codegen
 from relaxc.support import tvm_internals
@@ -11,7 +11,7 @@ from tests import reference
 
 
 def test_groups_hold_every_kernel_once_in_a_fixed_order():
-    art = compiler.compile(reference.branchy_cnn(), tuning="off")
+    art = relaxc.compile(reference.branchy_cnn(), tuning="off")
     tir = tvm_internals.kernels_only(art.module("final"))
     names = sorted(gv.name_hint for gv in tir.get_global_vars())
     for jobs in (1, 2, 8):
@@ -24,12 +24,12 @@ def test_groups_hold_every_kernel_once_in_a_fixed_order():
 
 
 def test_parallel_build_runs_like_a_single_build():
-    art = compiler.compile(reference.branchy_cnn(), tuning="off")
+    art = relaxc.compile(reference.branchy_cnn(), tuning="off")
     mod, target = art.module("final"), art.target
     inputs = reference.random_inputs(art.inputs)
     outputs = []
     for jobs in (1, 2):
-        runner = compiler.runtime.Runner(codegen.build(mod, target, jobs), tvm.cpu(), art.inputs, art.outputs)
+        runner = relaxc.runtime.Runner(codegen.build(mod, target, jobs), tvm.cpu(), art.inputs, art.outputs)
         outputs.append(runner.run(inputs))
     for single, parallel in zip(*outputs):
         np.testing.assert_array_equal(single, parallel)

@@ -15,7 +15,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-import relaxc as compiler
+import relaxc
 from relaxc.backend import launcher
 from relaxc.runtime import random_inputs
 from tests import reference
@@ -96,11 +96,11 @@ def test_a_forked_child_runs_the_kernel(tmp_path):
 
 
 def test_exported_models_load_with_the_launcher_chosen(tmp_path):
-    art = compiler.compile(reference.small_cnn())
+    art = relaxc.compile(reference.small_cnn())
     art.export(tmp_path / "model.so")
     shutil.copy(tmp_path / "model.so", tmp_path / "even.so")  # TVM's load resets the pointer of a path
     shutil.copy(tmp_path / "model.json", tmp_path / "even.json")
-    claimed, even = compiler.load(tmp_path / "model.so"), compiler.load(tmp_path / "even.so", parallel="tvm")
+    claimed, even = relaxc.load(tmp_path / "model.so"), relaxc.load(tmp_path / "even.so", parallel="tvm")
     assert (claimed.launcher, even.launcher) == ("relaxc", "tvm")
     inputs = random_inputs(art.inputs)
     expected = art.run(inputs)
@@ -120,17 +120,17 @@ def test_a_library_exported_again_under_its_path_loads_anew(tmp_path):
     """Once its last load is gone, the launcher's threads stop. TVM never unloads a library, so a
     model exported again under the same path is loaded from a copy: the new model runs, not the
     one still mapped from that path."""
-    first, second = compiler.compile(reference.small_cnn(seed=0)), compiler.compile(reference.small_cnn(seed=1))
+    first, second = relaxc.compile(reference.small_cnn(seed=0)), relaxc.compile(reference.small_cnn(seed=1))
     inputs = random_inputs(first.inputs)
     expected = first.run(inputs), second.run(inputs)  # TVM's pool (these run in memory) has started
     first.export(tmp_path / "model.so")
     threads = len(os.listdir("/proc/self/task"))
-    deployed = compiler.load(tmp_path / "model.so")
+    deployed = relaxc.load(tmp_path / "model.so")
     assert deployed.launcher == "relaxc" and len(os.listdir("/proc/self/task")) > threads  # its worker
     assert all(np.array_equal(a, b) for a, b in zip(deployed.run(inputs), expected[0]))
     del deployed
     gc.collect()
     assert len(os.listdir("/proc/self/task")) == threads  # joined
     second.export(tmp_path / "model.so")
-    again = compiler.load(tmp_path / "model.so")
+    again = relaxc.load(tmp_path / "model.so")
     assert all(np.array_equal(a, b) for a, b in zip(again.run(inputs), expected[1]))

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-import relaxc as compiler
+import relaxc
 from relaxc.runtime import random_inputs
 from tests import reference
 from tests.helpers import env
@@ -25,11 +25,11 @@ def test_cache_states_time_the_matching_calls_four_ways():
 
 def test_ab_times_two_builds_whole_and_kernel_by_kernel(tmp_path):
     model = reference.small_cnn()
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     builds = {}
     for name in ("first", "second"):
         art.export(tmp_path / f"{name}.so")
-        builds[name] = compiler.load(tmp_path / f"{name}.so")
+        builds[name] = relaxc.load(tmp_path / f"{name}.so")
     inputs = random_inputs(art.inputs)
     session = ab.checked_session(model, builds, inputs)  # asserts both match onnxruntime
     ms = ab.whole_model(builds, session, inputs, repeat=4)
@@ -42,7 +42,7 @@ def test_ab_times_two_builds_whole_and_kernel_by_kernel(tmp_path):
 def test_deployed_builds_run_on_tvms_runtime_alone_against_onnxruntime(tmp_path):
     model = reference.small_cnn()
     onnx.save(model, tmp_path / "model.onnx")
-    compiler.compile(model, tuning="off").export(tmp_path / "build.so")
+    relaxc.compile(model, tuning="off").export(tmp_path / "build.so")
     command = [sys.executable, "-m", "tools.experiments.deployed", tmp_path / "model.onnx", tmp_path / "build.so",
                "--sets", "2", "--repeat", "2"]
     runtime_only = {**env(), "TVM_USE_RUNTIME_LIB": "1"}

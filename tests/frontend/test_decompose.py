@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import relaxc as compiler
+import relaxc
 from relaxc.support.errors import UnsupportedOperatorError
 from tests import reference
 
@@ -41,7 +41,7 @@ def _recurrent(op: str, direction: str = "forward", layout: int = 0, peepholes: 
 
 def _matches(model, seed: int = 3) -> object:
     """onnxruntime's results, or onnx.reference's for what onnxruntime lacks (batch-first layouts)."""
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     x = reference.random_inputs(art.inputs, seed=seed)
     if any(a.name == "layout" and a.i == 1 for a in model.graph.node[0].attribute):
         expected = ReferenceEvaluator(model).run(None, x)
@@ -81,7 +81,7 @@ def test_the_input_projection_is_one_matmul_per_direction_on_packed_weights():
 def test_an_activation_with_parameters_is_refused_by_name():
     model = _recurrent("RNN", activations=["LeakyRelu"], activation_alpha=[0.1])
     with pytest.raises(UnsupportedOperatorError, match="RNN"):
-        compiler.compile(model, tuning="off", backends="relaxc")
+        relaxc.compile(model, tuning="off", backends="relaxc")
 
 
 @pytest.mark.parametrize("size, kernel, strides, pads, dilations", [

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from tests import reference
 
 
@@ -51,13 +51,13 @@ REFUSED = [
 @pytest.mark.parametrize("form", ACCEPTED)
 def test_common_resize_forms_compile_and_match(form):
     model = _resize(**form)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
 
 
 @pytest.mark.parametrize("form, message", REFUSED)
 def test_inexact_resize_is_refused_naming_the_node(form, message):
-    with pytest.raises(compiler.UnsupportedOperatorError, match="Resize node 'up'") as err:
-        compiler.compile(_resize(**form), tuning="off", backends="relaxc")
+    with pytest.raises(relaxc.UnsupportedOperatorError, match="Resize node 'up'") as err:
+        relaxc.compile(_resize(**form), tuning="off", backends="relaxc")
     assert message in str(err.value)

@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend
 from relaxc.frontend import functions
 from tests import reference
@@ -19,7 +19,7 @@ def _model(node, inputs, outputs, opset):
 
 
 def _check(model, feeds):
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     expected = ReferenceEvaluator(model).run(None, feeds)
     got = art.run(*feeds.values())
     for g, e in zip(got, expected):

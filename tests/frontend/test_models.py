@@ -5,7 +5,7 @@ import re
 import onnx
 import pytest
 
-import relaxc as compiler
+import relaxc
 from relaxc.frontend import models
 from tests import reference
 
@@ -15,7 +15,7 @@ from tests import reference
 def test_bundled_model_matches_onnxruntime(name):
     """With the arena planner validating: placement checked, arena filled with garbage each run."""
     spec = f"onnx:{name}"
-    art = compiler.compile(spec, target="cpu", validate_memory=True)
+    art = relaxc.compile(spec, target="cpu", validate_memory=True)
     inputs = reference.random_inputs(art.inputs)
     expected = reference.ort_run(onnx.load(models.bundled_path(spec)), inputs)
     reference.assert_matches(art.run(inputs), expected)
@@ -29,7 +29,7 @@ def test_bundled_model_matches_onnxruntime(name):
 @pytest.mark.parametrize("name", ["resnet50", "squeezenet", "inception_v1", "shufflenet"])
 def test_bundled_architecture_with_random_weights(name):
     model = reference.randomize_weights(onnx.load(models.bundled_path(f"onnx:{name}")), seed=7)
-    art = compiler.compile(model, target="cpu")
+    art = relaxc.compile(model, target="cpu")
     inputs = reference.random_inputs(art.inputs, seed=3)
     reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
 
@@ -37,7 +37,7 @@ def test_bundled_architecture_with_random_weights(name):
 @pytest.mark.parametrize("build", [reference.small_cnn, reference.branchy_cnn])
 def test_small_random_weight_models(build):
     model = build()
-    art = compiler.compile(model, target="cpu")
+    art = relaxc.compile(model, target="cpu")
     inputs = reference.random_inputs(art.inputs, seed=5)
     reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
 
@@ -46,14 +46,14 @@ def test_dynamic_batch_bound_by_shapes():
     model = reference.small_cnn()
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
-    art = compiler.compile(model, shapes={"x": (4, 3, 32, 32)})
+    art = relaxc.compile(model, shapes={"x": (4, 3, 32, 32)})
     assert art.inputs == [("x", (4, 3, 32, 32), "float32")]
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
 
 
 def test_report_and_ir_per_phase():
-    art = compiler.compile(reference.small_cnn())
+    art = relaxc.compile(reference.small_cnn())
     report = art.report()
     assert report["model"] == "test"
     assert report["target"]["kind"] == "llvm"
@@ -72,5 +72,5 @@ def test_report_and_ir_per_phase():
     assert not re.search(r"NCHW\d+c", art.ir("simplify")) and re.search(r"NCHW\d+c", art.ir("layout"))
     assert "tirx.is_scheduled" not in art.ir("fuse") and "tirx.is_scheduled" in art.ir("schedule")
     assert "T.prim_func" in art.ir("legalize")
-    with pytest.raises(compiler.UserError, match="unknown phase 'nope'"):
+    with pytest.raises(relaxc.UserError, match="unknown phase 'nope'"):
         art.ir("nope")

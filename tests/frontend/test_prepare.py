@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc.frontend import prepare
 from tests import reference
 
@@ -40,7 +40,7 @@ def test_shape_computations_become_constants():
 
 def test_folded_model_compiles_and_matches_onnxruntime():
     model = _reshape_by_computed_shape()
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     x = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
     assert art.report()["ops"]["Shape"] == 1  # the report counts the user's model, not the folded one
@@ -48,7 +48,7 @@ def test_folded_model_compiles_and_matches_onnxruntime():
 
 def test_dynamic_dims_are_folded_as_bound():
     model = _reshape_by_computed_shape(batch="n")
-    art = compiler.compile(model, shapes={"x": (5, 3, 4)}, target="cpu", tuning="off")
+    art = relaxc.compile(model, shapes={"x": (5, 3, 4)}, target="cpu", tuning="off")
     assert art.outputs[0][1] == (5, 12)
     x = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
@@ -94,6 +94,6 @@ def test_constants_in_every_numeric_form_reach_the_importer_as_values():
              helper.make_node("Mul", ["r", "half"], ["y"])]
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12])],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], [])
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     x = np.arange(12, dtype=np.float32)
     np.testing.assert_array_equal(art.run(x)[0], (x * 0.5).reshape(3, 4))

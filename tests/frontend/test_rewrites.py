@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import relaxc as compiler
+import relaxc
 from tests import reference
 
 
@@ -16,7 +16,7 @@ def test_isinf_detect_flags(negative, positive):
     model = reference._model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
                              [helper.make_tensor_value_info("y", TensorProto.BOOL, [6])], [], opset=18)
     x = np.array([np.inf, -np.inf, 0.0, np.nan, 3.0, -np.inf], np.float32)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     np.testing.assert_array_equal(art.run(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
 
 
@@ -31,7 +31,7 @@ def test_conv_transpose_output_shape_becomes_pads(auto_pad, output_shape):
     model = reference._model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 3])],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, *output_shape])], [w])
     x = rng.standard_normal((1, 1, 3, 3)).astype(np.float32)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     # onnxruntime: onnx's reference evaluator fails on an output_shape smaller than the full output
     reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
 
@@ -42,5 +42,5 @@ def test_space_to_depth_crd():
     model = reference._model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 6])],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 2, 3])], [], opset=28)
     x = np.arange(72, dtype=np.float32).reshape(1, 3, 4, 6)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     np.testing.assert_array_equal(art.run(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])

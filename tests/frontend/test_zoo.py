@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend
 from relaxc.frontend import models
 from tests import reference
@@ -29,7 +29,7 @@ def test_the_zoo_has_the_transformer_and_cnn_families_from_both_exporters():
 @pytest.mark.parametrize("name", ["bert", "bert_op23", "gpt2", "gpt2_lm", "distilbert", "vit_b16"])
 def test_zoo_model_matches_onnxruntime(name):
     model = _load(name)
-    art = compiler.compile(f"zoo:{name}", target="cpu", tuning="off", validate_memory=True)
+    art = relaxc.compile(f"zoo:{name}", target="cpu", tuning="off", validate_memory=True)
     inputs = reference.random_inputs(art.inputs, seed=3, high=art.input_high)
     expected = reference.ort_run(model, inputs)
     # random-weight transformers still give an output that depends on the input: not near-constant
@@ -55,7 +55,7 @@ def test_zoo_cnn_matches_onnxruntime_at_its_own_scale(name):
     magnitude: the same relative test at any scale (float32 keeps its precision down to 1e-38), once
     the output is shown to depend on the input."""
     model = _load(name)
-    art = compiler.compile(f"zoo:{name}", target="cpu", tuning="off", validate_memory=True)
+    art = relaxc.compile(f"zoo:{name}", target="cpu", tuning="off", validate_memory=True)
     inputs = reference.random_inputs(art.inputs, seed=3)
     expected = reference.ort_run(model, inputs)
     scale = float(np.abs(expected[0]).max())
@@ -105,7 +105,7 @@ def test_a_model_with_external_data_compiles_from_its_path(tmp_path):
     path = tmp_path / "gpt2.onnx"
     onnx.save(model, path, save_as_external_data=True, location="gpt2.onnx.data", size_threshold=1024)
     assert (tmp_path / "gpt2.onnx.data").stat().st_size > 1_000_000
-    art = compiler.compile(str(path), target="cpu", tuning="off")
+    art = relaxc.compile(str(path), target="cpu", tuning="off")
     inputs = reference.random_inputs(art.inputs, seed=4, high={"input_ids": 50257})
     reference.assert_matches(art.run(inputs), reference.ort_run(onnx.load(path), inputs))
 

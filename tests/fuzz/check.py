@@ -99,7 +99,7 @@ def compare(model: onnx.ModelProto, backends: str = "replay", target: str = "cpu
     """Compile ``model`` (no tuning; ``backends``: relaxc's kernels only, or with the external
     backends too, as users compile; for ``target``, this CPU or one it runs), run it and
     onnxruntime on the same random inputs, compare."""
-    import relaxc as compiler
+    import relaxc
     from relaxc.benchmarks import reference
 
     inputs = inputs_for(model)
@@ -109,8 +109,8 @@ def compare(model: onnx.ModelProto, backends: str = "replay", target: str = "cpu
     except Exception as err:  # noqa: BLE001 - any failure of the reference is classified
         return Outcome("reference", _line(err))
     try:
-        art = compiler.compile(model, target=target, tuning="off", backends=backends)
-    except compiler.UserError as err:
+        art = relaxc.compile(model, target=target, tuning="off", backends=backends)
+    except relaxc.UserError as err:
         return Outcome("refused", _line(err))
     except Exception as err:  # noqa: BLE001
         return Outcome("error", f"{type(err).__name__}: {_line(err)} at {_where(err)}")
@@ -160,14 +160,14 @@ def assert_rounding_explains(model: onnx.ModelProto, inputs: dict[str, np.ndarra
     quantized output must be, and onnxruntime, given those values in place of its own, computing
     relaxc's outputs. A float function of a value one ulp from a rounding boundary (a Softplus
     before a quantization, a Selu after it) is then one step of that value away, not wrong."""
-    import relaxc as compiler
+    import relaxc
     from relaxc.benchmarks import reference
     from relaxc.benchmarks.quantized import agreement, with_quantized_outputs
 
     names = list(dict.fromkeys(node.output[0] for node in model.graph.node if node.op_type == "QuantizeLinear"))
     exposed = with_quantized_outputs(model)
     outputs = [value.name for value in exposed.graph.output]
-    ours = dict(zip(outputs, compiler.compile(exposed, target=target, tuning="off", backends=backends).run(inputs)))
+    ours = dict(zip(outputs, relaxc.compile(exposed, target=target, tuning="off", backends=backends).run(inputs)))
     theirs = dict(zip(outputs, reference.ort_session(exposed, config=QUANTIZED_SESSION).run(None, inputs)))
     for name in names:
         equal, worst = agreement([ours[name]], [theirs[name]], 1.0)
@@ -196,7 +196,7 @@ def _given(model: onnx.ModelProto, values: list[onnx.ValueInfoProto]) -> onnx.Mo
 def _refused_alike(art, reference, model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> Outcome | None:
     """None if relaxc refuses an out-of-range index (InputError) where onnxruntime fails, and gives its
     answer where onnxruntime gives one (an index whose gather no output needs); else the mismatch."""
-    import relaxc as compiler
+    import relaxc
 
     try:
         expected = reference.ort_run(model, inputs)
@@ -204,7 +204,7 @@ def _refused_alike(art, reference, model: onnx.ModelProto, inputs: dict[str, np.
         expected = None
     try:
         actual = art.run(inputs)
-    except compiler.InputError:
+    except relaxc.InputError:
         actual = None
     except Exception as err:  # noqa: BLE001
         return Outcome("error", f"{type(err).__name__} on an out-of-range index: {_line(err)}")

@@ -9,7 +9,7 @@ from tvm import relax
 from tvm.script import tirx as T
 from tvm.target import Target
 
-import relaxc as compiler
+import relaxc
 from relaxc.passes import arg_checks, tir_pipeline
 from tests import reference
 
@@ -67,7 +67,7 @@ def test_the_kernel_body_assert_still_raises():
 @pytest.mark.parametrize("change", ["shape", "dtype", "ndim"])
 def test_the_vm_refuses_what_the_dropped_checks_refused(change):
     """Called directly, not through relaxc's own input checks (``compiler/runtime.py``)."""
-    artifact = compiler.compile(reference.small_cnn())
+    artifact = relaxc.compile(reference.small_cnn())
     _, shape, dtype = artifact.inputs[0]
     good = np.zeros(shape, dtype)
     bad = {"shape": np.zeros((*shape[:-1], shape[-1] + 1), dtype), "dtype": good.astype("float64"),

@@ -5,7 +5,7 @@ whose NHWC values leak, or that never permute back, stay as exported."""
 import numpy as np
 from onnx import TensorProto, helper
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend
 from relaxc.passes.channels_last import ChannelsLastToNCHW
 from tests import reference
@@ -53,7 +53,7 @@ def test_a_convnext_block_runs_in_nchw_then_blocked_end_to_end():
     ops = relax_ops(ChannelsLastToNCHW()(frontend.import_model(model).module))
     assert "relax.permute_dims" not in ops and "relax.matmul" not in ops
     assert ops.count("relax.nn.conv2d") == 3 and "relax.nn.layer_norm" in ops  # the Linears are 1x1 convs
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     layout = art.report()["layout"]
     assert layout["converters"] == 2 and layout["standard_ops"] == 0, layout  # the graph's input and output
     assert art.report()["schedules"].get("rows", 0) >= 1  # the blocked LayerNorm, pixel by pixel
@@ -66,6 +66,6 @@ def test_a_stretch_whose_nhwc_values_leak_or_that_never_permutes_back_stays():
     for model in (_convnext_block(extra_output=True), _convnext_block(permute_back=False)):
         ops = relax_ops(ChannelsLastToNCHW()(frontend.import_model(model).module))
         assert "relax.permute_dims" in ops and "relax.matmul" in ops
-        art = compiler.compile(model, target="cpu", tuning="off")
+        art = relaxc.compile(model, target="cpu", tuning="off")
         x = reference.random_inputs(art.inputs, seed=1)
         reference.assert_matches(art.run(x), reference.ort_run(model, x))

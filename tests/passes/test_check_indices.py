@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc import frontend
 from relaxc.passes.check_indices import LABEL
 from relaxc.schedules.tuning import tuning_tasks
@@ -68,7 +68,7 @@ def _indices(op: str, shape: tuple, attrs: dict, extent: int | None, rng) -> np.
 @pytest.mark.parametrize("op,shape,attrs,extent", CASES, ids=[f"{c[0]}-{len(c[1])}d" for c in CASES])
 def test_indices_in_range_match_onnxruntime_and_outside_raise(op, shape, attrs, extent):
     model = _model(op, shape, attrs)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     assert art.report()["index_checks"] == {"checked": 1, "unchecked": []} and art.report()["schedules"][LABEL] == 1
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
@@ -87,7 +87,7 @@ def test_indices_in_range_match_onnxruntime_and_outside_raise(op, shape, attrs, 
 
 
 def test_the_error_names_the_first_offending_value_and_its_position():
-    art = compiler.compile(_model("Gather", (3, 2), {"axis": 1}), tuning="off")
+    art = relaxc.compile(_model("Gather", (3, 2), {"axis": 1}), tuning="off")
     idx = np.array([[0, 1], [4, 5], [-6, 9]])
     with pytest.raises(InputError) as err:
         art.run(np.zeros(DATA, np.float32), idx)
@@ -96,8 +96,8 @@ def test_the_error_names_the_first_offending_value_and_its_position():
 
 
 def test_an_exported_artifact_checks_its_indices_too(tmp_path):
-    compiler.compile(_model("Gather", (7,), {"axis": 0}), tuning="off").export(tmp_path / "m.so")
-    runner = compiler.load(tmp_path / "m.so")
+    relaxc.compile(_model("Gather", (7,), {"axis": 0}), tuning="off").export(tmp_path / "m.so")
+    runner = relaxc.load(tmp_path / "m.so")
     data = np.ones(DATA, np.float32)
     with pytest.raises(InputError, match=r"valid range \[-6, 6\): 6 at position \[6\]"):
         runner.run(data, np.array([0, 1, 2, 3, 4, 5, 6]))
@@ -106,7 +106,7 @@ def test_an_exported_artifact_checks_its_indices_too(tmp_path):
 
 def test_unsigned_and_int32_indices_are_checked_in_their_type():
     for dtype, np_dtype in ((TensorProto.INT32, np.int32), (TensorProto.UINT8, np.uint8)):
-        art = compiler.compile(_model("Gather", (4,), {"axis": 0}, dtype), tuning="off")
+        art = relaxc.compile(_model("Gather", (4,), {"axis": 0}, dtype), tuning="off")
         data = np.arange(np.prod(DATA), dtype=np.float32).reshape(DATA)
         np.testing.assert_array_equal(art.run(data, np.array([5, 0, 1, 2], np_dtype))[0], data[[5, 0, 1, 2]])
         low = -6 if np_dtype == np.int32 else 0
@@ -115,36 +115,36 @@ def test_unsigned_and_int32_indices_are_checked_in_their_type():
 
 
 def test_indices_whose_type_cannot_leave_the_data_are_not_checked():
-    art = compiler.compile(_model("Gather", (4,), {"axis": 0}, TensorProto.UINT8), tuning="off")
+    art = relaxc.compile(_model("Gather", (4,), {"axis": 0}, TensorProto.UINT8), tuning="off")
     assert art.report()["index_checks"]["checked"] == 1  # 6 rows: uint8 can exceed them
     model = _model("Gather", (4,), {"axis": 0}, TensorProto.UINT8)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 256
-    assert compiler.compile(model, tuning="off").report()["index_checks"]["checked"] == 0
+    assert relaxc.compile(model, tuning="off").report()["index_checks"]["checked"] == 0
 
 
 def test_constant_indices_are_checked_at_compile_time_and_cost_nothing():
-    fine = compiler.compile(_model("Gather", (3,), {"axis": 0}, constant_indices=np.array([0, -6, 5])), tuning="off")
+    fine = relaxc.compile(_model("Gather", (3,), {"axis": 0}, constant_indices=np.array([0, -6, 5])), tuning="off")
     assert fine.report()["index_checks"]["checked"] == 0
     with pytest.raises(ModelError, match=r"Gather.*constant index 6 is outside the valid range \[-6, 6\)"):
-        compiler.compile(_model("Gather", (3,), {"axis": 0}, constant_indices=np.array([0, 6, 1])), tuning="off")
+        relaxc.compile(_model("Gather", (3,), {"axis": 0}, constant_indices=np.array([0, 6, 1])), tuning="off")
 
 
 def test_gpu_targets_say_which_indices_they_do_not_check(caplog):
     with caplog.at_level("WARNING", logger="relaxc"):
-        art = compiler.compile(_model("Gather", (7,), {"axis": 0}), target="cuda", tuning="off")
+        art = relaxc.compile(_model("Gather", (7,), {"axis": 0}), target="cuda", tuning="off")
     assert art.report()["index_checks"] == {"checked": 0, "unchecked": ["Gather 'my_gather'"]}
     assert "indices are not checked at run time on this GPU target" in caplog.text
 
 
 def test_the_checks_are_no_tuning_tasks():
-    art = compiler.compile(_model("Gather", (7,), {"axis": 0}), tuning="off")
+    art = relaxc.compile(_model("Gather", (7,), {"axis": 0}), tuning="off")
     names = [task.task_name for task in tuning_tasks(art.module("fuse"), art.target)]
     assert names and not any("check_indices" in name for name in names)
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_transformers_refuse_token_ids_outside_the_vocabulary(name):
-    art = compiler.compile(f"zoo:{name}", tuning="off")
+    art = relaxc.compile(f"zoo:{name}", tuning="off")
     vocab = art.input_high["input_ids"]
     inputs = reference.random_inputs(art.inputs, seed=0, high=art.input_high)
     for bad in (vocab, 1_000_000, -vocab - 1, -2**63):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from tests import reference
 
 
@@ -34,7 +34,7 @@ def _conv1d(c_in: int, c_out: int, length: int, kernel: int, stride: int, pad: i
 ])
 def test_conv1d_takes_the_blocked_convolution_path(c_in, c_out, length, kernel, stride, pad, group, dilation):
     model = _conv1d(c_in, c_out, length, kernel, stride, pad, group, dilation)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     fused = art.ir("fuse")
     assert "conv1d" not in fused and re.search(r"fused_conv2d_NCHWc\w*_add\w*_relu", fused)  # blocked, with its epilogue
     x = reference.random_inputs(art.inputs, seed=1)
@@ -47,7 +47,7 @@ def test_an_output_width_no_row_tile_divides_is_computed_padded_then_sliced(leng
     convolution computes 800 or 104 columns from zero padding, so its schedule tiles rows of 8 or 4
     columns and output channel blocks (a tile of one column: 20 % of the roofline), then slices."""
     model = _conv1d(16, 32, length, 3, stride, 0)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     fused = art.ir("fuse")
     padded = -(-width // 8) * 8
     assert re.search(rf"conv2d_NCHWc\w* = T.sblock_alloc_buffer\(\(T.int64\(2\), T.int64\(\d+\), T.int64\(1\), T.int64\({padded}\)", fused)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc.passes.conv_taps import _Axis, _input_share, _regions, _useful_taps
 from tests import reference
 
@@ -45,7 +45,7 @@ def test_rate_12_on_a_small_map_splits_into_runs_of_outputs_using_the_same_taps(
 def test_convolution_without_padding_taps_matches_onnxruntime(size, channels, kernel, dilation, pads, stride,
                                                               groups, dropped, regions):
     model = _conv_model(size, channels, kernel, dilation, pads, stride, groups)
-    art = compiler.compile(model, target="cpu", tuning="off", validate_memory=True)
+    art = relaxc.compile(model, target="cpu", tuning="off", validate_memory=True)
     report = art.report()["conv_taps"]
     assert (report["taps_dropped"], report["regions"]) == (dropped, regions)
     # the regions' outputs are blocked, so are the concats along H and W (crops of the graph's NCHW
@@ -64,7 +64,7 @@ def test_regions_of_a_blocked_input_crop_and_concat_blocked():
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 14, 14])],
                              [numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), "w1"),
                               numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w2")])
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     assert art.report()["conv_taps"]["regions"] == 9 and art.report()["layout"]["standard_op_kinds"] == {}
     x = reference.random_inputs(art.inputs, seed=3)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))

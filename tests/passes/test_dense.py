@@ -7,7 +7,7 @@ import tvm
 import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc.passes.dense import PRODUCT_FEWEST_ROWS, ROW_TILE_MAX, Tile, padded_rows, register_tile, row_tile
 from relaxc.support import targets
 from tests import reference
@@ -35,7 +35,7 @@ TARGETS = ["cpu", pytest.param(AVX2, id="avx2", marks=pytest.mark.skipif(not hos
 def test_packed_matmul_matches_onnxruntime(x_shape, n, target):
     weight = np.random.default_rng(0).standard_normal((x_shape[-1], n)).astype(np.float32)
     model = _matmul_model(x_shape, weight, bias=True)
-    art = compiler.compile(model, target=target, tuning="off", validate_memory=True)
+    art = relaxc.compile(model, target=target, tuning="off", validate_memory=True)
     assert art.report()["dense"]["packed"] == 1
     assert art.report()["schedules"].get("dense") == 1
     x = reference.random_inputs(art.inputs, seed=1)
@@ -52,7 +52,7 @@ def test_rows_no_tile_divides_are_padded_inside_the_kernel():
     assert row_tile(196, 6) == 6 and row_tile(200, 6) == 5  # AVX2: 4 rows (8 accumulators) lost to padding to 198
     # attention's products keep rows Tiled tiles by 6 (Whisper's 1,500 tokens: padded, its tile fell to 8 x 1)
     assert padded_rows(1500, fewest=PRODUCT_FEWEST_ROWS) == 1500 and padded_rows(197, fewest=PRODUCT_FEWEST_ROWS) == 200
-    art = compiler.compile(_matmul_model((1, rows, 32), np.ones((32, 32), np.float32)), target=AVX512, tuning="off")
+    art = relaxc.compile(_matmul_model((1, rows, 32), np.ones((32, 32), np.float32)), target=AVX512, tuning="off")
     assert art.report()["dense"]["padded_rows"] == -(-rows // ROW_TILE_MAX) * ROW_TILE_MAX - rows
 
 
@@ -71,7 +71,7 @@ def test_columns_no_panel_divides_and_single_rows(rows, packed):
     stays unpacked: it reads each weight once in any layout."""
     weight = np.random.default_rng(3).standard_normal((16, 1000)).astype(np.float32)
     model = _matmul_model((1, rows, 16), weight, bias=True)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     assert art.report()["dense"]["packed"] == packed and art.report()["dense"]["unpacked"] == 1 - packed
     target = targets.resolve("cpu")
     lanes = targets.vector_lanes(target)
@@ -86,7 +86,7 @@ def test_a_single_row_product_no_vector_divides_is_padded_to_whole_vectors(colum
     """Else each column is a scalar walk down the weight (a 21,841-class head took 40 ms)."""
     weight = np.random.default_rng(5).standard_normal((64, columns)).astype(np.float32)
     model = _matmul_model((1, 64), weight, bias=True)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     lanes = targets.vector_lanes(targets.resolve("cpu"))
     assert art.report()["dense"]["padded_columns"] == -(-columns // lanes) * lanes - columns
     product = next(f for gv, f in art.module("final").functions.items() if "matmul" in gv.name_hint)
@@ -105,7 +105,7 @@ def test_attention_products_of_awkward_sizes_are_padded_and_correct():
     shape = [1, 3, tokens, width]
     model = reference._model(nodes, [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"],
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], [])
-    art = compiler.compile(model, target="cpu", tuning="off", validate_memory=True)
+    art = relaxc.compile(model, target="cpu", tuning="off", validate_memory=True)
     assert art.report()["dense"]["padded_matmuls"] >= 1
     assert art.report()["schedules"].get("rows", 0) >= 1  # the softmax
     x = reference.random_inputs(art.inputs, seed=2)
@@ -118,7 +118,7 @@ def test_a_dense_layer_over_a_dynamic_batch_runs_each_panel_over_every_batch():
     the result is right at every size."""
     weight = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32)
     model = _matmul_model(("batch", "sequence", 64), weight, bias=True)
-    art = compiler.compile(model, tuning="off", dim_bounds={"batch": 8, "sequence": 40})
+    art = relaxc.compile(model, tuning="off", dim_bounds={"batch": 8, "sequence": 40})
     (kernel,) = [f for gv, f in art.module().functions_items() if "dense_packed" in gv.name_hint]
     realizes = []
     tvm_ffi.structural_map(kernel.body, [(tvm.s_tir.SBlockRealize, lambda r: realizes.append(r) or r)])

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-import relaxc as compiler
+import relaxc
 from tests import reference
 
 
 def _compile(nodes, inputs, output, elem_type):
     model = reference._model(nodes, [helper.make_tensor_value_info(n, elem_type, s) for n, s in inputs],
                              [helper.make_tensor_value_info("y", elem_type, output)], [], opset=18)
-    return compiler.compile(model, target="cpu", tuning="off")
+    return relaxc.compile(model, target="cpu", tuning="off")
 
 
 def test_half_matmul_rounds_once():

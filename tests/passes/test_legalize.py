@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc.support.errors import UserError
 from tests import reference
 
@@ -18,7 +18,7 @@ def test_cumsum(axis, exclusive, dtype):
     model = reference._model(nodes, [helper.make_tensor_value_info("x", dtype, shape)],
                              [helper.make_tensor_value_info("out", dtype, shape)],
                              [numpy_helper.from_array(np.array(axis, np.int64), "axis")])
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     x = reference.random_inputs(art.inputs, seed=1)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
 
@@ -37,9 +37,9 @@ def test_resize_runs_in_two_passes_where_it_can(mode, transform, shape, size):
                              [numpy_helper.from_array(np.array(size, np.int64), "sizes")], opset=18)
     if transform == "align_corners" and min(size[2:]) == 1:  # ONNX divides by size - 1: refused
         with pytest.raises(UserError, match="align_corners"):
-            compiler.compile(model, target="cpu", tuning="off")
+            relaxc.compile(model, target="cpu", tuning="off")
         return
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     separable = "resize_width" in art.ir("legalize")
     assert separable == (min(shape[2:]) > 1)
     x = reference.random_inputs(art.inputs, seed=2)
@@ -54,7 +54,7 @@ def test_max_and_min_of_infinities_are_infinite(op, fill):
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
                              [numpy_helper.from_array(np.array([1], np.int64), "axes")], opset=18)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     x[1] = fill
     x[2, 3] = fill
@@ -73,7 +73,7 @@ def test_layer_norm_of_equal_values_is_its_bias(epsilon):
     nodes = [helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y"], axis=-1, epsilon=epsilon)]
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], weights, opset=17)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     x = rng.standard_normal(shape).astype(np.float32)
     x[0] = rng.standard_normal((25, 1)).astype(np.float32) * 7  # rows of one value each
     out = art.run({"x": x})[0]
@@ -94,7 +94,7 @@ def test_topk_both_outputs(largest, axis):
                              [helper.make_tensor_value_info("values", TensorProto.FLOAT, out),
                               helper.make_tensor_value_info("indices", TensorProto.INT64, out)],
                              [numpy_helper.from_array(np.array([5], np.int64), "k")])
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     x = reference.random_inputs(art.inputs, seed=3)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
 
@@ -106,7 +106,7 @@ def test_topk_of_a_type_the_runtime_cannot_sort_is_refused_by_name():
                               helper.make_tensor_value_info("indices", TensorProto.INT64, [3, 2])],
                              [numpy_helper.from_array(np.array([2], np.int64), "k")])
     with pytest.raises(UserError, match="topk of uint64"):
-        compiler.compile(model, target="cpu", tuning="off")
+        relaxc.compile(model, target="cpu", tuning="off")
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint8])
@@ -129,7 +129,7 @@ def test_bit_shift_by_any_amount(dtype, direction):
     else:
         fill = np.where(wide < 0, -1, 0)
         want = np.where(in_range, wide >> np.clip(shift, 0, bits - 1), fill).astype(dtype)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     np.testing.assert_array_equal(art.run({"x": x, "y": y})[0], want)
 
 
@@ -143,5 +143,5 @@ def test_bit_shift_broadcasts_its_amount(amount_shape):
                              [helper.make_tensor_value_info("x", TensorProto.UINT8, [3, 4]),
                               helper.make_tensor_value_info("y", TensorProto.UINT8, list(amount_shape))],
                              [helper.make_tensor_value_info("out", TensorProto.UINT8, [3, 4])], [])
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     np.testing.assert_array_equal(art.run({"x": x, "y": y})[0], x >> y)

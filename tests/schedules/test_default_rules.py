@@ -4,7 +4,7 @@ import pytest
 import tvm
 from tvm.target import Target
 
-import relaxc as compiler
+import relaxc
 from relaxc.passes.ir import SCHEDULE_ATTR
 from relaxc.schedules.default import DefaultSchedules, default_schedule, rules
 from relaxc.schedules.cpu import tiled
@@ -49,7 +49,7 @@ def test_a_kernel_a_rule_rules_out_from_its_blocks_is_one_it_declines(model):
     """``may_fit`` only saves making a Schedule: every kernel it rules out, the rule itself declines
     (SqueezeNet has Winograd transforms and products, BERT dense and row-reduction kernels)."""
     target = Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
-    fused = compiler.compile(model, target=target, tuning="off").module("fuse")
+    fused = relaxc.compile(model, target=target, tuning="off").module("fuse")
     kernels = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     ruled_out = 0
     for label, rule in rules(target):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tvm import s_tir, te, tirx
 
-import relaxc as compiler
+import relaxc
 from relaxc.passes.ir import at_sizes
 from relaxc.schedules import cache, dynamic_tuning
 from relaxc.schedules.dynamic import DoesNotReplay, on_dynamic
@@ -48,9 +48,9 @@ def test_a_sampled_tiling_relaxes_to_whole_tiles_and_a_remainder():
 def test_tune_sizes_are_checked_and_combined():
     assert dynamic_tuning.tune_sizes({"batch": 4, "sequence": 384}, {"sequence": [128, 16]}) == [
         {"batch": 4, "sequence": 16}, {"batch": 4, "sequence": 128}]  # a dim not named: its bound
-    with pytest.raises(compiler.UserError, match=r"tune sizes of 'sequence' must be whole numbers in 1..384"):
+    with pytest.raises(relaxc.UserError, match=r"tune sizes of 'sequence' must be whole numbers in 1..384"):
         dynamic_tuning.tune_sizes({"sequence": 384}, {"sequence": [512]})
-    with pytest.raises(compiler.UserError, match=r"tune sizes name dim\(s\) \['seq'\]"):
+    with pytest.raises(relaxc.UserError, match=r"tune sizes name dim\(s\) \['seq'\]"):
         dynamic_tuning.tune_sizes({"sequence": 384}, {"seq": [16]})
     checks = dynamic_tuning.check_sizes({"batch": 4, "sequence": 384}, [{"batch": 4, "sequence": 128}])
     assert {c["sequence"] for c in checks} == {1, 2, 7, 33, 128, 129, 384}
@@ -60,7 +60,7 @@ def test_tune_sizes_are_checked_and_combined():
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("dynamic-records"))
-    summary = compiler.tune(_dynamic_cnn(), dim_bounds=BOUNDS, tune_sizes={"batch": [4]}, trials=16,
+    summary = relaxc.tune(_dynamic_cnn(), dim_bounds=BOUNDS, tune_sizes={"batch": [4]}, trials=16,
                             cache_dir=directory)
     return directory, summary
 
@@ -82,7 +82,7 @@ def test_each_dynamic_kernel_is_tuned_at_the_sizes_named_and_decided(tuned):
 def test_a_compile_replays_the_decisions_and_matches_at_every_size(tuned):
     directory, summary = tuned
     model = _dynamic_cnn()
-    art = compiler.compile(model, dim_bounds=BOUNDS, cache_dir=directory)
+    art = relaxc.compile(model, dim_bounds=BOUNDS, cache_dir=directory)
     report = art.report()["tuning"]
     assert report["missing"] == [] and report["records_not_applied"] == {}
     assert report["selected"] == report["tasks"]
@@ -96,10 +96,10 @@ def test_a_record_that_disagrees_with_the_default_is_not_used(tuned, tmp_path, m
     directory, _ = tuned
     monkeypatch.setattr(dynamic_tuning, "_agrees", lambda got, want: False)
     copy = tmp_path / "store"
-    compiler.load_cache(compiler.save_cache(str(tmp_path / "records.tar.gz"), directory), str(copy))
+    relaxc.load_cache(relaxc.save_cache(str(tmp_path / "records.tar.gz"), directory), str(copy))
     os.remove(os.path.join(copy, cache.target_key(TARGET), cache.DYNAMIC_FILE))
     with caplog.at_level(logging.INFO, logger="relaxc"):
-        summary = compiler.tune(_dynamic_cnn(), dim_bounds=BOUNDS, tune_sizes={"batch": [4]}, trials=0,
+        summary = relaxc.tune(_dynamic_cnn(), dim_bounds=BOUNDS, tune_sizes={"batch": [4]}, trials=0,
                                 cache_dir=str(copy))
     assert summary["dynamic"]["records_chosen"] == []
     assert all(why == {label: "differs from the default schedule at {'batch': 1}" for label in why}
@@ -109,20 +109,20 @@ def test_a_record_that_disagrees_with_the_default_is_not_used(tuned, tmp_path, m
 
 def test_the_decisions_travel_with_the_store(tuned, tmp_path):
     directory, _ = tuned
-    archive = compiler.save_cache(str(tmp_path / "records.tar.gz"), directory)
-    compiler.load_cache(archive, str(tmp_path / "loaded"))
+    archive = relaxc.save_cache(str(tmp_path / "records.tar.gz"), directory)
+    relaxc.load_cache(archive, str(tmp_path / "loaded"))
     key = cache.target_key(targets.resolve("cpu"))
     assert (cache.read_measurements(os.path.join(tmp_path, "loaded", key, cache.DYNAMIC_FILE))
             == cache.read_measurements(os.path.join(directory, key, cache.DYNAMIC_FILE)))
 
 
 def test_what_dynamic_tuning_refuses():
-    with pytest.raises(compiler.UserError, match="tune sizes size the dims a model keeps dynamic"):
-        compiler.tune(reference.small_cnn(), tune_sizes={"batch": [4]}, trials=0)
-    with pytest.raises(compiler.UserError, match="selection='sequence' times the model at one size"):
-        compiler.tune(_dynamic_cnn(), dim_bounds=BOUNDS, selection="sequence", trials=0)
-    with pytest.raises(compiler.UserError, match="tuning='tune' tunes kernels of static extents"):
-        compiler.compile(_dynamic_cnn(), dim_bounds=BOUNDS, tuning="tune")
+    with pytest.raises(relaxc.UserError, match="tune sizes size the dims a model keeps dynamic"):
+        relaxc.tune(reference.small_cnn(), tune_sizes={"batch": [4]}, trials=0)
+    with pytest.raises(relaxc.UserError, match="selection='sequence' times the model at one size"):
+        relaxc.tune(_dynamic_cnn(), dim_bounds=BOUNDS, selection="sequence", trials=0)
+    with pytest.raises(relaxc.UserError, match="tuning='tune' tunes kernels of static extents"):
+        relaxc.compile(_dynamic_cnn(), dim_bounds=BOUNDS, tuning="tune")
 
 
 def test_the_command_line_names_the_tune_sizes(tmp_path, capsys):
@@ -136,8 +136,8 @@ def test_the_command_line_names_the_tune_sizes(tmp_path, capsys):
 def test_kernels_not_tuned_stay_undecided(tmp_path):
     """A tuning run limited to some kernels decides those alone: the others stay without a
     record (report()["tuning"]["missing"]), not decided for the default."""
-    summary = compiler.tune(_dynamic_cnn(), dim_bounds=BOUNDS, tune_sizes={"batch": [4]}, trials=8,
+    summary = relaxc.tune(_dynamic_cnn(), dim_bounds=BOUNDS, tune_sizes={"batch": [4]}, trials=8,
                             kernels=("mean*",), cache_dir=str(tmp_path))
     assert summary["dynamic"]["kernels"] == 1
-    report = compiler.compile(_dynamic_cnn(), dim_bounds=BOUNDS, cache_dir=str(tmp_path)).report()["tuning"]
+    report = relaxc.compile(_dynamic_cnn(), dim_bounds=BOUNDS, cache_dir=str(tmp_path)).report()["tuning"]
     assert "mean" not in report["missing"] and len(report["missing"]) == report["tasks"] - 1

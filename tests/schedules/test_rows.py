@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from tests import reference
 from tests.helpers import host_runs_avx2
 
@@ -40,7 +40,7 @@ def _forms(width: int):
 def test_row_reductions_are_row_scheduled_and_correct(form, width):
     nodes, inits = _forms(width)[form]
     model = _model(nodes, width, inits)
-    art = compiler.compile(model, target="cpu", tuning="off")
+    art = relaxc.compile(model, target="cpu", tuning="off")
     assert art.report()["schedules"].get("rows", 0) >= 1, art.report()["schedules"]
     x = reference.random_inputs(art.inputs, seed=1)
     x["x"] = x["x"] * 3 + 1  # a mean and a spread to normalise away
@@ -59,7 +59,7 @@ def test_a_pool_window_is_not_a_row(block):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 16])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 32, 8, 8])],
         [numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype(np.float32), "w")], 17)
-    art = compiler.compile(model, target="cpu", tuning="off", layout_block=block)
+    art = relaxc.compile(model, target="cpu", tuning="off", layout_block=block)
     assert art.report()["schedules"].get("rows", 0) == 0, art.report()["schedules"]
     x = reference.random_inputs(art.inputs, seed=1)
     reference.assert_matches(art.run(x), reference.ort_run(model, x))
@@ -78,7 +78,7 @@ def test_softmax_rows_that_do_not_divide_reduce_in_vector_partial_results(width,
     if target is AVX2 and not host_runs_avx2():
         pytest.skip("this CPU does not run AVX2 code")
     model = _model(_forms(width)["softmax"][0], width)
-    art = compiler.compile(model, target=target, tuning="off")
+    art = relaxc.compile(model, target=target, tuning="off")
     scheduled = art.ir("schedule")
     assert "T_softmax_maxelem_rf" in scheduled and "T_softmax_expsum_rf" in scheduled
     x = reference.random_inputs(art.inputs, seed=1)
@@ -117,7 +117,7 @@ def test_reductions_over_a_middle_axis_run_in_columns(op, shape, axis, target):
     if target == AVX2 and not host_runs_avx2():
         pytest.skip("this CPU does not run AVX2 code")
     model = _middle_axis(op, shape, axis)
-    art = compiler.compile(model, target=target, tuning="off")
+    art = relaxc.compile(model, target=target, tuning="off")
     assert art.report()["schedules"].get("rows", 0) >= 1, art.report()["schedules"]
     x = reference.random_inputs(art.inputs, seed=2)
     x["x"] = x["x"] * 4
@@ -135,7 +135,7 @@ def test_a_reduction_to_one_value_runs_in_vector_partial_results(shape):
              helper.make_node("Div", ["d", "v"], ["out"])]
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], [], 17)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     assert art.report()["schedules"].get("rows", 0) == 2, art.report()["schedules"]
     if np.prod(shape) % 8 == 0:
         assert "T.vectorized" in art.module("final")["fused_mean_subtract"].script()
@@ -159,7 +159,7 @@ def test_an_instance_norm_and_a_group_norm_through_it_reduce_by_rows(groups):
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
                              [ints("grouped", [1, groups, -1]), ints("back", shape),
                               floats("s", rng.uniform(0.5, 1.5, groups)), floats("b", rng.standard_normal(groups))], 17)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     variance = [f for gv, f in art.module("final").functions.items() if "variance" in gv.name_hint]
     assert len(variance) == 1 and variance[0].attrs["relaxc.schedule"] == "rows"
     assert f"T.parallel(T.int64({groups}))" in variance[0].script() and "T.vectorized" in variance[0].script()
@@ -179,7 +179,7 @@ def test_a_group_normalization_reduces_by_rows(shape):
                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
                              [floats("s", rng.uniform(0.5, 1.5, channels)), floats("b", rng.standard_normal(channels))], 21)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     assert "group_norm" not in " ".join(gv.name_hint for gv in art.module("final").functions)
     assert art.report()["schedules"].get("rows", 0) == 2, art.report()["schedules"]
     x = reference.random_inputs(art.inputs, seed=8)
@@ -194,7 +194,7 @@ def test_a_row_sum_alone_is_row_scheduled():
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 256])],
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 5, 1])],
                              [numpy_helper.from_array(np.array([-1], np.int64), "axes")])
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     assert art.report()["schedules"] == {"rows": 1}
     x = np.random.default_rng(0).standard_normal((2, 5, 256)).astype(np.float32)
     np.testing.assert_allclose(art.run(x)[0], reference.ort_session(model).run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)

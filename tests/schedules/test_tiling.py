@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 from tvm import s_tir, te, tirx, topi
 from tvm.target import Target
 
-import relaxc as compiler
+import relaxc
 from relaxc.schedules.cpu import Basic, Tiled, tiled
 from relaxc.schedules.cpu.steps import vector_width as _vector_width
 from relaxc.schedules.cpu.tiled import MAX_TILE, _tile
@@ -384,7 +384,7 @@ def test_a_pool_over_nchw_pads_rows_apart_and_vectorises(width):
     shape = [1, 16, width, width]
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], [], 17)
-    art = compiler.compile(model, tuning="off", layout_block=0)
+    art = relaxc.compile(model, tuning="off", layout_block=0)
     (name, func), = [(gv.name_hint, f) for gv, f in art.module("final").functions.items() if "pool" in gv.name_hint]
     script = func.script()
     assert 'T.sblock("pad_temp' in script and "if_then_else" not in script.split('T.sblock("pool_sum_update")')[1]
@@ -404,7 +404,7 @@ def test_a_transpose_copies_in_tiles_of_vectors_by_input_columns(shape, perm):
                               helper.make_node("Relu", ["t"], ["out"])],
                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, out)], [], 17)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     (func,) = [f for gv, f in art.module("final").functions.items() if "transpose" in gv.name_hint]
     script = func.script()
     assert "T.unroll" in script and "T.vectorized" in script, script
@@ -463,7 +463,7 @@ def test_a_row_padding_of_odd_width_copies_whole_vectors_along_each_row():
                              [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 4, 197, 197]),
                               helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, 4, 197, 64])],
                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 197, 64])], [], 17)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     pads = [f.script() for gv, f in art.module("final").functions.items() if gv.name_hint.startswith("pad")]
     row_pads = [s for s in pads if "T.int64(197), T.int64(197)" in s and "T.int64(200), T.int64(197)" in s]
     assert row_pads and all("_partition" in s and ("T.vectorized(T.int64(8))" in s or "T.vectorized(T.int64(16))" in s)
@@ -488,7 +488,7 @@ def test_a_channel_shuffle_of_blocked_data_copies_each_lane_along_the_map():
                              [helper.make_tensor("w", TensorProto.FLOAT, [32, 32, 1, 1],
                                                  np.random.default_rng(8).standard_normal(32 * 32).tolist()),
                               ints("split", [1, 2, 16, 14, 14]), ints("back", shape)], 17)
-    art = compiler.compile(model, tuning="off")
+    art = relaxc.compile(model, tuning="off")
     takes = [f.script() for gv, f in art.module("final").functions.items() if "take" in gv.name_hint]
     assert len(takes) == 1 and "T.vectorized" not in takes[0] and "T.parallel(T.int64(32))" in takes[0], takes
     x = reference.random_inputs(art.inputs, seed=8)
@@ -507,6 +507,6 @@ def test_an_epilogue_reading_one_channel_block_of_a_reduction_runs_after_it():
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 13, 6])],
                              [reference._const("w", rng.standard_normal((34, 12, 1, 1))),
                               helper.make_tensor("sizes", TensorProto.INT64, [2], [8, 26])])
-    art = compiler.compile(model, tuning="off", layout_block=8)
+    art = relaxc.compile(model, tuning="off", layout_block=8)
     x = rng.standard_normal((1, 12, 25, 11)).astype(np.float32)
     reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))

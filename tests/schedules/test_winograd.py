@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 from tvm import tirx
 
-import relaxc as compiler
+import relaxc
 from relaxc.schedules.default import schedule_kind
 from tests import reference
 from tests.helpers import store_choosing
@@ -19,7 +19,7 @@ from tests.helpers import store_choosing
 @pytest.mark.parametrize("choice", ["winograd2", "winograd4"])
 def test_transforms_and_products_get_their_rules(tmp_path, choice):
     model = reference.conv3x3(32, 48, 10, 10, 1, residual=False)
-    art = compiler.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, choice))
+    art = relaxc.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, choice))
     kinds = {gv.name_hint: schedule_kind(f) for gv, f in art.module("final").functions.items()
              if isinstance(f, tirx.PrimFunc) and "winograd" in gv.name_hint}
     assert kinds == {"winograd_input": "winograd", "winograd_product": "dense",
@@ -59,7 +59,7 @@ def test_output_transforms_fuse_as_convolutions(tmp_path, chained):
     transform (VGG) nor a concat of several output transforms (GoogLeNet) shares its kernel, which
     was slow to build that way."""
     model = _two_convolutions(chained)
-    art = compiler.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, "winograd4"))
+    art = relaxc.compile(model, tuning="off", cache_dir=store_choosing(tmp_path, model, "winograd4"))
     kernels = {gv.name_hint: f for gv, f in art.module("final").functions.items() if isinstance(f, tirx.PrimFunc)}
     outputs = [name for name in kernels if "winograd_output" in name]
     assert outputs and all(name == "fused_winograd_output_add_relu" for name in outputs), outputs

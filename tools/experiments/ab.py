@@ -26,7 +26,7 @@ import statistics
 
 import onnx
 
-import relaxc as compiler
+import relaxc
 from relaxc.benchmarks import by_op, harness, reference
 from relaxc import frontend
 from relaxc.profile import model_calls
@@ -36,7 +36,7 @@ from relaxc.schedules.sequence import is_builtin, time_in_order
 SHOWN = 12  # kernels listed, largest difference first
 
 
-def checked_session(spec: str | onnx.ModelProto, builds: dict[str, compiler.Deployed], inputs: dict):
+def checked_session(spec: str | onnx.ModelProto, builds: dict[str, relaxc.Deployed], inputs: dict):
     """An onnxruntime session of the model, after every build's outputs were checked against it."""
     session = reference.ort_session(frontend.load_model(spec)[0])
     expected = session.run(None, inputs)
@@ -45,14 +45,14 @@ def checked_session(spec: str | onnx.ModelProto, builds: dict[str, compiler.Depl
     return session
 
 
-def whole_model(builds: dict[str, compiler.Deployed], session, inputs: dict, repeat: int) -> dict[str, float]:
+def whole_model(builds: dict[str, relaxc.Deployed], session, inputs: dict, repeat: int) -> dict[str, float]:
     """Median milliseconds of each build and of onnxruntime, taking turns in blocks."""
     runs = {name: (lambda b=build: b.run(inputs)) for name, build in builds.items()}
     runs["onnxruntime"] = lambda: session.run(None, inputs)
     return harness.alternate(runs, repeat)
 
 
-def by_kernel(builds: dict[str, compiler.Deployed], inputs: dict, rounds: int) -> dict[str, dict[str, float]]:
+def by_kernel(builds: dict[str, relaxc.Deployed], inputs: dict, rounds: int) -> dict[str, dict[str, float]]:
     """Per build, each kernel's milliseconds per inference (the sum of its calls' medians), the
     kernels timed one by one in model order, ``by_op.RUNS`` inferences per round, the builds taking
     turns every inference, the first one first every other time: a step in the VM's speed then
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=40, help="inferences per runtime and round")
     args = parser.parse_args()
-    builds = {"first": compiler.load(args.first), "second": compiler.load(args.second)}
+    builds = {"first": relaxc.load(args.first), "second": relaxc.load(args.second)}
     inputs = random_inputs(builds["first"].inputs, high=builds["first"].input_high)
     print(f"{args.model}: first {args.first}, second {args.second}, 2 threads both, median of {args.repeat}\n")
     print("| round | first (ms) | second (ms) | onnxruntime (ms) | first / ort | second / ort |")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import tvm
 
-import relaxc as compiler
+import relaxc
 from tools.experiments.compile_times import add_option_arguments, option_sides
 from relaxc.backend import codegen
 from relaxc.frontend import ModelLike
@@ -62,14 +62,14 @@ class BuildCosts:
 
 
 def measure(model: ModelLike, sides: list[dict], rounds: int = 5, top: int = 10) -> BuildCosts:
-    """Compile ``model`` (anything ``compiler.compile`` takes) with each of the two option sets in
+    """Compile ``model`` (anything ``relaxc.compile`` takes) with each of the two option sets in
     ``sides``, taking turns ``rounds`` times, and build their kernels as the module docstring says."""
     phases: list[dict[str, list[float]]] = [{}, {}]
     artifacts = [None, None]
     for _ in range(rounds):
         for side, options in enumerate(sides):
             start = time.perf_counter()
-            artifacts[side] = compiler.compile(model, **options)
+            artifacts[side] = relaxc.compile(model, **options)
             phases[side].setdefault("whole compile", []).append(time.perf_counter() - start)
             for phase in artifacts[side].report()["phases"]:
                 phases[side].setdefault(phase["name"], []).append(phase["seconds"])

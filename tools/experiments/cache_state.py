@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tools.experiments.cache_state onnx:resnet50 "fused_conv2d_NCHWc13_*" [--tuning strict]
 
-Each call of the kernels whose names match, on the model's own arguments (``compiler.profile.model_calls``),
+Each call of the kernels whose names match, on the model's own arguments (``relaxc.profile.model_calls``),
 timed four ways, median of ``--rounds``: right after the call before it in the model (as in an
 inference), right after itself (weights and input warm), after sweeping 64 MB through the caches,
 and after the call before it and a 2 ms pause (the thread pool's workers gone to sleep). Says
@@ -19,7 +19,7 @@ import time
 import numpy as np
 import onnx
 
-import relaxc as compiler
+import relaxc
 from relaxc.profile import model_calls
 from relaxc.runtime import random_inputs
 
@@ -34,7 +34,7 @@ def _seconds(call) -> float:
 
 def cache_states(spec: str | onnx.ModelProto, pattern: str, rounds: int, **options) -> tuple[dict[str, float], int]:
     """Median milliseconds of one matching call in each state, and how many calls match."""
-    art = compiler.compile(spec, **options)
+    art = relaxc.compile(spec, **options)
     _vm, calls = model_calls(art, random_inputs(art.inputs, high=art.input_high))
     chosen = [i for i, (symbol, _, _) in enumerate(calls) if i and fnmatch.fnmatchcase(symbol, pattern)]
     if not chosen:

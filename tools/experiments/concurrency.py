@@ -19,7 +19,7 @@ import time
 
 import psutil
 
-import relaxc as compiler
+import relaxc
 from relaxc.runtime import Runner, random_inputs
 from relaxc.support import targets
 from relaxc.support.threads import configure_threads, pool_threads
@@ -63,16 +63,16 @@ def main(argv: list[str] | None = None) -> int:
           "| serialised: ms per call | serialised: calls/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for spec in args.models:
-        art = compiler.compile(spec, target="cpu")
+        art = relaxc.compile(spec, target="cpu")
         path = f"/tmp/relaxc-concurrency-{spec.replace(':', '_')}.so"
         art.export(path)
         arena = art.report()["memory"]["arena_bytes"] / 2**20
         for threads in args.threads:
-            pooled = compiler.load(path, concurrency=threads)
+            pooled = relaxc.load(path, concurrency=threads)
             before = psutil.Process().memory_info().rss
             pool_ms, pool_rate = measure(pooled, threads, args.runs)
             grown = (psutil.Process().memory_info().rss - before) / 2**20
-            serial_ms, serial_rate = measure(compiler.load(path, concurrency=1), threads, args.runs)
+            serial_ms, serial_rate = measure(relaxc.load(path, concurrency=1), threads, args.runs)
             print(f"| {spec} | {arena:.1f} | {threads} | {pool_ms:.1f} | {pool_rate:.1f} | {grown:.0f} | "
                   f"{serial_ms:.1f} | {serial_rate:.1f} |", flush=True)
     return 0

@@ -14,7 +14,7 @@ import argparse
 import collections
 import sys
 
-import relaxc as compiler
+import relaxc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | method | plan (ms, modelled) | rule (ms, modelled) | ops changed | layout phase (s) |\n"
           "| --- | --- | ---: | ---: | --- | ---: |")
     for model in args.models:
-        report = compiler.compile(model, tuning="off", layouts="measure", cache_dir=args.store).report()
+        report = relaxc.compile(model, tuning="off", layouts="measure", cache_dir=args.store).report()
         choice = report["layout"]["choice"]
         seconds = next(p["seconds"] for p in report["phases"] if p["name"] == "layout")
         changed = collections.Counter(choice["changed"].values())

@@ -15,7 +15,7 @@ import sys
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
-import relaxc as compiler  # noqa: E402
+import relaxc  # noqa: E402
 from relaxc.benchmarks import harness, reference  # noqa: E402
 from relaxc import frontend
 from relaxc.frontend import models  # noqa: E402
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
           "| no reuse | relaxc ms, arena | relaxc ms, TVM plan | lower phase s, arena / TVM |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for spec in args.models:
-        arts = {planner: compiler.compile(spec, memory_planner=planner) for planner in ("arena", "tvm")}
+        arts = {planner: relaxc.compile(spec, memory_planner=planner) for planner in ("arena", "tvm")}
         inputs = random_inputs(arts["arena"].inputs)
         expected = reference.ort_session(frontend.load_model(spec)[0]).run(None, inputs)
         for art in arts.values():

@@ -7,7 +7,7 @@ Why: "1x1 as a packed GEMM" is one of the implementations dispatch could choose 
 measures whether the ``Dense`` rule's packed product beats the ``Tiled`` rule's blocked conv on the
 real shapes before anyone builds the candidate. Each shape is two one-layer models compiled by
 relaxc (Conv + bias + ReLU on NCHW, and MatMul + bias + ReLU on rows), and each model's main kernel
-timed alone by ``compiler.profile`` (warm caches); layout converters around the conv are not counted.
+timed alone by ``relaxc.profile`` (warm caches); layout converters around the conv are not counted.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-import relaxc as compiler
+import relaxc
 from relaxc import profile
 from relaxc.runtime import random_inputs
 
@@ -47,7 +47,7 @@ def one_layer(cin: int, cout: int, size: int, as_gemm: bool) -> onnx.ModelProto:
 
 def main_kernel_ms(model: onnx.ModelProto, tuning: str) -> tuple[str, float]:
     """The name and time of the model's conv or dense kernel."""
-    art = compiler.compile(model, tuning=tuning)
+    art = relaxc.compile(model, tuning=tuning)
     kernels = profile.profile(art, random_inputs(art.inputs)).kernels
     main = next(k for k in kernels if "conv" in k.name or "dense" in k.name)
     return main.name, main.ms

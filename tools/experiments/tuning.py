@@ -20,7 +20,7 @@ import time
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 
-import relaxc as compiler  # noqa: E402
+import relaxc  # noqa: E402
 from relaxc.benchmarks import harness, reference  # noqa: E402
 from relaxc import frontend  # noqa: E402
 from relaxc.runtime import random_inputs  # noqa: E402
@@ -37,7 +37,7 @@ def _compile_seconds(spec: str, compiles: int, log_dir: str) -> dict[str, tuple[
     for _ in range(compiles):
         for mode in times:
             start = time.perf_counter()
-            built[mode] = compiler.compile(spec, target=TARGET, tuning=mode, cache_dir=log_dir)
+            built[mode] = relaxc.compile(spec, target=TARGET, tuning=mode, cache_dir=log_dir)
             times[mode].append(time.perf_counter() - start)
     return {mode: (statistics.median(t), built[mode]) for mode, t in times.items()}
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print_selection(spec: str, count: int, log_dir: str) -> None:
     """The kernels of ``spec`` with the most default-schedule time per inference: what won, against
     the default, as ``selected.json`` records it (cold-cache milliseconds per run, build seconds)."""
-    art = compiler.compile(spec, target=TARGET, tuning="off", cache_dir=log_dir)
+    art = relaxc.compile(spec, target=TARGET, tuning="off", cache_dir=log_dir)
     chosen = RecordStore.of(log_dir, art.target).selections()
     tasks = [(t, chosen.get(workload_hash(t.dispatched[0])))
              for t in tuning_tasks(art.module("fuse"), art.target)]
