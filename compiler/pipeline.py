@@ -17,11 +17,11 @@
     fuse       TVM FuseOps/FuseTIR         fuse producers with their elementwise consumers, reshapes as views
     tune       schedules/tuning.py         apply tuning records (replay, strict) or tune first (tune)
     schedule   schedules/default.py        default schedule rules for every kernel without a record
-               passes/positive_dims.py     kernels told a dynamic dim is at least 1
+               passes/tir/positive_dims.py kernels told a dynamic dim is at least 1
     lower      passes/memory.py + TVM      VM lowering, arena storage planning on the final shapes
                passes/shape_reuse.py       a dynamic model's shapes built once per call
     build      compiler/backend/codegen.py code generation, CPU kernels on every core
-               (exp, tanh, erf, pow lowered to vector polynomials: passes/fast_math.py)
+               (exp, tanh, erf, pow lowered to vector polynomials: passes/tir/fast_math.py)
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
 ``Artifact.ir(phase)`` shows what it did; passes that report write their own part of
@@ -46,7 +46,7 @@ from relaxc.artifact import Artifact
 from relaxc.backend import codegen
 from relaxc.instrument import PhaseRecorder
 from relaxc.options import Config, Options
-from relaxc.passes import fast_math
+from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
@@ -69,7 +69,7 @@ from relaxc.passes.legalize import legalize_ops
 from relaxc.passes.quantized import QuantizedToIntegers
 from relaxc.passes.signed_activations import SignedActivationsAsUnsigned
 from relaxc.passes.memory import ArenaPlan
-from relaxc.passes.positive_dims import PositiveDims
+from relaxc.passes.tir.positive_dims import PositiveDims
 from relaxc.passes.shape_reuse import ReuseShapes
 from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords

@@ -10,7 +10,7 @@ import onnx
 import tvm
 
 import relaxc
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.passes.dispatch import DIRECT, WINOGRAD
 from relaxc.schedules.cache import DISPATCH_FILE
 from relaxc.schedules import cache
