@@ -4,7 +4,7 @@
                                            computations, rewrite ignored attributes, refuse inexact
                                            forms, convert to Relax
     simplify   passes/signed_activations.py int8 activations held as uint8 ones, 128 higher
-               passes/quantized.py         quantized (QDQ) convolutions, matmuls, additions to integer arithmetic
+               passes/quantized/           quantized (QDQ) convolutions, matmuls, additions to integer arithmetic
                passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
                passes/integer_matmul.py    MatMulInteger on uint8 x int8 bytes
                passes/cse.py               canonicalize, CSE (weights compared by object), dead code

@@ -328,7 +328,7 @@ class _DivideByConstant(relax.PyExprMutator):
             return call  # a half type's reciprocal is off by up to 2^-11 (bfloat16: 2^-8)
         if is_op(self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None,
                  "relax.nn.avg_pool2d"):
-            return call  # quantizing an average (passes/quantized.py): rounds the quotient onnxruntime rounds
+            return call  # quantizing an average (passes/quantized/pooling.py): rounds the quotient onnxruntime rounds
         with np.errstate(all="ignore"):
             reciprocal = (1 / divisor).astype(divisor.dtype)
         if not (np.abs(reciprocal) >= np.finfo(divisor.dtype).tiny).all() or not np.isfinite(reciprocal).all():

@@ -276,7 +276,7 @@ class _Rewriter(relax.PyExprMutator):
         table is pointwise: it takes its indices' layout."""
         data, indices = call.args
         table = constant_array(data)
-        if table is not None and table.ndim == 1:  # a lookup table (passes/quantized.py): pointwise
+        if table is not None and table.ndim == 1:  # a lookup table (passes/quantized/tables.py): pointwise
             value, layout = self._value(indices), self._target(var, [indices])
             if value is None or layout is None:
                 return None
