@@ -53,9 +53,12 @@ from relaxc.passes.dispatch import Dispatch
 from relaxc.schedules.cache import LAYOUT_FILE, store_for
 from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
-from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, Conv1dAsConv2d, DepthwisePointwiseToMultiply,
-                                 DivideByConstantToMultiply, DropoutToIdentity, GroupNormAsRows, MatmulOfFlattenedRows,
-                                 SplitAlongChannelsToSlices, SumOfStackToAdd, WholeReductionsInSlabs)
+from relaxc.passes.canonicalize.channels import ChannelShuffleToTake, SplitAlongChannelsToSlices
+from relaxc.passes.canonicalize.convolutions import Conv1dAsConv2d, DepthwisePointwiseToMultiply
+from relaxc.passes.canonicalize.elementwise import (ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
+                                                    SumOfStackToAdd)
+from relaxc.passes.canonicalize.matmuls import MatmulOfFlattenedRows
+from relaxc.passes.canonicalize.reductions import GroupNormAsRows, WholeReductionsInSlabs
 from relaxc.passes.check_indices import CheckIndices
 from relaxc.passes.conv_taps import DropPaddingTaps
 from relaxc.passes.cse import EliminateCommonSubexpr
