@@ -72,7 +72,7 @@ class _Conv1dAs2d(relax.PyExprMutator):
         return relax.op.squeeze(self.builder_.normalize(inner), axis=[2])
 
 
-ROW_TILES = range(4, 9)  # the register tiles along an output row of the convolution schedules (schedules/cpu/tiled.py)
+ROW_TILES = range(4, 9)  # the register tiles along an output row of the convolution schedules (schedules/cpu/tile_plan.py)
 SHORT_ROW = 14  # tiled whole
 
 

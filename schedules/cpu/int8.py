@@ -24,9 +24,9 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from relaxc.passes.legalize import STAGE_ATTR
+from relaxc.schedules.cpu.padding import schedule_padding
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
 from relaxc.schedules.cpu.steps import inline_elementwise, loop_extent, try_attach, vectorize_innermost
-from relaxc.schedules.cpu.tiled import schedule_padding
 from relaxc.support.targets import ByteDot, VectorUnit, byte_dot, fitting
 from relaxc.support.tvm_internals import UncheckedSchedule
 
