@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import constant_array, is_op, MutatorPass, static_shape
 
 
 @relax.expr_functor.mutator
@@ -91,17 +91,15 @@ class _SplitAsSlices(relax.PyExprMutator):
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.SplitAlongChannelsToSlices")
-class SplitAlongChannelsToSlices:
+class SplitAlongChannelsToSlices(MutatorPass):
     """Each part of a ``split`` of NCHW data along C as a ``strided_slice``."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _SplitAsSlices(mod).visit_expr)
+    mutator = _SplitAsSlices
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.ChannelShuffleToTake")
-class ChannelShuffleToTake:
+class ChannelShuffleToTake(MutatorPass):
     """A reshape-transpose-reshape channel shuffle to ``take`` of the permuted channels; slices of a
     constant-index take to takes of the sliced indices."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _ChannelShuffle(mod).visit_expr)
+    mutator = _ChannelShuffle

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import constant_array, is_op, MutatorPass, static_shape
 
 
 UNARY = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
@@ -93,11 +93,10 @@ def _dtype(call: relax.Call) -> str:
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.Conv1dAsConv2d")
-class Conv1dAsConv2d:
+class Conv1dAsConv2d(MutatorPass):
     """``conv1d`` (NCW) as ``conv2d`` over a height of 1."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _Conv1dAs2d(mod).visit_expr)
+    mutator = _Conv1dAs2d
 
 
 @relax.expr_functor.mutator
@@ -120,8 +119,7 @@ class _DepthwisePointwise(relax.PyExprMutator):
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.DepthwisePointwiseToMultiply")
-class DepthwisePointwiseToMultiply:
+class DepthwisePointwiseToMultiply(MutatorPass):
     """A depthwise 1x1 ``conv2d`` with stride 1 and no padding to a multiplication by its weights."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _DepthwisePointwise(mod).visit_expr)
+    mutator = _DepthwisePointwise

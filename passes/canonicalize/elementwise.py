@@ -27,7 +27,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
-from relaxc.passes.ir import constant_array, is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import constant_array, is_op, MutatorPass, map_relax_functions, static_shape
 
 
 @relax.expr_functor.mutator
@@ -71,19 +71,17 @@ class _DropoutOutput(relax.PyExprMutator):
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.SumOfStackToAdd")
-class SumOfStackToAdd:
+class SumOfStackToAdd(MutatorPass):
     """``sum(stack((a, b, ...)), axis=0)`` to ``a + b + ...`` (no-op broadcasts dropped)."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _SumOfStack(mod).visit_expr)
+    mutator = _SumOfStack
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.DropoutToIdentity")
-class DropoutToIdentity:
+class DropoutToIdentity(MutatorPass):
     """The output of an inference-time dropout is its input."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _DropoutOutput(mod).visit_expr)
+    mutator = _DropoutOutput
 
 
 @relax.expr_functor.mutator
@@ -142,11 +140,10 @@ class _CallTIRToOp(relax.PyExprMutator):
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.DivideByConstantToMultiply")
-class DivideByConstantToMultiply:
+class DivideByConstantToMultiply(MutatorPass):
     """``x / c`` for a float constant c to ``x * (1 / c)`` where 1 / c is a normal float."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _DivideByConstant(mod).visit_expr)
+    mutator = _DivideByConstant
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.ClipFromTIR")

@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.ir import GenericConst
 from tvm.sym.analyzer import Analyzer
 
-from relaxc.passes.ir import dims_of, is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import dims_of, is_op, MutatorPass, static_shape
 
 
 def _same_dims(a: list, b: list) -> bool:
@@ -51,9 +51,8 @@ class _FlattenedMatmul(relax.PyExprMutator):
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.MatmulOfFlattenedRows")
-class MatmulOfFlattenedRows:
+class MatmulOfFlattenedRows(MutatorPass):
     """``reshape(matmul(reshape(x, (rows, K)), W) [+ b], dims + (N,))`` to ``matmul(x, W) [+ b]``
     (x viewed as ``dims + (K,)``) where the dims are dynamic."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _FlattenedMatmul(mod).visit_expr)
+    mutator = _FlattenedMatmul

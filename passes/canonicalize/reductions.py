@@ -16,7 +16,7 @@ import math
 import tvm
 from tvm import relax
 
-from relaxc.passes.ir import is_op, map_relax_functions, static_shape
+from relaxc.passes.ir import is_op, MutatorPass, static_shape
 
 
 @relax.expr_functor.mutator
@@ -71,20 +71,18 @@ class _WholeReduction(relax.PyExprMutator):
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.GroupNormAsRows")
-class GroupNormAsRows:
+class GroupNormAsRows(MutatorPass):
     """``group_norm`` of NCHW float32 data as mean and variance over (N, groups, rest), then scale and shift."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _GroupNorm(mod).visit_expr)
+    mutator = _GroupNorm
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.WholeReductionsInSlabs")
-class WholeReductionsInSlabs:
+class WholeReductionsInSlabs(MutatorPass):
     """A max, min or sum over a whole tensor as one over the middle axis of (up to ``PARTS`` slabs,
     rows, ``PART_LANES``), then over the slabs' vectors of partial results: the first runs in
     parallel slabs, a vector of lanes a step (``Rows``'s columns); as one reduction to a scalar it
     ran on one core, an element at a time (0.2 ms, 2.5 GB/s, for each of ``DynamicQuantizeLinear``'s
     max and min of a BERT activation: rfactor, which would split it, knows no max from -inf)."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _WholeReduction(mod).visit_expr)
+    mutator = _WholeReduction
