@@ -3,7 +3,7 @@
     .venv/bin/python -m relaxc.benchmarks.backends [SPEC ...] [--markdown docs/backends_results.md]
 
 Each model (default: the bundled ones) is compiled with ``backends="measure"`` (tuning off, a
-store of the run's own over the shipped records, so every decision is measured now), with ``backends="relaxc"`` (where
+store of the run's own over the shipped records, so every decision is measured now), with ``backends="off"`` (where
 relaxc compiles it whole), and loaded into onnxruntime and OpenVINO directly (2 threads each,
 OpenVINO in float32); the measured build is checked against onnxruntime, then all four take turns
 in blocks of runs, each block timed against the measured build's in its round
@@ -127,7 +127,7 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float
         measured = relaxc.compile(spec, tuning="off", backends="measure", measure_budget_s=budget_s,
                                     dim_bounds=bounds or None)
         try:
-            alone = relaxc.compile(spec, tuning="off", backends="relaxc", dim_bounds=bounds or None)
+            alone = relaxc.compile(spec, tuning="off", backends="off", dim_bounds=bounds or None)
         except UserError:
             alone = None
     session = reference.ort_session(model, threads=threads)

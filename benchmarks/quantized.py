@@ -216,18 +216,18 @@ def bench_one(spec: str, repeat: int, rounds: int, threads: int, form: str = "QD
         model = models.fill_light(model)
     elif spec.startswith(models.PREFIX):  # the onnx package's CNNs: constant fills, which quantize to nothing
         model = reference.randomize_weights(model)
-    floats = relaxc.compile(model, target=target, tuning="off", backends="relaxc")
+    floats = relaxc.compile(model, target=target, tuning="off", backends="off")
     calibration = [random_inputs(floats.inputs, seed=k, high=floats.input_high) for k in range(CALIBRATION_INPUTS)]
     quantized = quantize(model, calibration=calibration, form=form, activations=activations)
     step = output_step(quantized)
-    int8 = relaxc.compile(quantized, target=target, tuning="off", backends="relaxc")
+    int8 = relaxc.compile(quantized, target=target, tuning="off", backends="off")
     inputs = random_inputs(int8.inputs, seed=CALIBRATION_INPUTS, high=int8.input_high)
     ort_int8 = reference.ort_session(quantized, threads=threads)
     ort_float = reference.ort_session(model, threads=threads)
     equal_cell = None
     if form == "dynamic":  # the output is float: compare the activations each matmul quantized, then the output
         checked = with_activations(quantized)
-        ours = relaxc.compile(checked, target=target, tuning="off", backends="relaxc")
+        ours = relaxc.compile(checked, target=target, tuning="off", backends="off")
         (equal, worst, relative), (own_equal, own_worst, own_relative) = dynamic_agreements(
             ours.run, checked, [inputs] + [random_inputs(int8.inputs, seed=CALIBRATION_INPUTS + k, high=int8.input_high)
                                            for k in range(1, DYNAMIC_INPUTS)], threads)

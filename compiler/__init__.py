@@ -56,7 +56,7 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
 def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,
          constants: "Constants | None" = None, dim_bounds: "DimBounds | None" = None,
          tune_sizes: "dict[str, list[int]] | None" = None, **options: Any) -> dict:
-    """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the record store.
+    """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the cache.
 
     options: the fields of ``relaxc.TuneOptions`` and of ``relaxc.Options`` but ``tuning``, as
     keywords (docs/api.md lists them). Records go to
@@ -86,20 +86,21 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
 
 
 def save_cache(path: str, cache_dir: str | None = None) -> str:
-    """Archive the tuning records under ``cache_dir`` (default: the user's record cache,
-    ``$RELAXC_CACHE_DIR`` or ``~/.cache/relaxc``; never the stores relaxc ships) to ``path``
-    (.tar.gz), to carry them to another machine or CI."""
-    from relaxc.schedules import cache
+    """Archive the cache ``cache_dir`` (default: the user's, ``$RELAXC_CACHE_DIR`` or
+    ``~/.cache/relaxc``; never the stores relaxc ships) to ``path`` (.tar.gz), every file of every
+    target's store: tuning records, selections, measured decisions (docs/cache.md), to carry them
+    to another machine or CI."""
+    from relaxc.schedules import cache, maintenance
 
-    return cache.save(path, cache.cache_root(cache_dir))
+    return maintenance.save(path, cache.cache_root(cache_dir))
 
 
 def load_cache(path: str, cache_dir: str | None = None) -> dict[str, int]:
-    """Merge an archive from ``save_cache`` into the records under ``cache_dir``; returns the
-    records added per target key. Compiles replay them from then on."""
-    from relaxc.schedules import cache
+    """Merge an archive from ``save_cache`` into the cache ``cache_dir`` (a decision or selection
+    already there stays); returns the records added per target key. Compiles replay them from then on."""
+    from relaxc.schedules import cache, maintenance
 
-    return cache.load(path, cache.cache_root(cache_dir))
+    return maintenance.load(path, cache.cache_root(cache_dir))
 
 
 def __getattr__(name: str) -> Any:

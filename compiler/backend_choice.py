@@ -1,10 +1,11 @@
 """Which backend runs each part of a model: relaxc's own kernels, or an installed external library.
 
-Modes (``Options.backends``): ``relaxc`` uses relaxc's kernels only; ``fallback`` sends to the
-first installed external backend that runs their operators (onnxruntime, then OpenVINO) exactly
-the nodes relaxc cannot compile, and the whole model where TVM fails on relaxc's part;
-``replay`` does the same and applies the partition measured for this model on this CPU before
-(``<store>/backends.json``); ``measure`` measures it first where there is none.
+Modes (``Options.backends``, the modes of every measured decision: ``schedules/decisions.py``):
+``off`` uses relaxc's kernels only; ``rule`` sends to the first installed external backend that
+runs their operators (onnxruntime, then OpenVINO) exactly the nodes relaxc cannot compile, and the
+whole model where TVM fails on relaxc's part; ``replay`` does the same and applies the partition
+measured for this model on this CPU before (the ``backends`` decisions of the target's store);
+``measure`` measures it first where there is none.
 
 Measuring: the whole model on relaxc (with the fallback) and on each installed backend alone; the
 graph cut into segments where fewest values cross, each segment timed on each backend on the
@@ -44,8 +45,8 @@ from relaxc.frontend import exactness, partition
 from relaxc.options import Config
 from relaxc.profile import time_call
 from relaxc.runtime import Runner, random_inputs
-from relaxc.schedules.cache import BACKENDS_FILE, store_for
-from relaxc.schedules.dispatch import DispatchStore
+from relaxc.schedules.cache import store_for
+from relaxc.schedules.decisions import DecisionStore
 from relaxc.support import tvm_log
 from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError
 from relaxc.support.threads import pool_threads
@@ -103,19 +104,20 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
     if prepared.bounds and config.backend_overrides:
         raise UserError("backend_overrides do not apply to a model with dynamic dims yet (a subgraph inside "
                         "relaxc's program needs static shapes at its boundary): bind them with shapes= (--shape)")
-    if config.backends == "relaxc" or not cpu:
+    if config.backends == "off" or not cpu:
         if config.backend_overrides:
             raise UserError("backend_overrides pin nodes to external backends, which run on CPU targets only: "
-                            "not with backends='relaxc' or a GPU target")
+                            "not with backends='off' or a GPU target")
         return frontend.Partitioning(), {} if cpu else {"why": "external backends run on CPU targets only"}
     installed = {name: external.get(name) for name in external.installed()}
     base = frontend.Partitioning(installed, dict(config.backend_overrides))
-    if config.backends == "fallback" or not installed:
+    if config.backends == "rule" or not installed:
         return base, {}
-    store = DispatchStore(store_for(config.cache_dir, config.target), BACKENDS_FILE)
+    store = DecisionStore(store_for(config.cache_dir, config.target), "backends", strict=config.tuning == "strict")
     key = structure_key(prepared) + ("" if config.strategy == "latency" else f"-{config.strategy}")
     entry = store.load().get(key)
     if entry is None and config.backends != "measure":  # the libraries are imported only when a plan uses them
+        store.missing(f"{prepared.name} ({key})", "compile once with backends='measure' on this CPU")
         return base, {"decision": "none stored for this model and CPU (compile with backends='measure')"}
     versions = {name: external.get(name).version() for name in installed}
     if config.backends == "measure" and (entry is None or entry["versions"] != versions):

@@ -61,7 +61,7 @@ def add_option_args(parser: argparse.ArgumentParser, options: type, exclude: tup
         if field.name in exclude or (only is not None and field.name not in only):
             continue
         meta = field.metadata
-        flag = meta["flag"] or "--" + field.name.replace("_", "-")
+        flags = meta["flag"] or "--" + field.name.replace("_", "-")
         kwargs = {"dest": field.name, "default": field.default, "help": meta["help"]}
         if isinstance(field.default, bool):
             kwargs["action"] = "store_true"
@@ -70,7 +70,7 @@ def add_option_args(parser: argparse.ArgumentParser, options: type, exclude: tup
         else:
             value_type = meta["type"] or (str if field.default is None else type(field.default))
             kwargs.update(type=value_type, choices=meta["choices"], metavar=meta["metavar"])
-        parser.add_argument(flag, **kwargs)
+        parser.add_argument(*([flags] if isinstance(flags, str) else flags), **kwargs)
 
 
 def option_values(args: argparse.Namespace, *options: type) -> dict:
@@ -251,7 +251,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     given = _given_inputs(args, _model_inputs(args)) if args.input else {}
     art = _compile(args)
-    machine = roofline.machine(art.target, args.cache_dir, remeasure=args.measure_machine)
+    machine = roofline.machine(art.target, args.cache_dir, remeasure=args.measure_machine,
+                               strict=args.tuning == "strict")
     result = profile.profile(art, _inputs_for(art, given, args.seed, args.dim), machine)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
@@ -275,13 +276,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _list_stores(root: str, what: str) -> int:
     """Print the stores under ``root`` (``what`` they are); returns the problems found."""
-    from relaxc.schedules import cache
+    from relaxc.schedules import cache, maintenance
 
     keys = cache.stores(root)
-    print(f"{what}: {root}" + ("" if keys else " (no tuning records)"))
+    print(f"{what}: {root}" + ("" if keys else " (nothing cached)"))
     problems = 0
     for key in keys:
-        info = cache.describe_store(root, key)
+        info = maintenance.describe_store(root, key)
         print(f"  {key}: {info['records']} records for {info['workloads']} kernels, versions "
               f"{info['versions']}{'' if info['compatible'] else ' (NOT this TVM: never applied)'}")
         for fingerprint, entry in info["models"].items():
@@ -303,29 +304,29 @@ def _list_stores(root: str, what: str) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from relaxc.schedules import cache
+    from relaxc.schedules import cache, maintenance
 
     root = cache.cache_root(args.cache_dir)
     if args.action in ("merge", "save", "load", "pack") and not args.path:
         raise UserError(f"relaxc cache {args.action} needs a PATH")
     if args.action == "list" or args.action == "verify":
         shipped = cache.shipped_root() if args.cache_dir is None else None
-        layers = [(root, "your records")] + ([(shipped, "beneath them, relaxc's")] if shipped else [])
+        layers = [(root, "your cache")] + ([(shipped, "beneath it, relaxc's")] if shipped else [])
         problems = sum(_list_stores(where, what) for where, what in layers)
         if not any(cache.stores(where) for where, _ in layers):
             return 0 if args.action == "list" else 1
         return 1 if args.action == "verify" and problems else 0
     if args.action == "merge":
-        print(json.dumps(cache.merge(args.path, root)))
+        print(json.dumps(maintenance.merge(args.path, root)))
     elif args.action == "prune":
-        for key, (before, after) in cache.prune(root).items():
+        for key, (before, after) in maintenance.prune(root).items():
             print(f"{key}: {before} -> {after} records (best per kernel)")
     elif args.action == "pack":
-        print(f"packed {', '.join(cache.pack(root, args.path)) or 'no stores'} into {args.path}")
+        print(f"packed {', '.join(maintenance.pack(root, args.path)) or 'no stores'} into {args.path}")
     elif args.action == "save":
-        print(f"wrote {cache.save(args.path, root)}")
+        print(f"wrote {maintenance.save(args.path, root)}")
     else:
-        print(json.dumps(cache.load(args.path, root)))
+        print(json.dumps(maintenance.load(args.path, root)))
     return 0
 
 
@@ -384,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("cache", parents=[common],
-                       help="list, verify, merge, prune, pack, save or load tuning records")
+                       help="list, verify, merge, prune, pack, save or load the cache (docs/cache.md)")
     p.add_argument("action", choices=("list", "verify", "merge", "prune", "pack", "save", "load"))
     p.add_argument("path", nargs="?", help="merge: another records root; pack: the folder to write the "
                    "stores into as relaxc ships them; save/load: a .tar.gz archive")

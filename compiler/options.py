@@ -1,8 +1,8 @@
 """The options of a compile and of a tuning run, each defined once: here.
 
 Every option is a dataclass field with its default and its help. Its choices come from the layer
-that owns them (tuning modes from ``schedules/tuning.py``, memory planners from
-``passes/memory.py``). The Python API takes the fields as keywords, the CLI builds its flags from
+that owns them (tuning modes from ``schedules/replay.py``, the modes of the measured decisions
+from ``schedules/decisions.py``, memory planners from ``passes/memory.py``). The Python API takes the fields as keywords, the CLI builds its flags from
 the same fields (``compiler/cli.py``), and ``Options.resolve`` fills in the target's defaults and
 checks every value, once, before any work starts.
 """
@@ -19,19 +19,22 @@ from tvm.target import Target
 from relaxc import external
 from relaxc.backend import toolchain
 from relaxc.passes.memory import PLANNERS
-from relaxc.schedules.dispatch import LAYOUT_MODES, MODES as DISPATCH_MODES, STRATEGIES
+from relaxc.schedules.decisions import MODES
+from relaxc.schedules.dispatch import STRATEGIES
+from relaxc.schedules.replay import MODES as TUNING_MODES
 from relaxc.schedules.sequence import SELECTIONS
-from relaxc.schedules.tuning import DEFAULT_TRIALS, MODES as TUNING_MODES
+from relaxc.schedules.tuning import DEFAULT_TRIALS
 from relaxc.support import remote, targets
 from relaxc.support.errors import TargetError, UserError
 
-BACKEND_MODES = ("relaxc", "fallback", "replay", "measure")
+LAYOUT_MODES = tuple(mode for mode in MODES if mode != "off")  # the rule is the layout pass's own choice
+RENAMED = {("dispatch", "heuristic"): "rule", ("backends", "relaxc"): "off", ("backends", "fallback"): "rule"}
 
 
 def _option(default: Any, help: str, *, type: type | None = None, choices: tuple | None = None,  # noqa: A002
-            flag: str | None = None, metavar: str | None = None) -> Any:
+            flag: str | tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
     """A field with what the CLI needs to offer it: help, value type (when the default is None),
-    choices, a flag other than ``--<name>``, a metavar."""
+    choices, a flag other than ``--<name>`` (or several: the first, then its aliases), a metavar."""
     return dataclasses.field(default=default, metadata={"help": help, "type": type, "choices": choices,
                                                         "flag": flag, "metavar": metavar})
 
@@ -53,7 +56,7 @@ class Config:
     cache_dir: str | None
     tools: dict[str, str]  # versions of the external tools code generation uses (fingerprinted)
     tracker: remote.Tracker | None = None  # where kernels are timed (None: this machine); not fingerprinted
-    backends: str = "relaxc"
+    backends: str = "off"
     backend_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     measure_budget_s: float = 180.0
 
@@ -69,12 +72,13 @@ class Options:
     """What a compile may choose besides model, target and shapes; None means the target's default."""
 
     tuning: str = _option("replay", "apply the tuning records there are (replay), require one for every "
-                          "kernel (strict), tune what is missing first (tune), or use the default "
+                          "kernel and a stored decision for every one replayed: dispatch, layouts, backends, "
+                          "machine (strict), tune what is missing first (tune), or use the default "
                           "schedules only (off)", choices=TUNING_MODES)
     dispatch: str = _option("replay", "choose each 3x3 convolution's implementation (direct, Winograd F(2x2), "
                             "F(4x4)) from the measurements stored for this CPU, by a fixed rule where there are "
                             "none (replay); measure the missing ones first and store them (measure); by the "
-                            "rule only (heuristic); or direct everywhere (off)", choices=DISPATCH_MODES,
+                            "rule only (rule); or direct everywhere (off)", choices=MODES,
                             flag="--dispatch-mode")  # `relaxc inspect --dispatch` prints the choices
     strategy: str = _option("latency", "what dispatch and the measured backend choice minimise: time (latency) or "
                             "memory (memory: a convolution's intermediates; a backend's measured footprint)",
@@ -83,9 +87,9 @@ class Options:
                            "the graph-level choice among NCHW and two blocks, converters included, from times "
                            "stored for this CPU (replay; the rule where any is missing) or measured now "
                            "(measure). Experimental: docs/layout_choice.md", choices=LAYOUT_MODES)
-    cache_dir: str | None = _option(None, "root of the tuning records, used alone (default: your record "
-                                    "cache, $RELAXC_CACHE_DIR or ~/.cache/relaxc, over the stores relaxc "
-                                    "ships)", flag="--log-dir", metavar="DIR")
+    cache_dir: str | None = _option(None, "the cache (tuning records and measured decisions, docs/cache.md), "
+                                    "used alone (default: $RELAXC_CACHE_DIR or ~/.cache/relaxc, over the "
+                                    "stores relaxc ships)", flag=("--cache-dir", "--log-dir"), metavar="DIR")
     layout_block: int | None = _option(None, "channel block b of the blocked NCHW{b}c layout (default: the "
                                        "target's fp32 vector lanes on CPU, 0 on GPU); 0 keeps NCHW",
                                        type=int, flag="--block", metavar="B")
@@ -98,11 +102,11 @@ class Options:
                                         "own, never reused", metavar="GLOB")
     validate_memory: bool = _option(False, "check the memory plan pair by pair and fill the arena with "
                                     "garbage before each run")
-    backends: str = _option("replay", "what runs the model: relaxc's own kernels only (relaxc); those, and an "
+    backends: str = _option("replay", "what runs the model: relaxc's own kernels only (off); those, and an "
                             "installed external backend (onnxruntime, openvino) for the nodes relaxc cannot compile "
-                            "(fallback); fallback plus the partition measured for this CPU before, where there is "
+                            "(rule); the rule plus the partition measured for this CPU before, where there is "
                             "one (replay); or measure the partitions without a decision first and keep them "
-                            "(measure). docs/backends.md", choices=BACKEND_MODES, flag="--backends")
+                            "(measure). docs/backends.md", choices=MODES, flag="--backends")
     backend_overrides: Any = _option((), "pin nodes to a backend: GLOB=BACKEND, the glob matched against node "
                                      "names, BACKEND relaxc, onnxruntime or openvino (a dict in the Python API)",
                                      metavar="GLOB=BACKEND", flag="--backend-override")
@@ -159,9 +163,13 @@ class Options:
         return overrides
 
     def _check_choices(self) -> None:
-        """A UserError naming the option and its choices, for the first value not among them."""
+        """A UserError naming the option and its choices, for the first value not among them (and
+        the mode's name, for a mode spelled as it was before every decision took the same modes)."""
         for field in dataclasses.fields(self):
             choices, value = field.metadata["choices"], getattr(self, field.name)
+            if isinstance(value, str) and (field.name, value) in RENAMED:
+                raise UserError(f"{field.name}={value!r} is spelled {RENAMED[field.name, value]!r} now: every "
+                                f"measured decision takes the modes {', '.join(MODES)} (docs/cache.md)")
             if choices is not None and value is not None and value not in choices:
                 raise UserError(f"{field.name} must be one of {', '.join(choices)}, not {value!r}")
 

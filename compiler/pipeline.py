@@ -15,7 +15,7 @@
     dispatch   passes/dispatch.py          each 3x3 conv: direct or Winograd, as measured (schedules/dispatch.py)
     legalize   passes/legalize.py          Relax operators to TIR PrimFuncs (blocked convs: ours)
     fuse       TVM FuseOps/FuseTIR         fuse producers with their elementwise consumers, reshapes as views
-    tune       schedules/tuning.py         apply tuning records (replay, strict) or tune first (tune)
+    tune       schedules/replay.py         apply tuning records (replay, strict) or tune first (tune)
     schedule   schedules/default.py        default schedule rules for every kernel without a record
                passes/tir/positive_dims.py kernels told a dynamic dim is at least 1
     lower      passes/memory.py + TVM      VM lowering, arena storage planning on the final shapes
@@ -50,8 +50,9 @@ from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
-from relaxc.schedules.cache import LAYOUT_FILE, store_for
-from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
+from relaxc.schedules.cache import store_for
+from relaxc.schedules.decisions import DecisionStore
+from relaxc.schedules.dispatch import Chooser, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
 from relaxc.passes.canonicalize.channels import ChannelShuffleToTake, SplitAlongChannelsToSlices
 from relaxc.passes.canonicalize.convolutions import Conv1dAsConv2d, DepthwisePointwiseToMultiply
@@ -75,7 +76,7 @@ from relaxc.passes.memory import ArenaPlan
 from relaxc.passes.tir.positive_dims import PositiveDims
 from relaxc.passes.shape_reuse import ReuseShapes
 from relaxc.schedules.default import DefaultSchedules
-from relaxc.schedules.tuning import ApplyTuningRecords
+from relaxc.schedules.replay import ApplyTuningRecords
 from relaxc.support import remote, tvm_log
 from relaxc.support.reporting import summaries
 from relaxc.support.errors import UserError
@@ -162,7 +163,7 @@ def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:
     config = c.config
     block = config.layout_block
     layouts = [blocked(block), blocked(block * 2 if block < 16 else block // 2), STANDARD]
-    store = DispatchStore(store_for(config.cache_dir, config.target), LAYOUT_FILE)
+    store = DecisionStore(store_for(config.cache_dir, config.target), "layouts", strict=config.tuning == "strict")
     costs = MeasuredLayoutCosts(config.layouts == "measure", store, lambda m: _build_candidate(m, c))
     choice = layout_choice.choose(mod, layouts, costs)
     if choice is None:
@@ -178,10 +179,10 @@ def _dispatch(c: Compilation) -> list[tvm.transform.Pass]:
     if target.kind.name != "llvm":  # GPUs: one implementation per operator so far
         return []
     reads_store = config.dispatch in ("replay", "measure")
-    store = DispatchStore(store_for(config.cache_dir, target)) if reads_store else None
+    store = (DecisionStore(store_for(config.cache_dir, target), "dispatch", strict=config.tuning == "strict")
+             if reads_store else None)
     unit = (vector_lanes(target), vector_registers(target))
-    chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), *unit,
-                      strict=config.tuning == "strict")
+    chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), *unit)
     return [Dispatch(chooser, *unit, measurable=reads_store)]
 
 
@@ -248,7 +249,7 @@ def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes:
     recorder = PhaseRecorder()
     with tvm_log.captured() as said:
         prepared = recorder.run("import", frontend.prepare_model, model, shapes, constants,
-                                config.backends == "relaxc", dim_bounds)
+                                config.backends == "off", dim_bounds)
     warned, logged = diagnostics.translate(said)
     partitioning, choice = backend_choice.partitioning(
         prepared, config, lambda part, given: _artifact(part, given, config, PhaseRecorder()),

@@ -65,7 +65,7 @@ def dispatch_summary(dispatch: dict) -> str:
 def plan_summary(backends: dict) -> str:
     """The partition: each external subgraph and why it is there, and the measured times."""
     subgraphs = backends.get("subgraphs", [])
-    lines = [f"backends {backends.get('mode', 'relaxc')}: "
+    lines = [f"backends {backends.get('mode', 'off')}: "
              + (f"{len(subgraphs)} external subgraph(s), the rest on relaxc" if subgraphs else "all on relaxc")
              + (f" (installed: {', '.join(backends['installed'])})" if backends.get("installed") else "")]
     for index, sub in enumerate(subgraphs):
@@ -111,7 +111,7 @@ def tune_command(model: str, target: dict, shapes: Sequence[tuple[str, Sequence[
     words += [f"--constant={name}={path}" for name, path in constants]
     words += [f"--dim-bound={name}={bound}" for name, bound in (dim_bounds or {}).items()]
     if cache_dir:
-        words += ["--log-dir", cache_dir]
+        words += ["--cache-dir", cache_dir]
     return shlex.join(words)
 
 

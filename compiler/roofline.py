@@ -11,7 +11,8 @@ registers, the best of a few vector widths and accumulator counts, on every thre
 the bandwidth is a vectorised parallel sum over buffers from 16 KiB a thread to 512 MiB, so a
 kernel whose bytes fit a cache is held to that cache's bandwidth (``relaxc profile`` replays each
 kernel with the caches warm, as most kernels run in the model). Measured once per CPU, core count
-and thread count, in about four seconds, and kept in the record store (``machine.json``).
+and thread count, in about four seconds, and kept in the cache (the ``machine`` decisions,
+``machine.json``: ``schedules/decisions.py``).
 """
 
 from __future__ import annotations
@@ -33,10 +34,9 @@ from relaxc.passes.tir import fast_math
 from relaxc.passes.ir import at_sizes, call_sizes
 from relaxc.schedules.cache import store_for
 from relaxc.schedules.cpu.steps import buffer_bytes
-from relaxc.schedules.dispatch import DispatchStore
+from relaxc.schedules.decisions import DecisionStore
 from relaxc.support.threads import pool_threads
 
-MACHINE_FILE = "machine.json"
 FMA_SHAPES = ((8, 8), (8, 12), (16, 6), (16, 8), (16, 12))  # (lanes, accumulators): one fits each vector width
 FMA_FLOPS_PER_THREAD = 4e8  # a call lasts a few milliseconds at any FMA rate of today's cores
 STREAM_LANES, STREAM_CHAINS = 16, 8  # eight independent sums: the adds' latency never limits a load port
@@ -111,13 +111,16 @@ def _expansions_spelled_out(body: tirx.Stmt) -> tirx.Stmt:
     return tvm_ffi.structural_map(body, (tvm.ir.Call, spell_out))
 
 
-def machine(target: Target, cache_dir: str | None = None, remeasure: bool = False) -> Machine:
-    """This CPU's limits with the pool's threads: from the store, else measured and kept there."""
+def machine(target: Target, cache_dir: str | None = None, remeasure: bool = False, strict: bool = False) -> Machine:
+    """This CPU's limits with the pool's threads: from the cache, else measured and kept there
+    (``strict``: else a UserError, as ``tuning="strict"`` has for every measured decision)."""
     threads = pool_threads()
-    store = DispatchStore(store_for(cache_dir, target), MACHINE_FILE)
+    store = DecisionStore(store_for(cache_dir, target), "machine", strict=strict)
     key = f"threads={threads}"
     entry = None if remeasure else store.load().get(key)
     if entry is None:
+        if not remeasure:
+            store.missing(key, "run `relaxc profile` once without tuning='strict' on this CPU")
         entry = {**asdict(measure(target, threads)), "measured": datetime.date.today().isoformat()}
         store.save(key, entry)
     return Machine(threads, entry["peak_gflops"], tuple((int(s), float(g)) for s, g in entry["bandwidth"]))

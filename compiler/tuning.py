@@ -85,7 +85,7 @@ def _choose_dynamic(art: "Artifact", tasks: list, of_dynamic: dict, sizes: list,
     records tuning chose for their instances (among ``tasks``)."""
     from relaxc.schedules.cache import store_for, workload_hash
     from relaxc.schedules.dynamic_tuning import choose
-    from relaxc.schedules.tuning import chosen_traces
+    from relaxc.schedules.replay import chosen_traces
 
     store = store_for(cache_dir, art.target)
     traces, sources = chosen_traces(store, tasks)
@@ -130,7 +130,7 @@ def _dispatch_in_sequence(art: "Artifact", compile_forced: "Callable[[dict[str, 
     from relaxc.profile import model_calls
     from relaxc.runtime import random_inputs
     from relaxc.schedules.cache import store_for
-    from relaxc.schedules.dispatch import DispatchStore
+    from relaxc.schedules.decisions import DecisionStore
     from relaxc.schedules.dispatch_sequence import Variant, contested, decide_in_sequence
 
     if art.target.kind.name != "llvm" or "dispatch" not in art.report():  # GPUs: one implementation so far
@@ -144,7 +144,7 @@ def _dispatch_in_sequence(art: "Artifact", compile_forced: "Callable[[dict[str, 
                    if isinstance(f, tvm.tirx.PrimFunc)}
         return Variant(calls, kernels, vm)
 
-    store = DispatchStore(store_for(cache_dir, art.target))
+    store = DecisionStore(store_for(cache_dir, art.target), "dispatch")
     return decide_in_sequence(contested(art.report()["dispatch"]["convolutions"]), build, store,
                               art.report()["model"])
 

@@ -206,7 +206,7 @@ class Dispatch:
 
     def __init__(self, choose: Chooser, lanes: int, registers: int, measurable: bool = True) -> None:
         self.choose = choose
-        self.measurable = measurable  # whether a rule's choice is worth a log line (not with dispatch="heuristic")
+        self.measurable = measurable  # whether a rule's choice is worth a log line (not with dispatch="rule")
         self.lanes = lanes
         self.registers = registers
         self.choices: list[dict] = []

@@ -1,34 +1,32 @@
-"""The record store: tuning records of every kernel, on disk, shared by every model of a target.
+"""The cache: what relaxc measured on a target, on disk, shared by every model of the target.
 
-Records are MetaSchedule JSON databases under ``<root>/<target key>/``, with a manifest of the
-versions they were tuned with and the models (by fingerprint, ``support/versions.py``) they cover,
-and the schedule chosen for each kernel (``selected.json``). docs/design.md, "Record store and
-fingerprint", says why it is kept this way.
+The cache is a directory (``cache_root``) holding one store per target, ``<root>/<target key>/``:
+the tuning records (MetaSchedule JSON databases) with a manifest of the versions they were tuned
+with and the models (by fingerprint, ``support/versions.py``) they cover, the schedule chosen for
+each kernel (``selected.json``), and the measured decisions (``schedules/decisions.py``). This
+module finds the stores and reads and writes their records; ``schedules/maintenance.py`` merges,
+prunes, saves and loads them. docs/cache.md describes every file; docs/design.md, "The cache
+and fingerprint", says why it is kept this way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
-import gzip
 import json
 import logging
 import os
 import sys
-import tarfile
-import tempfile
 from typing import Sequence
 
 import tvm
 import tvm_ffi
 from tvm.target import Target
 
-from relaxc.support.errors import UserError
-from relaxc.support.files import Staging, atomic_write
-from relaxc.support.store_files import (BACKENDS_FILE, DATABASE_FILES, DISPATCH_FILE, DYNAMIC_FILE,  # noqa: F401
-                                        LAYOUT_FILE, MEASUREMENT_FILES,
-                                        PACKED, SELECTION_FILE, STORE_FILES, database_path, pack_store)
+from relaxc.schedules.record_files import (database_lines, database_of, indexed_workloads, json_database,
+                                           records_by_workload, selections_in, version)
+from relaxc.support.files import atomic_write
+from relaxc.support.store_files import DATABASE_FILES, MANIFEST_FILE, SELECTION_FILE, STORE_FILES, database_path
 from relaxc.support.targets import describe
 from relaxc.support.versions import code_versions
 
@@ -44,14 +42,12 @@ def mean_seconds(entry: list) -> float:
     return sum(run_secs) / len(run_secs) if run_secs else float("inf")
 
 
-# --- the record store: MetaSchedule JSON databases under <root>/<target key>/ ----------------------
-
 SHIPPED = "tuning_logs"  # the stores relaxc ships: the checkout's, packed into the installed package
 log = logging.getLogger("relaxc")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> str:
-    """Where tuning records are written and read first: ``cache_dir``, else ``$RELAXC_CACHE_DIR``,
+    """The cache, where measurements are written and read first: ``cache_dir``, else ``$RELAXC_CACHE_DIR``,
     else the user's cache directory (``$XDG_CACHE_HOME/relaxc``, ``~/.cache/relaxc``; macOS
     ``~/Library/Caches/relaxc``)."""
     if cache_dir or os.environ.get("RELAXC_CACHE_DIR"):
@@ -85,26 +81,32 @@ def store_for(cache_dir: str | os.PathLike | None, target: Target) -> "RecordSto
     return store
 
 
-def _open_database(path: str):
-    """A database file for reading as text, packed or not."""
-    return gzip.open(path, "rt") if path.endswith(PACKED) else open(path)
-
-
 def target_key(target: Target) -> str:
     """Directory name of a target's records: kind, CPU and core count (what tuned code depends on)."""
     spec = describe(target)
     return f"{spec['kind']}-{spec.get('mcpu') or spec.get('arch') or 'generic'}-{spec.get('num-cores') or 'any'}c"
 
 
+def stores(root: str, records: bool = False) -> list[str]:
+    """Target keys under ``root`` that hold a file of a store (``records``: a record database)."""
+    if not os.path.isdir(root):
+        return []
+    names = DATABASE_FILES if records else STORE_FILES
+    check = all if records else any
+    return sorted(name for name in os.listdir(root)
+                  if check(database_path(os.path.join(root, name), f) for f in names))
+
+
 class RecordStore:
-    """The tuning records of one target: a MetaSchedule JSON database plus ``manifest.json``.
+    """One target's store in the cache: its tuning records, a MetaSchedule JSON database plus
+    ``manifest.json``, and their selections (its decisions: ``schedules/decisions.py``).
 
     The manifest records the versions the records were tuned with; records of other versions are
     never applied. Lines that do not parse (a truncated write, garbage) are skipped with a warning
     naming file and line, and every other record still loads. ``lock()`` serialises writers.
 
     A store may have a ``base`` (the one relaxc ships): its records and choices are read beneath
-    this store's own (``selections``, ``records_of``, ``workload``, ``measurements``); writes and
+    this store's own (``selections``, ``records_of``, ``workload``, and each ``DecisionStore``); writes and
     maintenance (``database``, ``prune``, ``describe``) concern this store's own files only. Its
     database files may be packed (``PACKED``), as the installed package ships them: read only.
     """
@@ -112,7 +114,7 @@ class RecordStore:
     def __init__(self, directory: str, base: "RecordStore | None" = None) -> None:
         self.dir = directory
         self.base = base
-        self.manifest_path = os.path.join(directory, "manifest.json")
+        self.manifest_path = os.path.join(directory, MANIFEST_FILE)
         self.selection_path = os.path.join(directory, SELECTION_FILE)
 
     @classmethod
@@ -163,7 +165,7 @@ class RecordStore:
         path = database_path(self.dir, name)
         if path is None:
             return (), ()
-        return _database_lines(path, *_version(path))
+        return database_lines(path, *version(path))
 
     def bad_lines(self) -> list[tuple[str, int]]:
         """(file, line number) of every line of the database files that does not parse."""
@@ -217,9 +219,9 @@ class RecordStore:
         clean, skipped = self._clean()
         plain = all(os.path.exists(os.path.join(self.dir, name)) for name in DATABASE_FILES)
         try:
-            return json_database(self.dir, allow_missing=False) if plain and not skipped else _database_of(clean)
+            return json_database(self.dir, allow_missing=False) if plain and not skipped else database_of(clean)
         except RuntimeError:
-            return _database_of(self._applicable(clean))
+            return database_of(self._applicable(clean))
 
     def _applicable(self, files: dict[str, Sequence[str]]) -> dict[str, Sequence[str]]:
         """``files`` without the records MetaSchedule cannot apply to their workload (each warned about)."""
@@ -256,7 +258,7 @@ class RecordStore:
         wanted = set(hashes)
         keys, _ = self._workload_index()
         lines = self._checked(DATABASE_FILES[1])[0]
-        by_number, malformed = _records_by_workload(lines)
+        by_number, malformed = records_by_workload(lines)
         for _ in range(malformed):
             log.warning("%s: a line that is not a record; skipped", os.path.join(self.dir, DATABASE_FILES[1]))
         at: dict[str, list[int]] = {}
@@ -278,7 +280,7 @@ class RecordStore:
         from tvm.s_tir import meta_schedule as ms
 
         path = database_path(self.dir, DATABASE_FILES[0])
-        unpacked = _indexed_workloads(path, *_version(path))[2]
+        unpacked = indexed_workloads(path, *version(path))[2]
         if unpacked is not None:  # a packed file, held unpacked
             end = unpacked.find(b"\n", offset)
             line = unpacked[offset:end if end >= 0 else None]
@@ -294,11 +296,11 @@ class RecordStore:
 
     def _workload_index(self) -> tuple[list[str], dict[str, int]]:
         """The workload file's hash on each line (by line number, blank lines not counted: what
-        records refer to) and each hash's byte offset (``_indexed_workloads``)."""
+        records refer to) and each hash's byte offset (``indexed_workloads``)."""
         path = database_path(self.dir, DATABASE_FILES[0])
         if path is None:
             return [], {}
-        keys, offsets, _ = _indexed_workloads(path, *_version(path))
+        keys, offsets, _ = indexed_workloads(path, *version(path))
         return keys, offsets
 
     def best_records(self, hashes) -> dict[str, list]:
@@ -321,7 +323,7 @@ class RecordStore:
 
     def _selection_file(self) -> dict[str, dict]:
         try:
-            return dict(_selections_in(self.selection_path, *_version(self.selection_path)))
+            return dict(selections_in(self.selection_path, *version(self.selection_path)))
         except FileNotFoundError:
             return {}
 
@@ -334,8 +336,8 @@ class RecordStore:
         atomic_write(self.selection_path, json.dumps({"kernels": chosen}, indent=1, sort_keys=True))
 
     def describe(self) -> dict:
-        """What the store holds: record and workload counts, versions, models, unparsable lines,
-        dispatch and layout measurements."""
+        """What the store's records hold: record and workload counts, versions, models, unparsable
+        lines, selections."""
         manifest = self.manifest()
         workloads, records = (self._read(name)[0] for name in DATABASE_FILES)
         return {
@@ -349,23 +351,7 @@ class RecordStore:
             "bad_lines": [f"{os.path.basename(path)}:{number}" for path, number in self.bad_lines()],
             "selected": len(self._own_selections()),
             "bad_selection": self._selection_problem(),
-            **self._measurements(),
         }
-
-    def measurements(self, name: str) -> dict[str, dict]:
-        """The workloads measured in the ``MEASUREMENT_FILES`` file ``name``, this store's own over its base's."""
-        return {**(self.base.measurements(name) if self.base is not None else {}),
-                **read_measurements(os.path.join(self.dir, name))}
-
-    def _measurements(self) -> dict:
-        """Workloads measured per ``MEASUREMENT_FILES`` file, and the files that do not parse."""
-        measured, bad = {}, []
-        for name in MEASUREMENT_FILES:
-            try:
-                measured[name] = len(read_measurements(os.path.join(self.dir, name)))
-            except UserError as err:
-                bad.append(str(err))
-        return {"measured": measured, "bad_measurements": bad}
 
     def _selection_problem(self) -> str | None:
         try:
@@ -373,199 +359,6 @@ class RecordStore:
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             return f"{SELECTION_FILE}: {err}"
         return None
-
-
-def json_database(directory: str, allow_missing: bool = True):
-    """MetaSchedule's JSON database in ``directory``, kernels matched by structure (it reads the
-    files when constructed; ``allow_missing`` creates them)."""
-    from tvm.s_tir import meta_schedule as ms
-
-    return ms.database.JSONDatabase(work_dir=directory, module_equality="structural", allow_missing=allow_missing)
-
-
-def _database_of(files: dict[str, Sequence[str]]):
-    """A read-only JSONDatabase of these database-file lines."""
-    with tempfile.TemporaryDirectory(prefix="relaxc-records-") as copy:
-        for name, lines in files.items():
-            with open(os.path.join(copy, name), "w") as f:
-                f.writelines(lines)
-        return json_database(copy, allow_missing=False)
-
-
-def _version(path: str) -> tuple[int, int]:
-    """What changes when a file is written: its size and modification time."""
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
-
-
-# A database file is read once per process while it is unchanged (keyed by path, size and mtime):
-# every compile replaying records reads the host's store, and the AVX2 store's record file took
-# 0.53 s to check line by line for each small model of the test suite.
-@functools.lru_cache(maxsize=8)
-def _database_lines(path: str, _size: int, _mtime_ns: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """The parsable lines of a database file (newline-terminated) and the numbers of the others."""
-    kept, bad = [], []
-    with _open_database(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if _parses(line):
-                kept.append(line if line.endswith("\n") else line + "\n")
-            else:
-                bad.append(number)
-    return tuple(kept), tuple(bad)
-
-
-@functools.lru_cache(maxsize=8)
-def _records_by_workload(lines: tuple[str, ...]) -> tuple[dict[int, list[int]], int]:
-    """The positions in ``lines`` (a record file's, as ``_database_lines`` holds them) of each
-    workload number's records, and how many lines are no record: each compile asks for a few
-    kernels' records, and going through the AVX2 store's 10,000 lines took 19 ms of it."""
-    by_number: dict[int, list[int]] = {}
-    malformed = 0
-    for position, line in enumerate(lines):
-        try:
-            number = int(line[1:line.index(",")])  # [<workload number>,[trace, run_secs, ...]]
-        except ValueError:
-            malformed += 1
-            continue
-        by_number.setdefault(number, []).append(position)
-    return by_number, malformed
-
-
-# Read once per process while unchanged, as the database files: the shipped AVX2 store's 2.3 MB
-# took 87 ms of each compile of a one-operator model to parse.
-@functools.lru_cache(maxsize=8)
-def _selections_in(path: str, _size: int, _mtime_ns: int) -> dict[str, dict]:
-    """A selection file's chosen schedule of each kernel (callers copy it before changing it)."""
-    with open(path) as f:
-        kernels = json.load(f)["kernels"]
-    if not isinstance(kernels, dict):
-        raise TypeError("'kernels' is not an object")
-    return kernels
-
-
-@functools.lru_cache(maxsize=8)
-def _indexed_workloads(path: str, _size: int, _mtime_ns: int) -> tuple[list[str], dict[str, int], bytes | None]:
-    """A workload file's hash on each line, each hash's byte offset, and the file's bytes if it is
-    packed (a replay looks up a workload per kernel whose blocks are named otherwise)."""
-    keys: list[str] = []
-    offsets: dict[str, int] = {}
-    unpacked = gzip.decompress(open(path, "rb").read()) if path.endswith(PACKED) else None
-    with open(path, "rb") if unpacked is None else contextlib.nullcontext(unpacked.splitlines(True)) as f:
-        offset = 0
-        for line in f:
-            if line.strip():  # ["<hash>","<base64 module>"]: only the hash is read
-                keys.append(line[2:line.find(b'"', 2)].decode())
-                offsets.setdefault(keys[-1], offset)
-            offset += len(line)
-    return keys, offsets, unpacked
-
-
-def _parses(line: str) -> bool:
-    try:
-        json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return True
-
-
-# --- maintenance: list, verify, merge, prune, save, load -----------------------------------------
-
-def read_measurements(path: str) -> dict[str, dict]:
-    """The measured workloads of a ``MEASUREMENT_FILES`` file (none if it does not exist)."""
-    try:
-        with open(path) as f:
-            return json.load(f)["workloads"]
-    except FileNotFoundError:
-        return {}
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise UserError(f"{path} is not a valid measurement file ({err}); delete it to measure again") from None
-
-
-def write_measurements(path: str, workloads: dict[str, dict]) -> None:
-    atomic_write(path, json.dumps({"workloads": workloads}, indent=1, sort_keys=True))
-
-
-def stores(root: str) -> list[str]:
-    """Target keys under ``root`` that hold a record database."""
-    if not os.path.isdir(root):
-        return []
-    return sorted(name for name in os.listdir(root)
-                  if all(database_path(os.path.join(root, name), f) for f in DATABASE_FILES))
-
-
-def pack(source_root: str, root: str) -> list[str]:
-    """Write the stores of ``source_root`` under ``root`` as relaxc ships them (``pack_store``);
-    returns the target keys written."""
-    keys = stores(source_root)
-    for key in keys:
-        pack_store(os.path.join(source_root, key), os.path.join(root, key), write=atomic_write)
-    return keys
-
-
-def describe_store(root: str, key: str) -> dict:
-    """What the store ``root/key`` holds (see ``RecordStore.describe``)."""
-    return RecordStore(os.path.join(root, key)).describe()
-
-
-def merge(source_root: str, root: str) -> dict[str, int]:
-    """Add every record of ``source_root`` to the stores of ``root`` with the same target key;
-    returns records added per key. Workloads are matched by structure, so line numbers differ freely."""
-    from tvm.s_tir import meta_schedule as ms
-
-    added = {}
-    for key in stores(source_root):
-        source_store, store = RecordStore(os.path.join(source_root, key)), RecordStore(os.path.join(root, key))
-        if source_store.bad_lines():
-            raise UserError(f"{source_store.dir} has unparsable lines; run 'relaxc cache verify'")
-        source = source_store.database(writable=False)
-        with store.lock():
-            destination = store.database(writable=True)
-            records = source.get_all_tuning_records()
-            for record in records:
-                workload = destination.commit_workload(record.workload.mod)
-                destination.commit_tuning_record(ms.database.TuningRecord(
-                    record.trace, workload, record.run_secs, record.target, record.args_info))
-            _merge_manifest(source_store.manifest_path, store.manifest_path)
-            if source_store.selections():
-                store.save_selections(source_store.selections(), replace=False)  # a local choice stays
-            for name in MEASUREMENT_FILES:  # dispatch and layout times: a local measurement stays
-                theirs = read_measurements(os.path.join(source_store.dir, name))
-                if theirs:
-                    path = os.path.join(store.dir, name)
-                    write_measurements(path, {**theirs, **read_measurements(path)})
-        added[key] = len(records)
-    return added
-
-
-def prune(root: str) -> dict[str, tuple[int, int]]:
-    """Keep only the best record of each workload (the selections, which hold their records, stay);
-    returns (records before, after) per key."""
-    result = {}
-    for key in stores(root):
-        store = RecordStore(os.path.join(root, key))
-        with store.lock():
-            before = store.describe()["records"]
-            staging = tempfile.mkdtemp(prefix=".prune-", dir=store.dir)
-            store.database(writable=False).dump_pruned(json_database(staging))
-            for name in DATABASE_FILES:
-                os.replace(os.path.join(staging, name), os.path.join(store.dir, name))
-            os.rmdir(staging)
-            result[key] = (before, store.describe()["records"])
-    return result
-
-
-def _merge_manifest(source_path: str, path: str) -> None:
-    if not os.path.exists(source_path):
-        return
-    source = json.load(open(source_path))
-    manifest = json.load(open(path)) if os.path.exists(path) else {}
-    manifest.setdefault("versions", source.get("versions"))
-    manifest.setdefault("target", source.get("target"))
-    for fingerprint, entry in source.get("fingerprints", {}).items():
-        manifest.setdefault("fingerprints", {}).setdefault(fingerprint, entry)
-    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True))
 
 
 @contextlib.contextmanager
@@ -581,35 +374,3 @@ def _lock(directory: str):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def save(path: str, root: str) -> str:
-    """Archive every store under ``root`` (databases, manifests, selections, dispatch and layout
-    times) to ``path`` (.tar.gz), atomically."""
-    keys = stores(root)
-    if not keys:
-        raise UserError(f"no tuning records under {root}")
-    path = os.path.abspath(path)
-    if not os.path.isdir(os.path.dirname(path)):
-        raise UserError(f"cannot write {path}: directory {os.path.dirname(path)} does not exist")
-    with Staging() as staging:
-        with tarfile.open(staging.path(path), "w:gz") as archive:
-            for key in keys:
-                for name in STORE_FILES:
-                    member = database_path(os.path.join(root, key), name) or os.path.join(root, key, name)
-                    if os.path.exists(member):
-                        archive.add(member, arcname=f"{key}/{os.path.basename(member)}")
-    return path
-
-
-def load(path: str, root: str) -> dict[str, int]:
-    """Merge the records of an archive written by ``save`` into the stores under ``root``."""
-    if not os.path.isfile(path):
-        raise UserError(f"no cache archive at {path}")
-    with tempfile.TemporaryDirectory(prefix="relaxc-cache-") as unpacked:
-        try:
-            with tarfile.open(path, "r:gz") as archive:
-                archive.extractall(unpacked, filter="data")
-        except (tarfile.TarError, OSError) as err:
-            raise UserError(f"{path} is not a relaxc cache archive: {err}") from None
-        return merge(unpacked, root)

@@ -1,8 +1,8 @@
 """Dispatch decisions: each convolution workload's candidates measured once, kept, replayed after.
 
 ``passes/dispatch.py`` asks a ``Chooser`` which implementation a convolution gets. The chooser
-answers from the record store's ``dispatch.json`` (one per target key, beside the tuning records:
-``schedules/cache.py``), keyed by workload, so a workload is measured once ever per target and every
+answers from the ``dispatch`` decisions of the target's store in the cache (``dispatch.json``:
+``schedules/decisions.py``), keyed by workload, so a workload is measured once ever per target and every
 later compile replays the decision (docs/design.md, "The ideas relaxc is built on"). Modes
 (``compile(dispatch=...)``):
 
@@ -11,7 +11,7 @@ later compile replays the decision (docs/design.md, "The ideas relaxc is built o
   report and one log line say which and how to measure them; with ``tuning="strict"`` (CI) a
   missing decision is an error, as a missing tuning record is;
 - ``off``: the direct convolution everywhere (for comparisons);
-- ``heuristic``: the rule only, the store is not read: Winograd wherever a whole vector of input
+- ``rule``: the rule only, the store is not read: Winograd wherever a whole vector of input
   channels feeds it (measured 1.4-3.7x faster than the direct convolution on every ResNet/VGG 3x3
   shape of 14x14 and more), F(4x4, 3x3) where the output is at least 8 a side, F(2x2, 3x3) on
   smaller ones; the direct convolution otherwise, and everywhere under ``strategy="memory"``
@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -46,14 +45,12 @@ from tvm import relax
 
 from relaxc.passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, candidates, emit_winograd, scratch_bytes,
                              tile_size)
-from relaxc.schedules.cache import DISPATCH_FILE, RecordStore, read_measurements, write_measurements
+from relaxc.schedules.decisions import DecisionStore
 from relaxc.support import remote
 from relaxc.support.errors import UserError
 
 log = logging.getLogger("relaxc")
-MODES = ("replay", "measure", "heuristic", "off")
 STRATEGIES = ("latency", "memory")
-LAYOUT_MODES = ("rule", "replay", "measure")  # compile(layouts=...): passes/layout_choice.py
 ERROR_LIMIT = 1e-4  # max |candidate - direct| / max |direct|: the project's float32 tolerance
 ROUNDS = 3  # the candidates take turns this many times
 RUNS_PER_ROUND = 5
@@ -71,7 +68,7 @@ def forcing(choices: dict[str, str]) -> Iterator[None]:
         _FORCED.reset(token)
 
 
-def heuristic(workload: ConvWorkload, options: list[str], strategy: str = "latency") -> str:
+def rule(workload: ConvWorkload, options: list[str], strategy: str = "latency") -> str:
     """The fixed rule: Winograd when at least a vector of input channels feeds it, F(4x4) where
     the output holds two whole 4x4 tiles a side, F(2x2) below. On 7x7 outputs F(4x4) reads
     weights transformed to 4x their size for 4 tiles: the stores of five CPUs measured it at up
@@ -85,29 +82,6 @@ def heuristic(workload: ConvWorkload, options: list[str], strategy: str = "laten
     smaller = min(height + top + bottom, width + left + right) - 2  # the output's shorter side (stride 1)
     tile = 4 if smaller >= 8 and WINOGRAD[4] in options else 2  # a quantized convolution has F(2x2) only
     return WINOGRAD[tile] if WINOGRAD[tile] in options and outer * block >= 16 else DIRECT
-
-
-@dataclass
-class DispatchStore:
-    """The measured candidates of every workload of one target: ``<store>/dispatch.json``."""
-
-    store: RecordStore
-    file: str = DISPATCH_FILE  # or LAYOUT_FILE: the layout choice's measured times
-
-    @property
-    def path(self) -> str:
-        return os.path.join(self.store.dir, self.file)
-
-    def load(self) -> dict[str, dict]:
-        """Every measured workload: the store's own over those of the store relaxc ships."""
-        return self.store.measurements(self.file)
-
-    def save(self, key: str, entry: dict) -> None:
-        """Add one workload's measurement to the store's own file (the others kept): written to a
-        temporary file and renamed."""
-        os.makedirs(self.store.dir, exist_ok=True)
-        with self.store.lock():
-            write_measurements(self.path, {**read_measurements(self.path), key: entry})
 
 
 def decide(entry: dict, strategy: str) -> str:
@@ -130,11 +104,10 @@ class Chooser:
 
     mode: str
     strategy: str
-    store: DispatchStore | None  # None: the store is not read (heuristic, off)
+    store: DecisionStore | None  # the "dispatch" decisions (strict or not); None: not read (rule, off)
     build: Builder  # the pipeline from legalisation on, for one candidate's module
     lanes: int
     registers: int
-    strict: bool = False  # a missing decision is an error (tuning="strict")
 
     def __post_init__(self) -> None:
         self.known = self.store.load() if self.store is not None else {}
@@ -158,11 +131,9 @@ class Chooser:
             entry = self.known[key] = self._measure(workload, options, call)
             source, current = "measured", True
         if not current:
-            if self.strict:
-                raise UserError(f"tuning='strict': no dispatch decision for {key} in "
-                                f"{self.store.path if self.store else 'the store'}; compile once with "
-                                "dispatch='measure' (or run `relaxc tune`) on this CPU")
-            return heuristic(workload, options, self.strategy), {"source": "rule"}
+            if self.store is not None:
+                self.store.missing(key, "compile once with dispatch='measure' (or run `relaxc tune`) on this CPU")
+            return rule(workload, options, self.strategy), {"source": "rule"}
         how = {"source": source, "candidates": entry["candidates"]}
         if "in_sequence" in entry:  # decided in a model's sequence: the times that decided it
             how["in_sequence"] = entry["in_sequence"]
@@ -218,7 +189,7 @@ class MeasuredLayoutCosts:
     layout and each converter timed once per target (``measure``), replayed after."""
 
     measure: bool  # time what is not stored (else: unknown)
-    store: DispatchStore | None
+    store: DecisionStore | None  # the "layouts" decisions (strict or not)
     build: Builder
 
     def __post_init__(self) -> None:
@@ -229,6 +200,8 @@ class MeasuredLayoutCosts:
         if key in self.known:
             return self.known[key]["ms"]
         if not self.measure:
+            if self.store is not None:
+                self.store.missing(key, "compile once with layouts='measure' on this CPU")
             return None
         start = time.perf_counter()
         module = module()

@@ -39,7 +39,8 @@ import tvm_ffi
 from tvm import tirx
 from tqdm import tqdm
 
-from relaxc.schedules.dispatch import ERROR_LIMIT, DispatchStore
+from relaxc.schedules.decisions import DecisionStore
+from relaxc.schedules.dispatch import ERROR_LIMIT
 from relaxc.schedules.selection import TOLERANCE
 from relaxc.schedules.sequence import is_builtin, time_in_order
 from relaxc.support import tvm_log
@@ -102,7 +103,7 @@ def time_variants(variants: dict[str, Variant], runs: int = RUNS, seed: int = 0)
 
 
 def decide_in_sequence(workloads: dict[str, tuple[str, list[str]]], build: Callable[[str, str], Variant],
-                       store: DispatchStore, model: str, runs: int = RUNS) -> dict:
+                       store: DecisionStore, model: str, runs: int = RUNS) -> dict:
     """Decide each workload of ``workloads`` (``contested``) by timing its candidates in the model
     (``build(workload, candidate)`` compiles the model with that candidate fixed); saves each
     decision in ``store`` before building the next workload's variants, and returns a summary."""

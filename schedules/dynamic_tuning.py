@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 
 import numpy as np
@@ -27,7 +26,8 @@ from tqdm import tqdm
 
 from relaxc.passes.tir import tir_pipeline
 from relaxc.passes.ir import IS_SCHEDULED, at_sizes
-from relaxc.schedules.cache import DYNAMIC_FILE, RecordStore, read_measurements, workload_hash, write_measurements
+from relaxc.schedules.cache import RecordStore, workload_hash
+from relaxc.schedules.decisions import DecisionStore
 from relaxc.schedules.default import default_schedule
 from relaxc.schedules.dynamic import DoesNotReplay, on_dynamic, representative_sizes
 from relaxc.schedules.selection import TOLERANCE, Candidate, apply_trace, measure, recorded
@@ -161,11 +161,11 @@ def choose(of_dynamic: Instances, traces: dict[str, list], decided: set[str], st
     """For each dynamic kernel of ``of_dynamic`` (``instances``) with an instance whose schedule is
     ``decided`` (workload hashes: tuned and selected, or a record): its default
     and the record of each of its instances in ``traces`` (by workload hash,
-    ``tuning.chosen_traces``; none where an instance's default won) relaxed, checked at
+    ``replay.chosen_traces``; none where an instance's default won) relaxed, checked at
     ``check_sizes`` against the default, timed at each of ``sizes``; the choice saved in the
     store's ``dynamic.json``. Returns a summary."""
     todo = [(key, task, found) for key, (task, found) in of_dynamic.items() if any(k in decided for _, k in found)]
-    path = os.path.join(store.dir, DYNAMIC_FILE)
+    decisions = DecisionStore(store, "dynamic")
     checks = check_sizes(bounds, sizes)
     representative = representative_sizes(bounds, dynamic_multiple(target))
     chosen, rejected = {}, {}
@@ -176,8 +176,7 @@ def choose(of_dynamic: Instances, traces: dict[str, list], decided: set[str], st
         chosen[task.task_name] = entry["choice"]
         if entry["rejected"]:
             rejected[task.task_name] = entry["rejected"]
-        with store.lock():  # one kernel at a time: an interrupted run keeps the rest
-            write_measurements(path, {**read_measurements(path), key: entry})
+        decisions.save(key, entry)  # one kernel at a time: an interrupted run keeps the rest
     return {"kernels": len(todo), "records_chosen": sorted(k for k, c in chosen.items() if c != "default"),
             "default_chosen": sorted(k for k, c in chosen.items() if c == "default"),
             "records_not_used": rejected, "tuned_at": sizes, "checked_at": checks}
@@ -241,7 +240,7 @@ def apply_dynamic(mod: tvm.IRModule, store: RecordStore) -> tuple[tvm.IRModule, 
     scheduled by it (relaxed); how each kernel with an entry was decided (``RECORD`` or
     ``DEFAULT``), and why each record that no longer applies failed (its kernel keeps its default
     schedule)."""
-    entries = store.measurements(DYNAMIC_FILE)
+    entries = DecisionStore(store, "dynamic").load()
     if not entries:
         return mod, {}, {}
     result, sources, failed = mod.clone(), {}, {}

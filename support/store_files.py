@@ -1,4 +1,5 @@
-"""The files of a record store and the packed form relaxc ships them in.
+"""The files of a target's store in the cache (``schedules/cache.py``) and the packed form relaxc
+ships them in.
 
 Standard library only: the wheel's build (``tools/build_hook.py``) packs the committed stores with
 it, where neither TVM nor relaxc is importable.
@@ -15,8 +16,10 @@ DISPATCH_FILE = "dispatch.json"  # each convolution workload's implementations, 
 LAYOUT_FILE = "layouts.json"  # convolution and converter times of the layout choice (passes/layout_choice.py)
 BACKENDS_FILE = "backends.json"  # each model's partition between relaxc and external backends, measured
 DYNAMIC_FILE = "dynamic.json"  # the record each kernel of dynamic extents replays, checked and measured
-MEASUREMENT_FILES = (DISPATCH_FILE, LAYOUT_FILE, BACKENDS_FILE, DYNAMIC_FILE)
-STORE_FILES = DATABASE_FILES + ("manifest.json", SELECTION_FILE) + MEASUREMENT_FILES
+MACHINE_FILE = "machine.json"  # the CPU's FMA peak and bandwidth by thread count (compiler/roofline.py)
+DECISION_FILES = (DISPATCH_FILE, LAYOUT_FILE, BACKENDS_FILE, DYNAMIC_FILE, MACHINE_FILE)  # schedules/decisions.py
+MANIFEST_FILE = "manifest.json"  # the versions the records were tuned with, the models they cover
+STORE_FILES = DATABASE_FILES + (MANIFEST_FILE, SELECTION_FILE) + DECISION_FILES  # every file of a store
 PACKED = ".gz"  # the database files as shipped: the AVX2 store's 124 MB of workloads take 5.7 MB
 
 

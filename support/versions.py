@@ -1,5 +1,5 @@
 """Versions of what changes generated code, and the fingerprint of a compile (docs/design.md,
-"Record store and fingerprint").
+"The cache and fingerprint").
 
 Fingerprint: same inputs, same fingerprint; any change to relaxc's major.minor version, TVM, tvm-ffi,
 LLVM, the toolchain that generates GPU code, the target, the options, the module's structure or

@@ -3,7 +3,7 @@
     python -m tests.conformance --all            # the full suite (~1,900 cases)
     python -m tests.conformance --ops Conv Relu  # the cases built only from these operator types
     python -m tests.conformance --subset         # the fixed CI subset (tests/test_conformance.py)
-    python -m tests.conformance --all --backends relaxc   # relaxc's own kernels only
+    python -m tests.conformance --all --backends off   # relaxc's own kernels only
 
 By default a case compiles as a user's model does (``backends="replay"``): what relaxc cannot
 compile runs on an installed external backend (onnxruntime); the summary counts the passes of
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case (default 120)")
     parser.add_argument("--json", help="write every case's result to this file")
-    parser.add_argument("--backends", default="replay", choices=("relaxc", "fallback", "replay"),
+    parser.add_argument("--backends", default="replay", choices=("off", "rule", "replay"),
                         help="compile each case with this backends mode (default replay, as users do)")
     args = parser.parse_args(argv)
     ops = None if args.all else set(SUBSET_OPS if args.subset else args.ops)

@@ -13,7 +13,7 @@ import tvm
 import relaxc
 from relaxc.passes.tir import tir_pipeline
 from relaxc.passes.dispatch import DIRECT, WINOGRAD
-from relaxc.schedules.cache import DISPATCH_FILE
+from relaxc.support.store_files import DISPATCH_FILE
 from relaxc.schedules import cache
 from relaxc.support import targets
 
@@ -48,7 +48,7 @@ def run_cli(*args, cwd=ROOT, timeout=600) -> subprocess.CompletedProcess:
 
 def store_choosing(tmp_path, model: onnx.ModelProto, choice: str) -> str:
     """A record store whose dispatch.json makes ``choice`` the fastest candidate of every workload."""
-    art = relaxc.compile(model, tuning="off", dispatch="heuristic")
+    art = relaxc.compile(model, tuning="off", dispatch="rule")
     workloads = {c["workload"] for c in art.report()["dispatch"]["convolutions"]}
     entry = {"candidates": {name: {"ms": 1.0 if name == choice else 2.0, "error": 0.0,
                                    "scratch_bytes": 0 if name == DIRECT else 1 << 20}

@@ -98,7 +98,7 @@ def test_a_dropped_artifact_frees_its_sessions():
 
 def test_relaxc_only_refuses_what_it_cannot_compile():
     with pytest.raises(relaxc.UnsupportedOperatorError, match="Det"):
-        relaxc.compile(_det_between_convs(), tuning="off", backends="relaxc")
+        relaxc.compile(_det_between_convs(), tuning="off", backends="off")
 
 
 def test_a_data_dependent_output_runs_after_the_program():
@@ -270,7 +270,7 @@ def test_measured_choice_is_stored_and_replayed(tmp_path, monkeypatch):
     monkeypatch.setattr(backend_choice, "measure", lambda *a, **k: pytest.fail("measured again"))
     replayed = relaxc.compile(model, tuning="off", cache_dir=str(tmp_path))
     assert replayed.report()["backends"]["decision"] == "onnxruntime"
-    assert relaxc.compile(model, tuning="off", cache_dir=str(tmp_path), backends="fallback") \
+    assert relaxc.compile(model, tuning="off", cache_dir=str(tmp_path), backends="rule") \
         .report()["backends"]["subgraphs"] == []
 
 
@@ -283,7 +283,7 @@ print(art.report()["backends"]["decision"], sorted({"onnxruntime", "openvino"} &
 
 @pytest.mark.usefixtures("two_segments")
 def test_a_replayed_decision_for_relaxc_imports_no_library(tmp_path, monkeypatch):
-    """Replaying a stored decision for relaxc's kernels compiles as ``backends="relaxc"`` does:
+    """Replaying a stored decision for relaxc's kernels compiles as ``backends="off"`` does:
     the libraries' versions come from their metadata, not from importing them (0.23 s)."""
     monkeypatch.setattr(backend_choice, "_compare", _fastest("relaxc"))
     model = reference.small_cnn()
@@ -404,7 +404,7 @@ def test_inspect_plan_prints_the_subgraphs(tmp_path):
     proc = run_cli("inspect", str(path), "--plan", "--tuning", "off", "-q")
     assert proc.returncode == 0, proc.stderr
     assert "1 external subgraph(s)" in proc.stdout and "onnxruntime call" in proc.stdout and "1 Det" in proc.stdout
-    proc = run_cli("inspect", str(path), "--backends", "relaxc", "--tuning", "off", "-q")
+    proc = run_cli("inspect", str(path), "--backends", "off", "--tuning", "off", "-q")
     assert proc.returncode == 2 and "Det" in proc.stderr
 
 

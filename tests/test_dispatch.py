@@ -1,4 +1,4 @@
-"""Operator dispatch: Winograd F(2x2)/F(4x4) against onnxruntime, measure/replay/strict/heuristic/off
+"""Operator dispatch: Winograd F(2x2)/F(4x4) against onnxruntime, measure/replay/strict/rule/off
 modes and the record store's dispatch.json, the strategies and the error limit, `relaxc inspect --dispatch`."""
 
 import json
@@ -14,6 +14,7 @@ from relaxc.passes.dispatch import DIRECT, WINOGRAD
 from relaxc.schedules import cache
 from relaxc.schedules.dispatch import ERROR_LIMIT, Chooser, decide, forcing
 from relaxc.support import targets
+from relaxc.support.store_files import DISPATCH_FILE
 from tests import reference
 from tests.helpers import run_cli, store_choosing
 
@@ -56,7 +57,7 @@ def test_measure_stores_then_replay_measures_nothing(tmp_path, monkeypatch):
     assert all(c["ms"] > 0 and c["error"] <= ERROR_LIMIT for c in conv["candidates"].values())
     assert conv["candidates"][DIRECT]["error"] == 0 and conv["candidates"][WINOGRAD[4]]["scratch_bytes"] > 0
     assert conv["choice"] == decide({"candidates": conv["candidates"]}, "latency")
-    stored = json.loads((tmp_path / cache.target_key(targets.resolve("cpu")) / cache.DISPATCH_FILE).read_text())["workloads"]
+    stored = json.loads((tmp_path / cache.target_key(targets.resolve("cpu")) / DISPATCH_FILE).read_text())["workloads"]
     assert list(stored) == [conv["workload"]]
     monkeypatch.setattr(Chooser, "_measure", lambda *a: pytest.fail("measured again"))  # nothing built, nothing timed
     again = relaxc.compile(model, tuning="off", dispatch="replay", cache_dir=str(tmp_path))
@@ -68,13 +69,13 @@ def test_replay_without_a_decision_uses_the_rule_and_strict_refuses(tmp_path):
     report = relaxc.compile(model, tuning="off", cache_dir=str(tmp_path)).report()["dispatch"]
     assert report["sources"] == {"rule": 1} and report["choices"] == {WINOGRAD[4]: 1}
     with pytest.raises(relaxc.UserError, match="no dispatch decision for conv2d_nchwc.*dispatch='measure'"):
-        relaxc.compile(model, tuning="strict", cache_dir=str(tmp_path))
+        relaxc.compile(model, tuning="strict", backends="rule", cache_dir=str(tmp_path))
 
 
 def test_rule_keeps_direct_for_few_channels_f2_for_small_outputs_and_off_everywhere():
-    narrow = relaxc.compile(reference.conv3x3(3, 16, 8, 8, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
+    narrow = relaxc.compile(reference.conv3x3(3, 16, 8, 8, 1), tuning="off", dispatch="rule").report()["dispatch"]
     assert narrow["choices"] == {DIRECT: 1}
-    small = relaxc.compile(reference.conv3x3(16, 16, 7, 7, 1), tuning="off", dispatch="heuristic").report()["dispatch"]
+    small = relaxc.compile(reference.conv3x3(16, 16, 7, 7, 1), tuning="off", dispatch="rule").report()["dispatch"]
     assert small["choices"] == {WINOGRAD[2]: 1}  # a 7x7 output: F(4x4) would cover 8x8 with 4x the weights
     lean = relaxc.compile(reference.conv3x3(16, 16, 8, 8, 1), tuning="off", strategy="memory").report()["dispatch"]
     assert lean["choices"] == {DIRECT: 1} and lean["sources"] == {"rule": 1}  # no transformed weights
@@ -124,7 +125,7 @@ def test_memory_strategy_compiles_direct_and_plans_less(tmp_path):
 
 def test_the_summary_shows_the_times_in_sequence_that_decided(tmp_path):
     store = store_choosing(tmp_path, reference.conv3x3(16, 16, 8, 8, 1), WINOGRAD[4])
-    path = next(tmp_path.glob(f"*/{cache.DISPATCH_FILE}"))
+    path = next(tmp_path.glob(f"*/{DISPATCH_FILE}"))
     stored = json.loads(path.read_text())
     for entry in stored["workloads"].values():
         entry["in_sequence"] = {"model": "conv", "choice": DIRECT, "ms": {DIRECT: 1.5, WINOGRAD[4]: 1.75}}
@@ -137,7 +138,7 @@ def test_the_summary_shows_the_times_in_sequence_that_decided(tmp_path):
 def test_inspect_prints_the_choices(tmp_path):
     path = tmp_path / "conv.onnx"
     onnx.save(reference.conv3x3(16, 16, 8, 8, 1), str(path))
-    out = run_cli("inspect", str(path), "--tuning", "off", "--dispatch-mode", "heuristic", "--dispatch")
+    out = run_cli("inspect", str(path), "--tuning", "off", "--dispatch-mode", "rule", "--dispatch")
     assert out.returncode == 0, out.stderr
     block = targets.vector_lanes(targets.resolve("cpu"))  # 16 with AVX-512, 8 with AVX2
     assert "dispatch: 1 winograd4 (1 rule)" in out.stdout and f"conv2d_nchwc-1x{16 // block}x8x8x{block}" in out.stdout

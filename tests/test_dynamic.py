@@ -24,7 +24,7 @@ def _dynamic_cnn() -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def bert() -> relaxc.Artifact:
-    return relaxc.compile(BERT, tuning="off", backends="relaxc", dim_bounds=BOUNDS)
+    return relaxc.compile(BERT, tuning="off", backends="off", dim_bounds=BOUNDS)
 
 
 def _bert_inputs(art: relaxc.Artifact, batch: int, sequence: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -94,7 +94,7 @@ def test_export_and_load_keep_the_dynamic_dims(bert, tmp_path):
 def test_more_families_with_dynamic_dims_match_onnxruntime(name, bounds, sizes):
     """T5's relative position buckets, Qwen2's grouped-query attention, Whisper's 1-D convolutions
     and DistilBERT from the TorchScript exporter, each compiled once with its dims dynamic."""
-    art = relaxc.compile(f"zoo:{name}", tuning="off", backends="relaxc", dim_bounds=bounds)
+    art = relaxc.compile(f"zoo:{name}", tuning="off", backends="off", dim_bounds=bounds)
     assert all(set(bounds) & set(shape) for _, shape, _ in art.inputs)
     session = reference.ort_session(frontend.load_model(f"zoo:{name}")[0])
     for seed, size in enumerate(sizes):
@@ -120,10 +120,10 @@ def test_winograd_takes_a_dynamic_batch(candidate):
 
     model = _dynamic_cnn()
     keys = [c["workload"] for c in relaxc.compile(model, tuning="off", dim_bounds={"batch": 8},
-                                                    dispatch="heuristic").report()["dispatch"]["convolutions"]]
+                                                    dispatch="rule").report()["dispatch"]["convolutions"]]
     assert keys and all("-1x" in key for key in keys)  # the workload at batch 1
     with forcing({key: candidate for key in keys}):
-        art = relaxc.compile(model, tuning="off", dim_bounds={"batch": 8}, dispatch="heuristic")
+        art = relaxc.compile(model, tuning="off", dim_bounds={"batch": 8}, dispatch="rule")
     assert art.report()["dispatch"]["choices"] == {candidate: len(keys)}
     assert art.report()["schedules"].get("winograd")
     for batch in (1, 3, 8):

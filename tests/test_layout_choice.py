@@ -16,7 +16,7 @@ from relaxc import frontend, pipeline
 from relaxc.passes import layout_choice
 from relaxc.passes.layout_algebra import STANDARD, blocked
 from relaxc.schedules import cache
-from relaxc.schedules.cache import LAYOUT_FILE
+from relaxc.support.store_files import LAYOUT_FILE
 from relaxc.support import targets
 from tests import reference
 

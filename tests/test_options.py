@@ -10,7 +10,8 @@ from relaxc.benchmarks.bench import build_parser as bench_parser
 from relaxc.cli import build_parser, option_values
 from relaxc.options import Options, TuneOptions
 from relaxc.passes.memory import PLANNERS
-from relaxc.schedules.tuning import DEFAULT_TRIALS, MODES, ApplyTuningRecords
+from relaxc.schedules.replay import MODES, ApplyTuningRecords
+from relaxc.schedules.tuning import DEFAULT_TRIALS
 
 
 def _names(cls) -> set[str]:

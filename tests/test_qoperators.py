@@ -48,7 +48,7 @@ def test_qoperator_models_equal_onnxruntime_int8_to_the_bit(make, ops):
     model = quantize(make(), form="QOperator")
     assert ops <= {node.op_type for node in model.graph.node}
     model = with_quantized_outputs(model)
-    art = relaxc.compile(model, tuning="off", backends="relaxc")
+    art = relaxc.compile(model, tuning="off", backends="off")
     summary = art.report()["quantized"]
     assert summary["float"] == {} and summary["requantized"] == sum(
         node.op_type in ("QLinearConv", "QLinearMatMul", "QGemm") for node in model.graph.node)
@@ -73,4 +73,4 @@ def test_a_qoperator_form_without_a_qdq_chain_is_refused_by_name():
                                                     helper.make_opsetid(qoperators.MICROSOFT, 1)])
     model.ir_version = reference.ORT_MAX_IR_VERSION
     with pytest.raises(UnsupportedOperatorError, match="com.microsoft::QLinearGlobalAveragePool.*gap"):
-        relaxc.compile(model, tuning="off", backends="relaxc")
+        relaxc.compile(model, tuning="off", backends="off")

@@ -76,7 +76,7 @@ def test_integer_forms_equal_onnxruntime_int8_to_the_bit(quantized, activations)
     unless told not to)."""
     model, follows = _with_quantized_outputs(quantized if activations == "uint8"
                                              else quantize(_float_cnn(), activations=activations))
-    art = relaxc.compile(model, tuning="off", backends="relaxc")
+    art = relaxc.compile(model, tuning="off", backends="off")
     summary = art.report()["quantized"]
     counts = [summary[k] for k in ("convolutions", "matmuls", "requantized", "adds", "moves", "averages", "tables")]
     assert counts == [5, 1, 6, 1, 2, 1, 2]
@@ -93,7 +93,7 @@ def test_integer_forms_equal_onnxruntime_int8_to_the_bit(quantized, activations)
 
 
 def test_the_report_says_which_convolutions_stay_in_float_and_why(quantized):
-    assert relaxc.compile(quantized, tuning="off", backends="relaxc").report()["quantized"]["float"] == {}
+    assert relaxc.compile(quantized, tuning="off", backends="off").report()["quantized"]["float"] == {}
     rng = np.random.default_rng(0)  # 2 groups of 64 channels, 3x3: a sum of 576 products, too many for float32
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=2, pads=[1, 1, 1, 1])]
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 6, 6])],
@@ -120,7 +120,7 @@ def test_data_with_a_zero_point_is_padded_with_it(out_channels, group):
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, out_channels, 6, 6])],
                              [numpy_helper.from_array(np.asarray(v), k) for k, v in constants.items()])
-    art = relaxc.compile(model, tuning="off", backends="relaxc")
+    art = relaxc.compile(model, tuning="off", backends="off")
     assert art.report()["quantized"]["requantized"] == 1
     x = np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype(np.float32)
     np.testing.assert_array_equal(art.run(x)[0], reference.ort_session(model).run(None, {"x": x})[0])
@@ -141,7 +141,7 @@ def test_average_pooling_rounds_as_onnxruntime_int8(pool, attrs, out):
     model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 7, 9])],
                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 16, *out])],
                              [numpy_helper.from_array(np.asarray(v), k) for k, v in constants.items()])
-    art = relaxc.compile(model, tuning="off", backends="relaxc")
+    art = relaxc.compile(model, tuning="off", backends="off")
     assert art.report()["quantized"]["averages"] == 1
     session = reference.ort_session(model)
     for seed in range(3):
@@ -156,7 +156,7 @@ BYTE_DOT_CPUS = {"cascadelake": "llvm.x86.avx512.vpdpbusd.512", "alderlake": "ll
 
 def _built(model: onnx.ModelProto, mcpu: str) -> Artifact:
     return relaxc.compile(model, target={"kind": "llvm", "mcpu": mcpu, "num-cores": 2}, tuning="off",
-                            backends="relaxc")
+                            backends="off")
 
 
 def _built_for(model: onnx.ModelProto, mcpu: str) -> Artifact:
@@ -210,7 +210,7 @@ def test_8_channel_blocks_on_a_vnni_cpu_take_the_256_bit_vpdpbusd(quantized):
     """The measured layout choice can give an AVX-512 CPU 8-channel blocks: their convolutions
     take AVX-512VL's 8-lane form of the same instruction, not the generic tiled rule."""
     art = relaxc.compile(quantized, target={"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2},
-                           tuning="off", backends="relaxc", layout_block=8)
+                           tuning="off", backends="off", layout_block=8)
     assert art.report()["schedules"].get("int8") == 3 and "llvm.x86.avx512.vpdpbusd.256" in art.ir("schedule")
     _skip_unless_the_host_runs(art)
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
@@ -321,7 +321,7 @@ def test_dynamic_quantization_multiplies_bytes_as_onnxruntime(weight_type):
     weights whose shifted values leave int8 stay int32, and the report says why."""
     model = _dynamic_mlp(weight_type)
     assert sum(node.op_type == "MatMulInteger" for node in model.graph.node) == 2
-    art = relaxc.compile(model, tuning="off", backends="relaxc")
+    art = relaxc.compile(model, tuning="off", backends="off")
     summary = art.report()["integer_matmuls"]
     if weight_type == "QInt8":
         assert summary == {"matmuls": 2, "int32": {}}
@@ -364,7 +364,7 @@ def test_dynamically_quantized_convolutions_sum_the_bytes_as_onnxruntime():
     model = _dynamically_quantized(_float_cnn())
     convs = sum(node.op_type == "ConvInteger" for node in model.graph.node)
     assert convs == 5
-    art = relaxc.compile(model, tuning="off", backends="relaxc")
+    art = relaxc.compile(model, tuning="off", backends="off")
     assert art.report()["quantized"]["convolutions"] == convs and art.report()["quantized"]["float"] == {}
     session = reference.ort_session(model)
     for seed in range(3):
@@ -386,7 +386,7 @@ def test_dynamic_matmuls_use_each_cpus_byte_dot_product(mcpu):
     twin = next(other for other, name in BYTE_DOT_CPUS.items() if other != mcpu and
                 ("vpdpbusd" in name) == ("vpdpbusd" in BYTE_DOT_CPUS[mcpu]))
     same = relaxc.compile(model, target={"kind": "llvm", "mcpu": twin, "num-cores": 2}, tuning="off",
-                            backends="relaxc")
+                            backends="off")
     if targets.runs_on_host(same.target):
         np.testing.assert_array_equal(art.run(x)[0], same.run(x)[0])
     _skip_unless_onnxruntime_sums_as(art)

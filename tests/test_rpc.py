@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc
-from relaxc.schedules import cache, tuning
+from relaxc.schedules import cache, maintenance, tuning
 from relaxc.support import remote, targets, versions
 from relaxc.support.errors import RemoteError, TargetError, UserError
 from relaxc.support.threads import physical_cores
@@ -79,7 +79,7 @@ def tuned_remotely(fleet, tmp_path_factory):
     address, servers = fleet
     folder = tmp_path_factory.mktemp("records")
     onnx.save(_mlp(), folder / "mlp.onnx")
-    done = run_cli("tune", folder / "mlp.onnx", "--trials", 12, "--trials-per-task", 4, "--log-dir", folder / "store",
+    done = run_cli("tune", folder / "mlp.onnx", "--trials", 12, "--trials-per-task", 4, "--cache-dir", folder / "store",
                   "--rpc", f"127.0.0.1:{address.port}", "--rpc-key", KEY, "-q")
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), str(folder / "store"), servers
@@ -104,7 +104,7 @@ def test_records_tuned_remotely_replay_strictly(tuned_remotely, fleet):
     address, _ = fleet
     device = remote.probe(address)
     assert os.path.basename(summary["cache_dir"]) == cache.target_key(device.target())
-    art = relaxc.compile(_mlp(), target=device.target(), tuning="strict", cache_dir=log_dir)
+    art = relaxc.compile(_mlp(), target=device.target(), tuning="strict", backends="rule", cache_dir=log_dir)
     assert art.report()["tuning"]["missing"] == []
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(_mlp(), inputs))
@@ -176,7 +176,8 @@ def test_shards_split_the_kernels_and_select_after_the_merge(tmp_path):
     for i, log_dir in enumerate(halves):
         summary = relaxc.tune(_mlp(), trials=4, trials_per_task=1, shard=f"{i}/2", cache_dir=log_dir)
         assert summary["selection"]["selected"] == 0
-    cache.merge(halves[1], halves[0])
+    maintenance.merge(halves[1], halves[0])
     summary = relaxc.tune(_mlp(), trials=0, cache_dir=halves[0])  # the selection, after the merge
     assert summary["selection"]["kernels_with_choice"] == summary["tasks"]
-    assert relaxc.compile(_mlp(), tuning="strict", cache_dir=halves[0]).report()["tuning"]["missing"] == []
+    assert relaxc.compile(_mlp(), tuning="strict", backends="rule",
+                          cache_dir=halves[0]).report()["tuning"]["missing"] == []

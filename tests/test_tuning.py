@@ -23,10 +23,11 @@ import relaxc
 from relaxc import frontend
 from relaxc.report import summary
 from relaxc import tuning as relaxc_tuning
-from relaxc.schedules import cache, dispatch_sequence, selection, sequence, tuning
+from relaxc.schedules import cache, decisions, dispatch_sequence, maintenance, record_files, replay, selection, sequence, tuning
 from relaxc.support import targets, versions
 from relaxc.schedules.cache import RecordStore
-from relaxc.schedules.dispatch import DispatchStore
+from relaxc.schedules.decisions import DecisionStore
+from relaxc.support.store_files import DATABASE_FILES, DISPATCH_FILE, PACKED
 from tests import reference
 
 from tests.helpers import ROOT, env, run_cli, relaxc_command
@@ -40,7 +41,7 @@ def _record_lines(store_dir: str) -> list[str]:
 
 
 def _tune_cli(model_file, log_dir, *extra):
-    return relaxc_command("tune", model_file, "--log-dir", log_dir, "-q", *extra)
+    return relaxc_command("tune", model_file, "--cache-dir", log_dir, "-q", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     log_dir, summary = tuned
     n = _kernels(summary)
     assert summary["defaults_recorded"] == n  # every kernel's default schedule, measured
-    art = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict")
+    art = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict", backends="rule")
     report = art.report()["tuning"]
     assert report["mode"] == "strict" and report["tasks"] == report["tasks_with_records"] == n
     assert report["missing"] == [] and report["selected"] == n
@@ -91,7 +92,7 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     assert other["missing"] and other["tasks_with_records"] + len(other["missing"]) == other["tasks"]
     with pytest.raises(relaxc.UserError, match=rf"tuning='strict': {len(other['missing'])} of {other['tasks']} "
                                                  rf"kernels have no tuning record that applies in .*{other['missing'][0]}"):
-        relaxc.compile(reference.branchy_cnn(), cache_dir=str(log_dir), tuning="strict")
+        relaxc.compile(reference.branchy_cnn(), cache_dir=str(log_dir), tuning="strict", backends="rule")
     off = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="off").report()
     assert off["tuning"]["tasks_with_records"] == 0 and "tuned" not in off["schedules"]
 
@@ -113,7 +114,7 @@ def test_tuning_ends_by_choosing_each_kernel_by_measurement(tuned, tmp_path):
     assert again["trials"] == 0 and again["selection"]["selected"] == 0
     copy = tmp_path / "copy"
     shutil.copytree(log_dir, copy)
-    proc = run_cli("tune", "onnx:squeezenet", "--trials", "0", "--log-dir", copy)  # no records: nothing to select
+    proc = run_cli("tune", "onnx:squeezenet", "--trials", "0", "--cache-dir", copy)  # no records: nothing to select
     assert proc.returncode == 0 and '"selected": 0' in proc.stdout
     reselected = relaxc.tune(reference.small_cnn(), trials=0, reselect=True, cache_dir=str(copy))
     assert reselected["selection"]["selected"] == n
@@ -145,13 +146,14 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
             assert times[kernel["before"]] > min(times.values()) * (1 + selection.TOLERANCE) - rounding
     assert result["changed"] == sorted(n for n, k in result["kernels"].items() if k["choice"] != k["before"])
     dispatched = summary["dispatch_in_sequence"]
-    stored = DispatchStore(RecordStore.of(str(copy), targets.resolve("cpu"))).load()
+    stored = DecisionStore(RecordStore.of(str(copy), targets.resolve("cpu")), "dispatch").load()
     assert dispatched["workloads"] == len(dispatched["decisions"]) >= 1  # small_cnn's 20 -> 20 conv at least
     for key, decision in dispatched["decisions"].items():
         assert stored[key]["in_sequence"]["choice"] == decision["choice"] and stored[key]["in_sequence"]["model"] == "test"
         assert decision["before"] in decision["ms"] and set(decision["ms"]) <= set(stored[key]["candidates"])
     untuned = dispatched.get("untuned", [])  # trials=0: an implementation chosen now may lack records
-    art = relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="replay" if untuned else "strict")
+    art = relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="replay" if untuned else "strict",
+                         backends="rule")
     assert art.report()["tuning"]["missing"] == untuned
     made = {c["workload"]: c["choice"] for c in art.report()["dispatch"]["convolutions"]}
     assert all(made[key] == decision["choice"] for key, decision in dispatched["decisions"].items())
@@ -216,10 +218,11 @@ def test_an_invalid_selection_file_is_ignored_with_a_warning(tuned, tmp_path, ca
     with open(store.selection_path, "w") as f:
         f.write('{"kernels": [')
     with caplog.at_level("WARNING", logger="relaxc"):
-        report = relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict").report()["tuning"]
+        report = relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict",
+                                backends="rule").report()["tuning"]
     assert f"{store.selection_path} is not a valid selection file" in caplog.text
     assert report["selected"] == 0 and report["missing"] == []  # the best records still apply
-    proc = run_cli("cache", "verify", "--log-dir", copy)
+    proc = run_cli("cache", "verify", "--cache-dir", copy)
     assert proc.returncode == 1 and "invalid selection file selected.json" in proc.stdout
 
 
@@ -227,17 +230,18 @@ def test_a_packed_store_replays_like_the_plain_one(tuned, tmp_path):
     """``relaxc cache pack``: the form relaxc ships its stores in (database files gzipped), read only."""
     log_dir, _ = tuned
     packed = tmp_path / "packed"
-    proc = run_cli("cache", "pack", packed, "--log-dir", log_dir)
+    proc = run_cli("cache", "pack", packed, "--cache-dir", log_dir)
     key = cache.target_key(targets.resolve("cpu"))
     assert proc.returncode == 0 and key in proc.stdout, proc.stderr
     assert sorted(os.listdir(packed / key)) == sorted(
-        [name + cache.PACKED for name in cache.DATABASE_FILES] + ["dispatch.json", "manifest.json", "selected.json"])
+        [name + PACKED for name in DATABASE_FILES] + ["dispatch.json", "manifest.json", "selected.json"])
     plain, shipped = RecordStore(str(log_dir / key)), RecordStore(str(packed / key))
     assert cache.stores(str(packed)) == [key] and shipped.describe()["records"] == plain.describe()["records"]
     hashes = list(plain.selections())
     assert shipped.records_of(hashes) == plain.records_of(hashes) and shipped.selections() == plain.selections()
     assert all(tvm_ffi.structural_equal(shipped.workload(h), plain.workload(h)) for h in hashes)
-    reports = [relaxc.compile(reference.small_cnn(), cache_dir=str(root), tuning="strict").report()["tuning"]
+    reports = [relaxc.compile(reference.small_cnn(), cache_dir=str(root), tuning="strict",
+                              backends="rule").report()["tuning"]
                for root in (log_dir, packed)]
     assert reports[0]["tasks_with_records"] == reports[1]["tasks_with_records"] == reports[0]["tasks"]
 
@@ -258,14 +262,15 @@ def test_the_users_records_lie_over_the_shipped_store(tuned, tmp_path, monkeypat
         store.save_selections({mine: {**shipped[mine], "chosen_by": "me"}})
     assert store.selections()[mine]["chosen_by"] == "me" and store.selections().keys() == shipped.keys()
     assert RecordStore(store.dir).selections().keys() == {mine}  # the shipped choices are not copied
-    DispatchStore(store).save("w", {"candidates": {}})
-    assert DispatchStore(store).load().keys() == DispatchStore(store.base).load().keys() | {"w"}
-    assert cache.read_measurements(os.path.join(store.dir, cache.DISPATCH_FILE)).keys() == {"w"}
-    report = relaxc.compile(reference.small_cnn(), tuning="strict").report()["tuning"]
+    DecisionStore(store, "dispatch").save("w", {"candidates": {}})
+    assert DecisionStore(store, "dispatch").load().keys() == DecisionStore(store.base, "dispatch").load().keys() | {"w"}
+    assert decisions.read_entries(os.path.join(store.dir, DISPATCH_FILE)).keys() == {"w"}
+    report = relaxc.compile(reference.small_cnn(), tuning="strict", backends="rule").report()["tuning"]
     assert report["shipped"] == store.base.dir and report["missing"] == []
     listed = run_cli("cache", "list").stdout.splitlines()  # another process: the checkout's stores beneath
-    assert listed[0] == f"your records: {tmp_path / 'user'} (no tuning records)"  # a choice and a measurement only
-    beneath = listed.index(f"beneath them, relaxc's: {os.path.join(ROOT, 'tuning_logs')}")
+    assert listed[0] == f"your cache: {tmp_path / 'user'}"  # a choice and a measurement only
+    assert listed[1].startswith(f"  {os.path.basename(store.dir)}: 0 records")
+    beneath = listed.index(f"beneath it, relaxc's: {os.path.join(ROOT, 'tuning_logs')}")
     assert {line.split(":")[0].strip() for line in listed[beneath:] if line.startswith("  llvm-")} == \
         set(cache.stores(os.path.join(ROOT, "tuning_logs")))
 
@@ -327,9 +332,9 @@ def test_a_record_replays_on_a_kernel_of_its_structure_whose_blocks_are_named_ot
     expected = tvm.s_tir.Schedule(tvm.IRModule({"main": recorded}))
     selection.apply_trace(entry["record"], expected)
     assert sch.mod.script() == expected.mod.script().replace("lv397", "lv375")  # the same schedule
-    replayed, failed = tuning.apply_traces(tvm.IRModule({"pool": renamed}), {key: entry["record"]}, store)
+    replayed, failed = replay.apply_traces(tvm.IRModule({"pool": renamed}), {key: entry["record"]}, store)
     assert failed == {} and 'T.sblock("lv375_red_rf_update")' in replayed["pool"].script()  # as compile() replays
-    unmapped, failed = tuning.apply_traces(tvm.IRModule({"pool": renamed}), {key: entry["record"]})  # no store
+    unmapped, failed = replay.apply_traces(tvm.IRModule({"pool": renamed}), {key: entry["record"]})  # no store
     assert "lv397_red" in failed[key] and unmapped["pool"].same_as(renamed)  # the default schedule's to make
 
 
@@ -358,7 +363,7 @@ def test_a_record_that_does_not_replay_leaves_its_kernel_to_the_default_and_says
     inputs = reference.random_inputs(art.inputs)
     reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
     with pytest.raises(relaxc.UserError, match=rf"no tuning record that applies .*{name}"):
-        relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict")
+        relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict", backends="rule")
 
 
 def test_measured_kernels_get_indices_in_range():
@@ -412,7 +417,7 @@ def test_records_that_do_not_apply_are_dropped_instead_of_refusing_the_store(tun
     assert broken != lines[0]
     records.write_text("".join(lines) + broken)
     with pytest.raises(RuntimeError):
-        cache.json_database(store.dir, allow_missing=False)
+        record_files.json_database(store.dir, allow_missing=False)
     with caplog.at_level("WARNING", logger="relaxc"):
         assert len(store.database(writable=False).get_all_tuning_records()) == len(lines)
     assert f"record {len(lines) + 1} does not apply to its kernel; dropped" in caplog.text
@@ -426,36 +431,36 @@ def test_cache_save_load_verify_merge_prune(tuned, tmp_path):
     archive = relaxc.save_cache(str(tmp_path / "records.tar.gz"), cache_dir=str(log_dir))
     loaded = relaxc.load_cache(archive, cache_dir=str(tmp_path / "other"))
     key = cache.target_key(targets.resolve("cpu"))
-    original = cache.describe_store(str(log_dir), key)
+    original = maintenance.describe_store(str(log_dir), key)
     assert loaded == {key: original["records"]}
-    copy = cache.describe_store(str(tmp_path / "other"), key)
+    copy = maintenance.describe_store(str(tmp_path / "other"), key)
     assert copy["records"] == original["records"] and copy["workloads"] == original["workloads"]
     assert copy["models"] == original["models"] and copy["bad_lines"] == []
-    measured = cache.read_measurements(str(log_dir / key / "dispatch.json"))  # tuning measured dispatch first
-    assert measured and cache.read_measurements(str(tmp_path / "other" / key / "dispatch.json")) == measured
+    measured = decisions.read_entries(str(log_dir / key / "dispatch.json"))  # tuning measured dispatch first
+    assert measured and decisions.read_entries(str(tmp_path / "other" / key / "dispatch.json")) == measured
     # the loaded records replay like the originals
     replayed = relaxc.compile(reference.small_cnn(), cache_dir=str(tmp_path / "other")).report()["tuning"]
     assert replayed["tasks_with_records"] == original["workloads"]
     run = lambda *a: run_cli("cache", *a, timeout=300)  # noqa: E731
-    assert run("verify", "--log-dir", str(tmp_path / "other")).returncode == 0
+    assert run("verify", "--cache-dir", str(tmp_path / "other")).returncode == 0
     local = dict(measured)
     workload = next(iter(local))
     local[workload] = {**local[workload], "measured_on": "here"}
     del local[next(w for w in local if w != workload)]
-    cache.write_measurements(str(tmp_path / "other" / key / "dispatch.json"), local)
-    assert run("merge", str(log_dir), "--log-dir", str(tmp_path / "other")).returncode == 0
-    assert cache.describe_store(str(tmp_path / "other"), key)["records"] == 2 * original["records"]
-    merged = cache.read_measurements(str(tmp_path / "other" / key / "dispatch.json"))
+    decisions.write_entries(str(tmp_path / "other" / key / "dispatch.json"), local)
+    assert run("merge", str(log_dir), "--cache-dir", str(tmp_path / "other")).returncode == 0
+    assert maintenance.describe_store(str(tmp_path / "other"), key)["records"] == 2 * original["records"]
+    merged = decisions.read_entries(str(tmp_path / "other" / key / "dispatch.json"))
     assert merged.keys() == measured.keys() and merged[workload]["measured_on"] == "here"  # a local one stays
-    assert f"{len(measured)} workloads measured in dispatch.json" in run("list", "--log-dir", str(tmp_path / "other")).stdout
-    proc = run("prune", "--log-dir", str(tmp_path / "other"))
+    assert f"{len(measured)} workloads measured in dispatch.json" in run("list", "--cache-dir", str(tmp_path / "other")).stdout
+    proc = run("prune", "--cache-dir", str(tmp_path / "other"))
     assert proc.returncode == 0 and f"-> {original['workloads']} records" in proc.stdout
     with open(tmp_path / "other" / key / "database_tuning_record.json", "a") as f:
         f.write("{not json\n")
     (tmp_path / "other" / key / "layouts.json").write_text("{not json")
-    proc = run("verify", "--log-dir", str(tmp_path / "other"))
+    proc = run("verify", "--cache-dir", str(tmp_path / "other"))
     assert proc.returncode == 1 and "unparsable line database_tuning_record.json:" in proc.stdout
-    assert "layouts.json is not a valid measurement file" in proc.stdout
+    assert "layouts.json is not a valid decision file" in proc.stdout
     with pytest.raises(relaxc.UserError, match="not a relaxc cache archive"):
         relaxc.load_cache(str(log_dir / key / "manifest.json"), cache_dir=str(tmp_path / "x"))
 
@@ -513,13 +518,13 @@ def test_fingerprint_is_stable_across_processes_and_changes_with_its_inputs(monk
 def test_replay_without_records_for_this_cpu_says_which_stores_exist(tmp_path, caplog):
     other = tmp_path / "llvm-othercpu-2c"
     other.mkdir()
-    for name in cache.DATABASE_FILES:
+    for name in DATABASE_FILES:
         (other / name).write_text("")
     with caplog.at_level(logging.INFO, logger="relaxc"):
         full = relaxc.compile(reference.small_cnn(), cache_dir=str(tmp_path)).report()
     report = full["tuning"]
     assert report["store"] is None and report["stores"] == ["llvm-othercpu-2c"]
-    assert report["tune_command"].startswith("relaxc tune ") and f"--log-dir {tmp_path}" in report["tune_command"]
+    assert report["tune_command"].startswith("relaxc tune ") and f"--cache-dir {tmp_path}" in report["tune_command"]
     said = [r.getMessage() for r in caplog.records if "no tuning records for" in r.getMessage()]
     assert len(said) == 1 and "llvm-othercpu-2c" in said[0] and report["tune_command"] in said[0]
     assert all(r.levelno == logging.INFO for r in caplog.records if "no tuning records for" in r.getMessage())
@@ -551,7 +556,7 @@ def test_committed_logs_replay_strictly(target, spec):
     convolution a committed dispatch decision (strict never tunes nor measures), the model matches
     onnxruntime, and a second build replays to bit-identical outputs."""
     logs = os.path.join(ROOT, "tuning_logs")
-    art = relaxc.compile(spec, target=target, tuning="strict", cache_dir=logs)
+    art = relaxc.compile(spec, target=target, tuning="strict", backends="rule", cache_dir=logs)
     report = art.report()
     assert set(report["dispatch"]["sources"]) <= {"stored"}
     tuning = report["tuning"]
@@ -561,6 +566,6 @@ def test_committed_logs_replay_strictly(target, spec):
     outputs = art.run(inputs)
     reference.assert_matches(outputs, reference.ort_session(frontend.load_model(spec)[0]).run(None, inputs))
     if spec == "onnx:resnet50":
-        again = relaxc.compile(spec, target=target, tuning="strict", cache_dir=logs)
+        again = relaxc.compile(spec, target=target, tuning="strict", backends="rule", cache_dir=logs)
         assert again.fingerprint == art.fingerprint
         assert all(np.array_equal(a, b) for a, b in zip(outputs, again.run(inputs)))

@@ -81,7 +81,7 @@ def test_a_pointwise_layer_as_a_conv_and_as_a_gemm_computes_the_same_and_both_ar
 
 
 def test_build_costs_compare_two_compiles_phase_by_phase_and_kernel_by_kernel():
-    sides = [{"tuning": "off", "dispatch": "off"}, {"tuning": "off", "dispatch": "heuristic"}]
+    sides = [{"tuning": "off", "dispatch": "off"}, {"tuning": "off", "dispatch": "rule"}]
     costs = build_costs.measure(reference.small_cnn(), sides, rounds=1, top=3)
     assert next(iter(costs.phases)) == "whole compile" and {"dispatch", "build"} <= set(costs.phases)
     assert all(before > 0 and after > 0 for before, after in (costs.phases["whole compile"], costs.grouped))

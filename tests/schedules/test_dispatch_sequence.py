@@ -10,7 +10,7 @@ from tvm import te
 from relaxc.passes.dispatch import DIRECT, WINOGRAD
 from relaxc.schedules import dispatch_sequence, sequence
 from relaxc.schedules.cache import RecordStore
-from relaxc.schedules.dispatch import DispatchStore
+from relaxc.schedules.decisions import DecisionStore
 from relaxc.schedules.dispatch_sequence import Variant, contested, decide_in_sequence, own_calls, time_variants
 from relaxc.schedules.selection import TOLERANCE
 from relaxc.support import targets
@@ -53,7 +53,7 @@ def test_a_variant_costs_the_medians_of_its_own_calls_only(monkeypatch):
 def test_decisions_keep_the_current_choice_within_the_tolerance_and_are_stored(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch_sequence, "time_variants", lambda variants, runs: {
         name: {"direct": 1.0, WINOGRAD[2]: 1.0 * (1 + TOLERANCE / 2), WINOGRAD[4]: 3.0}[name] for name in variants})
-    store = DispatchStore(RecordStore.of(str(tmp_path), targets.resolve("cpu")))
+    store = DecisionStore(RecordStore.of(str(tmp_path), targets.resolve("cpu")), "dispatch")
     measured = {"candidates": {name: {"ms": 1.0, "error": 0.0, "scratch_bytes": 0}
                                for name in (DIRECT, *WINOGRAD.values())}}
     store.save("kept", measured)

@@ -10,9 +10,10 @@ from tvm import s_tir, te, tirx
 
 import relaxc
 from relaxc.passes.ir import at_sizes
-from relaxc.schedules import cache, dynamic_tuning
+from relaxc.schedules import cache, decisions, dynamic_tuning
 from relaxc.schedules.dynamic import DoesNotReplay, on_dynamic
 from relaxc.support import targets
+from relaxc.support.store_files import DYNAMIC_FILE
 from tests import reference
 from tests.schedules.test_dynamic_extents import TARGET, _run, _scaled
 from tests.test_dynamic import _dynamic_cnn
@@ -69,7 +70,7 @@ def test_each_dynamic_kernel_is_tuned_at_the_sizes_named_and_decided(tuned):
     directory, summary = tuned
     dynamic = summary["dynamic"]
     assert dynamic["tuned_at"] == [{"batch": 4}] and dynamic["kernels"] > 0
-    entries = cache.read_measurements(os.path.join(directory, cache.target_key(TARGET), cache.DYNAMIC_FILE))
+    entries = decisions.read_entries(os.path.join(directory, cache.target_key(TARGET), DYNAMIC_FILE))
     assert sorted(dynamic["records_chosen"] + dynamic["default_chosen"]) == sorted(e["task"] for e in entries.values())
     for entry in entries.values():
         if entry["ms"]:  # timed: the default and at least one record that passed its checks
@@ -97,7 +98,7 @@ def test_a_record_that_disagrees_with_the_default_is_not_used(tuned, tmp_path, m
     monkeypatch.setattr(dynamic_tuning, "_agrees", lambda got, want: False)
     copy = tmp_path / "store"
     relaxc.load_cache(relaxc.save_cache(str(tmp_path / "records.tar.gz"), directory), str(copy))
-    os.remove(os.path.join(copy, cache.target_key(TARGET), cache.DYNAMIC_FILE))
+    os.remove(os.path.join(copy, cache.target_key(TARGET), DYNAMIC_FILE))
     with caplog.at_level(logging.INFO, logger="relaxc"):
         summary = relaxc.tune(_dynamic_cnn(), dim_bounds=BOUNDS, tune_sizes={"batch": [4]}, trials=0,
                                 cache_dir=str(copy))
@@ -112,8 +113,8 @@ def test_the_decisions_travel_with_the_store(tuned, tmp_path):
     archive = relaxc.save_cache(str(tmp_path / "records.tar.gz"), directory)
     relaxc.load_cache(archive, str(tmp_path / "loaded"))
     key = cache.target_key(targets.resolve("cpu"))
-    assert (cache.read_measurements(os.path.join(tmp_path, "loaded", key, cache.DYNAMIC_FILE))
-            == cache.read_measurements(os.path.join(directory, key, cache.DYNAMIC_FILE)))
+    assert (decisions.read_entries(os.path.join(tmp_path, "loaded", key, DYNAMIC_FILE))
+            == decisions.read_entries(os.path.join(directory, key, DYNAMIC_FILE)))
 
 
 def test_what_dynamic_tuning_refuses():

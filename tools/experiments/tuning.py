@@ -31,13 +31,13 @@ TARGET = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # what tuning_logs/
 DEFAULT_MODELS = ["onnx:resnet50", "onnx:squeezenet", "onnx:inception_v2"]
 
 
-def _compile_seconds(spec: str, compiles: int, log_dir: str) -> dict[str, tuple[float, object]]:
+def _compile_seconds(spec: str, compiles: int, cache_dir: str) -> dict[str, tuple[float, object]]:
     times: dict[str, list[float]] = {"off": [], "strict": []}
     built = {}
     for _ in range(compiles):
         for mode in times:
             start = time.perf_counter()
-            built[mode] = relaxc.compile(spec, target=TARGET, tuning=mode, cache_dir=log_dir)
+            built[mode] = relaxc.compile(spec, target=TARGET, tuning=mode, cache_dir=cache_dir)
             times[mode].append(time.perf_counter() - start)
     return {mode: (statistics.median(t), built[mode]) for mode, t in times.items()}
 
@@ -47,20 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", default=DEFAULT_MODELS)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--compiles", type=int, default=3)
-    parser.add_argument("--log-dir", default="tuning_logs", help="records root (default: tuning_logs)")
+    parser.add_argument("--cache-dir", default="tuning_logs", help="the cache (default: tuning_logs)")
     parser.add_argument("--selection", type=int, metavar="N",
                         help="instead: the N kernels of each model that take longest with default schedules, "
                              "as the selection measured them")
     args = parser.parse_args(argv)
     if args.selection:
         for spec in args.models:
-            _print_selection(spec, args.selection, args.log_dir)
+            _print_selection(spec, args.selection, args.cache_dir)
         return 0
     print("| model | compile off (s) | compile strict (s) | ratio | default (ms) | tuned (ms) "
           "| onnxruntime (ms) | tuned / onnxruntime |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for spec in args.models:
-        compiled = _compile_seconds(spec, args.compiles, args.log_dir)
+        compiled = _compile_seconds(spec, args.compiles, args.cache_dir)
         (off_s, off), (strict_s, tuned) = compiled["off"], compiled["strict"]
         session = reference.ort_session(frontend.load_model(spec)[0], threads=2)
         inputs = random_inputs(off.inputs)
@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print_selection(spec: str, count: int, log_dir: str) -> None:
+def _print_selection(spec: str, count: int, cache_dir: str) -> None:
     """The kernels of ``spec`` with the most default-schedule time per inference: what won, against
     the default, as ``selected.json`` records it (cold-cache milliseconds per run, build seconds)."""
-    art = relaxc.compile(spec, target=TARGET, tuning="off", cache_dir=log_dir)
-    chosen = RecordStore.of(log_dir, art.target).selections()
+    art = relaxc.compile(spec, target=TARGET, tuning="off", cache_dir=cache_dir)
+    chosen = RecordStore.of(cache_dir, art.target).selections()
     tasks = [(t, chosen.get(workload_hash(t.dispatched[0])))
              for t in tuning_tasks(art.module("fuse"), art.target)]
     decided = sorted(((t, e) for t, e in tasks if e), key=lambda te: -float(te[0].weight) * te[1]["default_ms"])
