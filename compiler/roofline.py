@@ -36,6 +36,7 @@ from relaxc.schedules.cache import store_for
 from relaxc.schedules.cpu.steps import buffer_bytes
 from relaxc.schedules.decisions import DecisionStore
 from relaxc.support.threads import pool_threads
+from relaxc.support.turns import block
 
 FMA_SHAPES = ((8, 8), (8, 12), (16, 6), (16, 8), (16, 12))  # (lanes, accumulators): one fits each vector width
 FMA_FLOPS_PER_THREAD = 4e8  # a call lasts a few milliseconds at any FMA rate of today's cores
@@ -152,15 +153,9 @@ def measure(target: Target, threads: int) -> Machine:
 
 
 def _best_seconds(call: Callable[[], object]) -> float:
-    """The fastest of ``RUNS`` calls after one to warm up: what the machine can do, not what it did
-    while something else ran."""
-    call()
-    times = []
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """The fastest of ``RUNS`` calls after one to warm up (``turns.block``): what the machine can
+    do, not what it did while something else ran."""
+    return min(block(call, RUNS, idle_s=0)) / 1e3
 
 
 def _fma_kernel(threads: int, lanes: int, accs: int) -> tirx.PrimFunc:

@@ -48,6 +48,7 @@ from relaxc.passes.dispatch import (DIRECT, WINOGRAD, ConvWorkload, Kernels, can
 from relaxc.schedules.decisions import DecisionStore
 from relaxc.support import remote
 from relaxc.support.errors import UserError
+from relaxc.support.turns import in_turns
 
 log = logging.getLogger("relaxc")
 STRATEGIES = ("latency", "memory")
@@ -170,17 +171,22 @@ class Chooser:
 
 def time_in_turns(runs: dict[str, tuple[relax.VirtualMachine, tvm.runtime.Tensor]],
                   bench: remote.Bench) -> dict[str, float]:
-    """Median ms of each VM's ``main`` on its input, the VMs taking turns on ``bench``, each run after
-    evicting the caches (weights are read from memory once per inference in a model)."""
-    timers = {name: (vm.time_evaluator("main", bench.device, number=1, repeat=1), data)
-              for name, (vm, data) in runs.items()}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(ROUNDS):
-        for name, (timer, data) in timers.items():
+    """Median ms of each VM's ``main`` on its input, the VMs taking turns on ``bench``
+    (``turns.in_turns``), each run after evicting the caches (weights are read from memory once per
+    inference in a model)."""
+    def turn(vm: relax.VirtualMachine, data: tvm.runtime.Tensor) -> Callable[[int], list[float]]:
+        timer = vm.time_evaluator("main", bench.device, number=1, repeat=1)
+
+        def cold_runs(_round: int) -> list[float]:
+            times = []
             for _ in range(RUNS_PER_ROUND):
                 bench.evict_caches()
-                times[name].append(timer(data).mean * 1e3)
-    return {name: round(statistics.median(t), 4) for name, t in times.items()}
+                times.append(timer(data).mean * 1e3)
+            return times
+        return cold_runs
+
+    timed = in_turns({name: turn(vm, data) for name, (vm, data) in runs.items()}, ROUNDS)
+    return {name: round(statistics.median(t for each in rounds for t in each), 4) for name, rounds in timed.items()}
 
 
 @dataclass

@@ -40,6 +40,7 @@ from relaxc.passes.tir import tir_pipeline
 from relaxc.schedules.cache import RecordStore, mean_seconds, workload_hash
 from relaxc.schedules.default import default_schedule
 from relaxc.support import remote, tvm_log
+from relaxc.support.turns import in_turns
 
 log = logging.getLogger("relaxc")
 TOLERANCE = 0.03  # within 3% of the fastest counts as as fast: about the noise of these medians here
@@ -216,9 +217,10 @@ def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds:
             timer(*args)  # warm-up: first touch of the inputs, the thread pool, the code
             built.append(candidate)
             timers.append(timer)
-        for _ in range(rounds):
-            for candidate, timer in zip(built, timers):
-                candidate.runs_ms.extend(seconds * 1e3 for seconds in timer(*args).results)
+        timed = in_turns({str(i): (lambda _round, timer=timer: [s * 1e3 for s in timer(*args).results])
+                          for i, timer in enumerate(timers)}, rounds)
+        for candidate, turns in zip(built, timed.values()):
+            candidate.runs_ms = [ms for each in turns for ms in each]
         return built
 
     return remote.on_bench(timed, f"the schedules of {name}")

@@ -1,8 +1,12 @@
-"""Runtimes taking turns in blocks of timed runs: the timing every relaxc-against-onnxruntime
-benchmark shares (``benchmarks.harness``, as ``harness.alternate``; ``tools/experiments``), and,
-paired round by round, the measured choice among backends (``compiler/backend_choice.py``). It
-imports nothing of relaxc, so ``tools/experiments/deployed.py`` loads it by its path where only
-TVM's runtime is installed."""
+"""Candidates taking turns in rounds of timed runs: relaxc's one timing helper (``in_turns``).
+
+Every measured decision times its candidates this way: the implementations of a convolution and
+the layouts (``schedules/dispatch.py``, each run cold on a TVM timer), the schedules of a kernel
+(``schedules/selection.py``), the backends (``compiler/backend_choice.py``, paired round by round),
+and the machine's limits (``compiler/roofline.py``, the best of a block); so does every
+relaxc-against-onnxruntime benchmark (``benchmarks.harness``, as ``alternate``;
+``tools/experiments``). It imports nothing of relaxc, so ``tools/experiments/deployed.py`` loads it
+by its path where only TVM's runtime is installed."""
 
 from __future__ import annotations
 
@@ -15,10 +19,23 @@ ROUNDS = 4  # blocks per runtime
 IDLE_S = 0.1  # pause before each block: onnxruntime's workers spin about 50 ms after their last task
 
 
-def block(fn: Callable[[], object], runs: int) -> list[float]:
-    """Milliseconds of ``runs`` calls of ``fn`` after a pause (the other runtime's thread pool goes
-    idle) and one untimed warm-up call."""
-    time.sleep(IDLE_S)
+def in_turns(turns: dict[str, Callable[[int], list[float]]], rounds: int) -> dict[str, list[list[float]]]:
+    """Each candidate's timed runs (milliseconds), turn by turn: ``turns[name](round)`` times one
+    turn of it and returns its runs, the candidates taking turns for ``rounds`` rounds, each round
+    starting one candidate further on (so none always follows the same one)."""
+    runs: dict[str, list[list[float]]] = {name: [] for name in turns}
+    names = list(turns)
+    for round_ in range(rounds):
+        start = round_ % len(names)
+        for name in names[start:] + names[:start]:
+            runs[name].append(turns[name](round_))
+    return runs
+
+
+def block(fn: Callable[[], object], runs: int, idle_s: float = IDLE_S) -> list[float]:
+    """Milliseconds of ``runs`` calls of ``fn`` after a pause of ``idle_s`` (the other runtime's
+    thread pool goes idle) and one untimed warm-up call."""
+    time.sleep(idle_s)
     fn()
     times = []
     for _ in range(runs):
@@ -32,14 +49,8 @@ def rounds_of_blocks(runs: dict[str, Callable[[], object]], repeat: int, rounds:
     """Each function's timed runs (milliseconds), block by block: ``repeat`` calls in all, the
     functions taking turns in ``rounds`` blocks each, each round starting one function further on
     (so none always follows the same one)."""
-    blocks: dict[str, list[list[float]]] = {name: [] for name in runs}
-    names = list(runs)
-    for round_ in range(rounds):
-        count = repeat // rounds + (round_ < repeat % rounds)
-        start = round_ % len(names)
-        for name in names[start:] + names[:start]:
-            blocks[name].append(block(runs[name], count))
-    return blocks
+    return in_turns({name: (lambda round_, fn=fn: block(fn, repeat // rounds + (round_ < repeat % rounds)))
+                     for name, fn in runs.items()}, rounds)
 
 
 def alternate(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
