@@ -117,7 +117,8 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
     key = structure_key(prepared) + ("" if config.strategy == "latency" else f"-{config.strategy}")
     entry = store.load().get(key)
     if entry is None and config.backends != "measure":  # the libraries are imported only when a plan uses them
-        store.missing(f"{prepared.name} ({key})", "compile once with backends='measure' on this CPU")
+        store.missing(f"{prepared.name} ({key})", "compile once with backends='measure' on this CPU, or choose by "
+                      "the rule: backends='rule'")
         return base, {"decision": "none stored for this model and CPU (compile with backends='measure')"}
     versions = {name: external.get(name).version() for name in installed}
     if config.backends == "measure" and (entry is None or entry["versions"] != versions):

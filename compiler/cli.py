@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print every kernel as JSON")
     p.set_defaults(func=cmd_profile)
 
-    p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the record store")
+    p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the cache")
     _add_model_args(p, exclude=("tuning",))
     p.add_argument("--tune-sizes", action="append", type=_shape_arg, default=[], metavar="NAME=N,N,...",
                    help="with --dim-bound: tune each kernel of dynamic extents at these sizes of the dim NAME "
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", parents=[common],
                        help="list, verify, merge, prune, pack, save or load the cache (docs/cache.md)")
     p.add_argument("action", choices=("list", "verify", "merge", "prune", "pack", "save", "load"))
-    p.add_argument("path", nargs="?", help="merge: another records root; pack: the folder to write the "
+    p.add_argument("path", nargs="?", help="merge: another cache; pack: the folder to write the "
                    "stores into as relaxc ships them; save/load: a .tar.gz archive")
     add_option_args(p, Options, only=("cache_dir",))
     p.set_defaults(func=cmd_cache)

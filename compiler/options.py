@@ -2,9 +2,10 @@
 
 Every option is a dataclass field with its default and its help. Its choices come from the layer
 that owns them (tuning modes from ``schedules/replay.py``, the modes of the measured decisions
-from ``schedules/decisions.py``, memory planners from ``passes/memory.py``). The Python API takes the fields as keywords, the CLI builds its flags from
-the same fields (``compiler/cli.py``), and ``Options.resolve`` fills in the target's defaults and
-checks every value, once, before any work starts.
+from ``schedules/decisions.py``, memory planners from ``passes/memory.py``). The Python API takes
+the fields as keywords, the CLI builds its flags from the same fields (``compiler/cli.py``), and
+``Options.resolve`` fills in the target's defaults and checks every value, once, before any work
+starts.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def plan_summary(backends: dict) -> str:
 def tune_command(model: str, target: dict, shapes: Sequence[tuple[str, Sequence[int]]] = (),
                  cache_dir: str | None = None, constants: Sequence[tuple[str, str]] = (),
                  dim_bounds: dict[str, int] | None = None) -> str:
-    """The ``relaxc tune`` command that fills the record store this compile read, for this target
+    """The ``relaxc tune`` command that fills the store of the cache this compile read, for this target
     (``constants``: the ``--constant`` NAME=FILE pairs of the compile; a dynamic model's dims are
     tuned at their bounds unless ``--tune-sizes`` names others)."""
     words = ["relaxc", "tune", model, "-t", json.dumps(_target_flags(target), separators=(",", ":"))]

@@ -1,4 +1,4 @@
-"""Tuning a model: MetaSchedule over its kernels into the record store, then each kernel's schedule
+"""Tuning a model: MetaSchedule over its kernels into the cache, then each kernel's schedule
 chosen by measurement, alone or in the model's own sequence of calls (``relaxc.tune``)."""
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Kernel schedules: default rules per target, MetaSchedule tuning and the on-disk record cache."""
+"""Kernel schedules: default rules per target, MetaSchedule tuning and the cache of what was measured."""

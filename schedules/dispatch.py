@@ -133,7 +133,8 @@ class Chooser:
             source, current = "measured", True
         if not current:
             if self.store is not None:
-                self.store.missing(key, "compile once with dispatch='measure' (or run `relaxc tune`) on this CPU")
+                self.store.missing(key, "compile once with dispatch='measure' (or run `relaxc tune`) on this CPU, "
+                                        "or choose by the rule: dispatch='rule'")
             return rule(workload, options, self.strategy), {"source": "rule"}
         how = {"source": source, "candidates": entry["candidates"]}
         if "in_sequence" in entry:  # decided in a model's sequence: the times that decided it
@@ -207,7 +208,8 @@ class MeasuredLayoutCosts:
             return self.known[key]["ms"]
         if not self.measure:
             if self.store is not None:
-                self.store.missing(key, "compile once with layouts='measure' on this CPU")
+                self.store.missing(key, "compile once with layouts='measure' on this CPU, or choose by the rule: "
+                                        "layouts='rule'")
             return None
         start = time.perf_counter()
         module = module()

@@ -228,7 +228,7 @@ def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds:
 
 @dataclass
 class Selection:
-    """Choose the schedule of each kernel of a model and keep the choices in its record store."""
+    """Choose the schedule of each kernel of a model and keep the choices in its store of the cache."""
 
     store: RecordStore
     target: Target

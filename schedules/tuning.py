@@ -14,7 +14,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
@@ -27,6 +26,7 @@ from relaxc.schedules.cache import store_for, workload_hash
 from relaxc.passes.ir import IS_SCHEDULED
 from relaxc.schedules.default import default_schedule
 from relaxc.schedules.selection import Selection
+from relaxc.schedules.trials import make_runner, search_space, search_strategy
 from relaxc.support import remote, tvm_internals, tvm_log
 from relaxc.support.errors import UserError
 from relaxc.support.threads import configure_threads, physical_cores
@@ -34,10 +34,6 @@ from relaxc.support.threads import configure_threads, physical_cores
 log = logging.getLogger("relaxc")
 DEFAULT_TRIALS = 2000  # measurements of one tuning run, by compiler.tune and by tuning="tune"
 TRIALS_PER_ITER = 64
-RUNS_PER_TRIAL = 5  # cold runs timed per candidate
-UNROLL_STEPS = (0, 16, 64)  # explicit unrolling MetaSchedule may choose on CPU (its default adds 512)
-POPULATION_PER_TRIAL = 8  # evolutionary search population per candidate a batch measures (MetaSchedule: 512)
-RPC_TIMEOUT_S = 60  # one candidate's session on an RPC server: upload, load, timed runs
 
 
 @dataclass
@@ -142,7 +138,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
                 minutes: float | None = None, cache_dir: str | None = None, fingerprint: str = "",
                 model: str = "", reselect: bool = False, kernels: tuple[str, ...] = (), select: bool = True,
                 shard: tuple[int, int] | None = None, tasks: list[ms.ExtractedTask] | None = None) -> dict:
-    """Tune the kernels of ``mod`` (after layout and fusion) into the target's record store.
+    """Tune the kernels of ``mod`` (after layout and fusion) into the target's store of the cache.
 
     MetaSchedule commits a task's measurements to the database only when its scheduler next visits
     the task, a whole round of tasks later, so a killed run would lose every batch of the round.
@@ -192,7 +188,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
         budget = min(trials, sum(per_task - have[i] for i in todo))
         summary = {"tasks": len(tasks), "tasks_tuned": len(todo), "trials_budget": budget,
                    "records_before": sum(have), "stopped": "done", "cache_dir": store.dir, "trials": 0}
-        runner = _runner(target) if budget > 0 else None  # starts processes: one runner for the whole run
+        runner = make_runner(target) if budget > 0 else None  # starts processes: one runner for the whole run
         build = builder.PooledBuilder() if runner else None  # and one builder
         try:
             summary["defaults_recorded"], lost = (_commit_defaults([tasks[i] for i in todo if have[i] == 0], target,
@@ -330,7 +326,7 @@ def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, da
     trials measured (lost ones not counted)."""
     _quiet_metaschedule()  # each batch's logging set-up sets its logger back to DEBUG
     (context,), weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        [task], work_dir, space=_space(task.target), strategy=_strategy(size))
+        [task], work_dir, space=search_space(task.target), strategy=search_strategy(size))
     before = progress.trials
     ms.tune_tasks(tasks=[context], task_weights=weights, work_dir=work_dir, max_trials_global=size,
                   max_trials_per_task=size, num_trials_per_iter=size, database=database,
@@ -338,66 +334,3 @@ def _tune_batch(task: ms.ExtractedTask, index: int, size: int, work_dir: str, da
                   measure_callbacks=[_Measured(callbacks, progress, index, remote_runs)],
                   task_scheduler="round-robin")
     return progress.trials - before
-
-
-def _runner(target: Target) -> ms.runner.Runner | str:
-    """How trials are timed: on this machine, or on the servers of ``remote.measuring_on``'s tracker,
-    one candidate per session, as many at once as there are servers. On CPU each run starts with every
-    argument but the first flushed from the caches, as in the model, where each weight is read once per
-    inference: timed hot, the records of ResNet-50 promised kernels 2.3x faster than the defaults, and
-    the model ran 5% faster."""
-    if target.kind.name != "llvm":
-        return "local"
-    evaluator = ms.runner.EvaluatorConfig(number=1, repeat=RUNS_PER_TRIAL, min_repeat_ms=0, enable_cpu_cache_flush=True)
-    tracker = remote.measuring_tracker()
-    if tracker is None:
-        return ms.runner.LocalRunner(evaluator_config=evaluator, f_alloc_argument=alloc_arguments)
-    config = ms.runner.RPCConfig(tracker.host, tracker.port, tracker.key, session_timeout_sec=RPC_TIMEOUT_S)
-    return ms.runner.RPCRunner(config, evaluator, f_create_session=remote.runner_session,
-                               f_alloc_argument=alloc_remote_arguments, max_workers=max(1, tracker.servers()))
-
-
-def alloc_arguments(device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:
-    """MetaSchedule's random arguments, but integer tensors all zero: they are indices (token ids, a
-    gather's positions), and random ones read outside the data, so BERT's embedding lookups (``take``)
-    crashed in every trial and never got a record (``tuning="strict"`` then failed on a new CPU).
-    Runs in the measuring worker."""
-    return _arguments(tvm.get_global_func("tvm.contrib.random.random_fill_for_measure"), device, args_info,
-                      alloc_repeat)
-
-
-def alloc_remote_arguments(session, device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:
-    """``alloc_arguments`` on an RPC server."""
-    return _arguments(session.get_function("tvm.contrib.random.random_fill_for_measure"), device, args_info,
-                      alloc_repeat)
-
-
-def _arguments(random_fill, device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:
-    def fill(tensor: tvm.runtime.Tensor) -> None:
-        if tensor.dtype.startswith(("int", "uint")):
-            tensor.copyfrom(np.zeros(tensor.shape, tensor.dtype))
-        else:
-            random_fill(tensor)
-
-    return ms.runner.utils.alloc_argument_common(fill, device, args_info, alloc_repeat)
-
-
-def _strategy(size: int) -> ms.search_strategy.EvolutionarySearch:
-    """MetaSchedule's evolutionary search with a population in proportion to the batch it picks (512,
-    its default, for a batch of 64): sampling 512 schedules of a Winograd input transform took 64 s
-    on 2 cores, and a batch of 2 needs no such choice."""
-    population = max(16, min(512, POPULATION_PER_TRIAL * size))
-    return ms.search_strategy.EvolutionarySearch(population_size=population,
-                                                 init_min_unmeasured=min(50, population // 2))
-
-
-def _space(target: Target) -> ms.space_generator.SpaceGenerator | str:
-    """MetaSchedule's search space; on CPU with explicit unrolling limited to 64 steps, because 512
-    made single kernels take LLVM up to 5 s to build and load, for no speed."""
-    if target.kind.name != "llvm":
-        return "post-order-apply"
-    rules = [ms.schedule_rule.ParallelizeVectorizeUnroll(max_jobs_per_core=16, max_vectorize_extent=64,
-                                                        unroll_max_steps=list(UNROLL_STEPS), unroll_explicit=True)
-             if isinstance(rule, ms.schedule_rule.ParallelizeVectorizeUnroll) else rule
-             for rule in ms.ScheduleRule.create("llvm")]
-    return ms.space_generator.PostOrderApply(sch_rules=rules, postprocs="llvm", mutator_probs="llvm")

@@ -186,7 +186,7 @@ def one_kind(devices: list[Device], tracker: Tracker) -> Device:
     if len(kinds) > 1:
         raise RemoteError(f"the {len(devices)} RPC servers under key {tracker.key!r} are not one kind of machine "
                           f"({', '.join(f'{cpu} with {cores} cores' for cpu, cores in kinds)}): their times would "
-                          "mix in one record store; register each kind under a key of its own")
+                          "mix in one store of the cache; register each kind under a key of its own")
     return devices[0]
 
 

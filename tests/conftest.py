@@ -3,7 +3,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The user's record cache of this test session (its subprocesses too): empty, over the stores
+# The user's cache of this test session (its subprocesses too): empty, over the stores
 # relaxc ships, never the user's own.
 os.environ["RELAXC_CACHE_DIR"] = os.path.join(tempfile.mkdtemp(prefix="relaxc-test-cache-"), "records")
 

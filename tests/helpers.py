@@ -1,5 +1,5 @@
 """What several test modules share: running relaxc's command line as a user would (a fresh process
-each time), a record store that makes dispatch choose a given candidate, and a clock that stand-in
+each time), a cache that makes dispatch choose a given candidate, and a clock that stand-in
 work moves."""
 
 import json
@@ -47,7 +47,7 @@ def run_cli(*args, cwd=ROOT, timeout=600) -> subprocess.CompletedProcess:
 
 
 def store_choosing(tmp_path, model: onnx.ModelProto, choice: str) -> str:
-    """A record store whose dispatch.json makes ``choice`` the fastest candidate of every workload."""
+    """A cache whose dispatch.json makes ``choice`` the fastest candidate of every workload."""
     art = relaxc.compile(model, tuning="off", dispatch="rule")
     workloads = {c["workload"] for c in art.report()["dispatch"]["convolutions"]}
     entry = {"candidates": {name: {"ms": 1.0 if name == choice else 2.0, "error": 0.0,

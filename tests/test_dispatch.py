@@ -1,5 +1,5 @@
 """Operator dispatch: Winograd F(2x2)/F(4x4) against onnxruntime, measure/replay/strict/rule/off
-modes and the record store's dispatch.json, the strategies and the error limit, `relaxc inspect --dispatch`."""
+modes and the cache's dispatch.json, the strategies and the error limit, `relaxc inspect --dispatch`."""
 
 import json
 

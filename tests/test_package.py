@@ -1,5 +1,5 @@
 """The wheel a user installs: one top-level package, ``relaxc``, small enough for a package index,
-with the committed record stores inside it (packed), replayed strictly from any directory."""
+with the committed stores of the cache inside it (packed), replayed strictly from any directory."""
 
 import os
 import subprocess

@@ -75,7 +75,7 @@ def fleet(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tuned_remotely(fleet, tmp_path_factory):
-    """``relaxc tune --rpc`` of _mlp through the fleet: its summary, records root and servers."""
+    """``relaxc tune --rpc`` of _mlp through the fleet: its summary, cache and servers."""
     address, servers = fleet
     folder = tmp_path_factory.mktemp("records")
     onnx.save(_mlp(), folder / "mlp.onnx")

@@ -23,7 +23,8 @@ import relaxc
 from relaxc import frontend
 from relaxc.report import summary
 from relaxc import tuning as relaxc_tuning
-from relaxc.schedules import cache, decisions, dispatch_sequence, maintenance, record_files, replay, selection, sequence, tuning
+from relaxc.schedules import (cache, decisions, dispatch_sequence, maintenance, record_files, replay, selection,
+                               sequence, trials, tuning)
 from relaxc.support import targets, versions
 from relaxc.schedules.cache import RecordStore
 from relaxc.schedules.decisions import DecisionStore
@@ -369,7 +370,7 @@ def test_a_record_that_does_not_replay_leaves_its_kernel_to_the_default_and_says
 def test_measured_kernels_get_indices_in_range():
     """Trials run on random arguments, but index tensors are zeros: random token ids made every run of
     BERT's embedding lookup fail, leaving it without a record."""
-    (ids, values), = tuning.alloc_arguments(tvm.cpu(), [["TENSOR", "int64", [4, 8]], ["TENSOR", "float32", [256]]], 1)
+    (ids, values), = trials.alloc_arguments(tvm.cpu(), [["TENSOR", "int64", [4, 8]], ["TENSOR", "float32", [256]]], 1)
     assert ids.dtype == "int64" and not ids.numpy().any()
     assert values.numpy().std() > 0
 

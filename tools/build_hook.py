@@ -1,4 +1,4 @@
-"""The wheel's build step that ships the committed record stores inside the package, packed.
+"""The wheel's build step that ships the committed stores of the cache inside the package, packed.
 
 ``pyproject.toml`` names ``BuildPy`` as setuptools' ``build_py``: after the modules, each store
 under ``tuning_logs/`` is written to ``relaxc/tuning_logs/`` in the build, its database files
@@ -30,7 +30,7 @@ class BuildPy(build_py):
             return
         source = os.path.join(ROOT, "tuning_logs")
         if not os.path.isdir(source):
-            raise RuntimeError(f"{source} is missing: the wheel ships the committed record stores")
+            raise RuntimeError(f"{source} is missing: the wheel ships the committed stores of the cache")
         store_files = _store_files()
         for key in sorted(os.listdir(source)):
             if os.path.isdir(os.path.join(source, key)):

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tools.experiments.layout_choice STORE onnx:resnet50 zoo:googlenet ...
 
-Compiles each model with ``layouts="measure"`` into the record store root ``STORE`` (times already
+Compiles each model with ``layouts="measure"`` into the cache ``STORE`` (times already
 there are replayed, the rest measured: run it on an idle machine), tuning off, and prints a
 Markdown table: the solver's method, the plan's and the rule's modelled totals, the ops changed,
 the layout phase's seconds (docs/layout_choice.md).
@@ -19,7 +19,7 @@ import relaxc
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("store", help="record store root (cache_dir) to measure into and replay from")
+    parser.add_argument("store", help="the cache (cache_dir) to measure into and replay from")
     parser.add_argument("models", nargs="+", help="models (onnx:NAME, zoo:NAME or a path)")
     args = parser.parse_args(argv)
     print("| model | method | plan (ms, modelled) | rule (ms, modelled) | ops changed | layout phase (s) |\n"
