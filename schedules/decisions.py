@@ -9,9 +9,10 @@ decision relaxc makes by measuring, each a JSON object ``{"workloads": {key: ent
 - ``machine``: the CPU's FMA peak and bandwidth per thread count (``compiler/roofline.py``);
 - ``dynamic``: the record each kernel of dynamic extents replays (``schedules/dynamic_tuning.py``).
 
-Every kind that a compile chooses takes one of the same ``MODES``: ``measure`` (measure what is
-not stored, and store it), ``replay`` (what is stored; the built-in rule where nothing is),
-``rule`` (the built-in rule only, nothing read) and ``off`` (no choice at all). Under
+Every kind that a compile chooses (dispatch, layouts, backends) takes one of the same ``MODES``:
+``measure`` (measure what is not stored, and store it), ``replay`` (what is stored; the built-in
+rule where nothing is), ``rule`` (the built-in rule only, nothing read) and ``off`` (no choice at
+all; not for layouts, whose rule is the layout pass's own choice). Under
 ``tuning="strict"`` a decision a compile would replay but the store lacks is an error naming its
 kind and key (``DecisionStore.missing``): a CI build then runs what was measured, or fails.
 """
