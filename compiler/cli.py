@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from relaxc.options import Options, TuneOptions
+from relaxc.options import RENAMED, Options, TuneOptions
 from relaxc.report import dispatch_summary, memory_summary, plan_summary, summary, tune_command
 from relaxc.runtime import random_inputs
 from relaxc.support import tvm_log
@@ -69,7 +69,11 @@ def add_option_args(parser: argparse.ArgumentParser, options: type, exclude: tup
             kwargs.update(nargs="+", metavar=meta["metavar"])
         else:
             value_type = meta["type"] or (str if field.default is None else type(field.default))
-            kwargs.update(type=value_type, choices=meta["choices"], metavar=meta["metavar"])
+            choices, metavar = meta["choices"], meta["metavar"]
+            old = tuple(spelling for name, spelling in RENAMED if name == field.name)
+            if old:  # accepted here, so that Options.resolve refuses it naming the new spelling
+                choices, metavar = choices + old, metavar or "{" + ",".join(choices) + "}"
+            kwargs.update(type=value_type, choices=choices, metavar=metavar)
         parser.add_argument(*([flags] if isinstance(flags, str) else flags), **kwargs)
 
 

@@ -61,6 +61,12 @@ def test_an_old_mode_spelling_is_refused_naming_the_new_one(option, old, new):
         relaxc.compile(MODEL, **{option: old})
 
 
+def test_the_command_line_names_the_new_spelling_too():
+    refused = run_cli("compile", "onnx:squeezenet", "--dispatch-mode", "heuristic", "-q")
+    assert refused.returncode == 2 and "dispatch='heuristic' is spelled 'rule' now" in refused.stderr
+    assert "heuristic" not in run_cli("compile", "--help").stdout
+
+
 def test_log_dir_is_the_cache_dir_flag(tmp_path):
     listed = run_cli("cache", "list", "--log-dir", tmp_path)
     assert listed.returncode == 0 and listed.stdout.startswith(f"your cache: {tmp_path} (nothing cached)")
