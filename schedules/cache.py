@@ -47,9 +47,9 @@ log = logging.getLogger("relaxc")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> str:
-    """The cache, where measurements are written and read first: ``cache_dir``, else ``$RELAXC_CACHE_DIR``,
-    else the user's cache directory (``$XDG_CACHE_HOME/relaxc``, ``~/.cache/relaxc``; macOS
-    ``~/Library/Caches/relaxc``)."""
+    """The cache, where measurements are written and read first: ``cache_dir``, else
+    ``$RELAXC_CACHE_DIR``, else the user's cache directory (``$XDG_CACHE_HOME/relaxc``,
+    ``~/.cache/relaxc``; macOS ``~/Library/Caches/relaxc``)."""
     if cache_dir or os.environ.get("RELAXC_CACHE_DIR"):
         return os.fspath(cache_dir or os.environ["RELAXC_CACHE_DIR"])
     if sys.platform == "darwin":

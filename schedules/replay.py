@@ -78,7 +78,8 @@ class ApplyTuningRecords:
         """Say (report, and a progress line that ``-q`` hides: the summary says it too) that no records
         are for this target, which stores there are, and what would tune for it."""
         root = cache_root(self.cache_dir)
-        others = sorted(set(stores(root)) | set(stores(shipped_root() or "") if self.cache_dir is None else ()))
+        others = sorted(set(stores(root, records=True))
+                        | set(stores(shipped_root() or "", records=True) if self.cache_dir is None else ()))
         spec = {k: v for k, v in targets.describe(target).items() if k in ("kind", "mcpu", "num-cores")}
         command = f"relaxc tune {self.model} -t '{json.dumps(spec, separators=(',', ':'))}'" + \
             (f" --cache-dir {root}" if self.cache_dir else "")
