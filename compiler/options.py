@@ -29,7 +29,8 @@ from relaxc.support import remote, targets
 from relaxc.support.errors import TargetError, UserError
 
 LAYOUT_MODES = tuple(mode for mode in MODES if mode != "off")  # the rule is the layout pass's own choice
-RENAMED = {("dispatch", "heuristic"): "rule", ("backends", "relaxc"): "off", ("backends", "fallback"): "rule"}
+RENAMED = {("dispatch", "heuristic"): "rule", ("backends", "fallback"): "rule"}
+RELAXC_ONLY = "relaxc"  # backends="relaxc": the same as "off", named for what then runs the model
 
 
 def _option(default: Any, help: str, *, type: type | None = None, choices: tuple | None = None,  # noqa: A002
@@ -103,11 +104,11 @@ class Options:
                                         "own, never reused", metavar="GLOB")
     validate_memory: bool = _option(False, "check the memory plan pair by pair and fill the arena with "
                                     "garbage before each run")
-    backends: str = _option("replay", "what runs the model: relaxc's own kernels only (off); those, and an "
+    backends: str = _option("replay", "what runs the model: relaxc's own kernels only (off, or relaxc); those, and an "
                             "installed external backend (onnxruntime, openvino) for the nodes relaxc cannot compile "
                             "(rule); the rule plus the partition measured for this CPU before, where there is "
                             "one (replay); or measure the partitions without a decision first and keep them "
-                            "(measure). docs/backends.md", choices=MODES, flag="--backends")
+                            "(measure). docs/backends.md", choices=(*MODES, RELAXC_ONLY), flag="--backends")
     backend_overrides: Any = _option((), "pin nodes to a backend: GLOB=BACKEND, the glob matched against node "
                                      "names, BACKEND relaxc, onnxruntime or openvino (a dict in the Python API)",
                                      metavar="GLOB=BACKEND", flag="--backend-override")
@@ -145,7 +146,8 @@ class Options:
         if self.measure_budget_s <= 0:
             raise UserError(f"measure_budget_s must be positive, not {self.measure_budget_s}")
         return Config(tvm_target, block, why, planner, tuple(self.unshared), self.validate_memory, self.tuning,
-                      self.dispatch, self.strategy, self.layouts, self.cache_dir, tools, tracker, self.backends,
+                      self.dispatch, self.strategy, self.layouts, self.cache_dir, tools, tracker,
+                      "off" if self.backends == RELAXC_ONLY else self.backends,
                       self.overrides(), float(self.measure_budget_s))
 
     def overrides(self) -> dict[str, str]:

@@ -54,11 +54,15 @@ def test_strict_replay_names_missing_machine_figures(tmp_path):
         roofline.machine(targets.resolve("cpu"), str(tmp_path), strict=True)
 
 
-@pytest.mark.parametrize("option, old, new", [("dispatch", "heuristic", "rule"), ("backends", "fallback", "rule"),
-                                              ("backends", "relaxc", "off")])
+@pytest.mark.parametrize("option, old, new", [("dispatch", "heuristic", "rule"), ("backends", "fallback", "rule")])
 def test_an_old_mode_spelling_is_refused_naming_the_new_one(option, old, new):
     with pytest.raises(relaxc.UserError, match=rf"{option}='{old}' is spelled '{new}' now"):
         relaxc.compile(MODEL, **{option: old})
+
+
+def test_backends_relaxc_is_backends_off():
+    """``backends="relaxc"`` names what runs the model: relaxc's kernels only, as ``"off"``."""
+    assert relaxc.Options(backends="relaxc").resolve("cpu").backends == "off"
 
 
 def test_the_command_line_names_the_new_spelling_too():
