@@ -24,7 +24,7 @@ from relaxc import frontend
 from relaxc.report import summary
 from relaxc import tuning as relaxc_tuning
 from relaxc.schedules import (cache, decisions, dispatch_sequence, maintenance, record_files, replay, selection,
-                               sequence, trials, tuning)
+                               sequence, trials)
 from relaxc.support import targets, versions
 from relaxc.schedules.cache import RecordStore
 from relaxc.schedules.decisions import DecisionStore
