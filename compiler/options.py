@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from tvm.target import Target
 
 from relaxc import external
-from relaxc.backend import toolchain
+from relaxc.codegen import toolchain
 from relaxc.passes.memory import PLANNERS
 from relaxc.schedules.dispatch import LAYOUT_MODES, MODES as DISPATCH_MODES, STRATEGIES
 from relaxc.schedules.sequence import SELECTIONS

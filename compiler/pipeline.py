@@ -20,7 +20,7 @@
                passes/positive_dims.py     kernels told a dynamic dim is at least 1
     lower      passes/memory.py + TVM      VM lowering, arena storage planning on the final shapes
                passes/shape_reuse.py       a dynamic model's shapes built once per call
-    build      compiler/backend/codegen.py code generation, CPU kernels on every core
+    build      compiler/codegen/parallel.py code generation, CPU kernels on every core
                (exp, tanh, erf, pow lowered to vector polynomials: passes/fast_math.py)
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
@@ -38,12 +38,12 @@ from typing import Callable
 import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
-from tvm.relax.backend.cuda import pipeline as cuda_backend
-from tvm.relax.backend.rocm import pipeline as rocm_backend
+from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+from tvm.relax.backend.rocm import pipeline as rocm_pipeline
 
 from relaxc import backend_choice, diagnostics, external, frontend, report
 from relaxc.artifact import Artifact
-from relaxc.backend import codegen
+from relaxc.codegen import parallel
 from relaxc.instrument import PhaseRecorder
 from relaxc.options import Config, Options
 from relaxc.passes import fast_math
@@ -189,7 +189,7 @@ def _build_candidate(mod: tvm.IRModule, c: Compilation) -> relax.VMExecutable:
     alone = Compilation(dataclasses.replace(c.config, tuning=tuning), c.model)
     for phase in PHASES[PHASE_NAMES.index("legalize") - 1:]:
         mod = phase.run(mod, alone)
-    return codegen.build(mod, c.config.target)
+    return parallel.build(mod, c.config.target)
 
 
 def _legalize(c: Compilation) -> list[tvm.transform.Pass]:
@@ -211,15 +211,16 @@ def _schedule(c: Compilation) -> list[tvm.transform.Pass]:
     return [DefaultSchedules(c.config.target), PositiveDims()]
 
 
-BACKENDS = {"llvm": cpu_generic, "cuda": cuda_backend, "rocm": rocm_backend}
+TVM_PIPELINES = {"llvm": cpu_generic, "cuda": cuda_pipeline, "rocm": rocm_pipeline}  # TVM's lowering per target kind
 
 
 def _lower(c: Compilation) -> list[tvm.transform.Pass]:
     target = c.config.target
-    backend = BACKENDS[target.kind.name]
+    tvm_pipeline = TVM_PIPELINES[target.kind.name]
     arena = ArenaPlan(c.config.memory_planner, c.config.unshared, c.config.validate_memory,
                       padding_bytes=c.report.get("layout", {}).get("padding_bytes", 0))  # none: a dispatch candidate
-    return backend.dataflow_lower_passes(target) + [arena] + backend.finalize_passes(target) + [ReuseShapes()]
+    return (tvm_pipeline.dataflow_lower_passes(target) + [arena] + tvm_pipeline.finalize_passes(target)
+            + [ReuseShapes()])
 
 
 PHASES: tuple[Phase, ...] = (
@@ -292,4 +293,4 @@ def _compile(prepared: frontend.Prepared, partitioning: frontend.Partitioning, c
         for phase in PHASES:
             mod = recorder.run(phase.name, phase.run, mod, compilation)
     recorder.snapshots["final"] = mod
-    return compilation, recorder.run("build", codegen.build, mod, config.target)
+    return compilation, recorder.run("build", parallel.build, mod, config.target)
