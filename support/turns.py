@@ -1,6 +1,6 @@
 """Runtimes taking turns in blocks of timed runs: the timing every relaxc-against-onnxruntime
 benchmark shares (``benchmarks.harness``, as ``harness.alternate``; ``tools/experiments``), and,
-paired round by round, the measured choice among backends (``compiler/backend_choice.py``). It
+paired round by round, the measured choice among backends (``compiler/backend_candidates.py``). It
 imports nothing of relaxc, so ``tools/experiments/deployed.py`` loads it by its path where only
 TVM's runtime is installed."""
 
