@@ -124,12 +124,14 @@ def _target_flags(target: dict) -> dict:
 def summary(report: dict, tune_with: str | None = None, latency: str | None = None) -> str:
     """The report on one screen: phases, layout, memory, schedules and tuning, warnings, latency.
     ``tune_with`` is the command that would tune the kernels without records."""
-    phases = " · ".join(f"{p['name']} {p['seconds']:.1f}" for p in report["phases"])
+    # the phases that print as 0.1 s or more: all fourteen would not fit one line
+    phases = " · ".join(f"{p['name']} {p['seconds']:.1f}" for p in report["phases"] if p["seconds"] >= 0.05)
     layout, memory = report.get("layout", {}), report.get("memory", {})
     lines = [
         f"{report['model']} for {report['target'].get('kind')} "
         f"({', '.join(f'{k}={v}' for k, v in _target_flags(report['target']).items() if k != 'kind')})",
-        f"  compiled in {report['compile_seconds']:.1f} s: {phases} (s)",
+        f"  compiled in {report['compile_seconds']:.1f} s: "
+        + (f"{phases} (s; the others under 0.05)" if phases else "each phase under 0.05 s"),
         f"  fingerprint {report['fingerprint'][:16]}",
     ]
     if layout:
