@@ -4,8 +4,9 @@
                                              QOperators, fold shape computations, rewrite ignored
                                              attributes, write out recurrent layers, refuse inexact forms
     backends  compiler/backend_choice.py     which backend runs each node: relaxc, or an installed
-              (backend_costs.py, _candidates) library for what relaxc cannot compile or runs slower
-                                             (backends="measure": partitions built and timed first)
+                                             library for what relaxc cannot compile or runs slower
+              compiler/backend_costs.py      (backends="measure": partitions built and timed first,
+              compiler/backend_candidates.py the whole-model candidates against each other)
     import    compiler/frontend/             the external subgraphs cut out, relaxc's part to Relax
     simplify  passes/half_precision.py       AccumulateHalfInFloat32: half types accumulate in float32
               passes/signed_activations.py   SignedActivationsAsUnsigned: int8 activations as uint8, 128 higher
@@ -39,9 +40,11 @@
               passes/memory.py               ArenaPlan: arena storage planning on the final shapes
               TVM_PIPELINES                  TVM's finalizing passes of the target (VM lowering)
               passes/shape_reuse.py          ReuseShapes: a dynamic model's shapes built once per call
-    build     compiler/codegen/parallel.py   code generation, CPU kernels on every core, each through
-              passes/tir_pipeline.py         TVM's TIR lowering and relaxc's TIR passes (exp, tanh, erf,
-                                             pow as vector polynomials: passes/fast_math.py)
+    build     compiler/codegen/parallel.py   code generation, CPU kernels on every core (exp, tanh, erf,
+                                             pow as vector polynomials: passes/fast_math.py), each through
+              passes/tir_pipeline.py         TVM's TIR lowering, then DropVerifiedArgChecks, StackBuffers,
+                                             BindExpandedArguments, Avx512Sigmoid, PrefetchNextPanel,
+                                             NaNThroughBounds
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
 ``Artifact.ir(phase)`` shows what it did and ``report()["phases"]`` how long it took; the report

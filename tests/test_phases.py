@@ -13,6 +13,7 @@ import tvm
 
 import relaxc
 from relaxc import frontend, pipeline
+from relaxc.passes import tir_pipeline
 from relaxc.support.errors import ImportFailure
 from tests import reference
 from tests.helpers import ROOT
@@ -41,16 +42,19 @@ def _marker(name: str) -> tvm.transform.Pass:
 
 
 def phase_passes(monkeypatch) -> dict[str, list[str]]:
-    """Each pass phase's passes for a CPU compile, by the names they give themselves; TVM's
-    per-target lowering as one name each (its passes are TVM's to change)."""
+    """Each pass phase's passes for a CPU compile, by the names they give themselves, and relaxc's
+    TIR passes of the build; TVM's per-target lowering as one name each (its passes are TVM's to
+    change)."""
     lowering = types.SimpleNamespace(**{name: (lambda _target, name=name: [_marker(name)]) for name in TVM_LOWERING})
     monkeypatch.setitem(pipeline.TVM_PIPELINES, "llvm", lowering)
     config = relaxc.Options().resolve("cpu")
     imported = frontend.import_model(reference.small_cnn())
     c = pipeline.Compilation(config, model=imported, mod=imported.module)
     with config.target:
-        return {phase.name: [p.info.name.removeprefix("relaxc.") for p in phase.passes(c)]
-                for phase in pipeline.PHASES if isinstance(phase, pipeline.Phase)}
+        passes = {phase.name: [p.info.name.removeprefix("relaxc.") for p in phase.passes(c)]
+                  for phase in pipeline.PHASES if isinstance(phase, pipeline.Phase)}
+    tir, _, _ = tir_pipeline._relaxc_pipeline()  # after TVM's own TIR lowering, its first pass
+    return passes | {"build": [p.info.name.removeprefix("relaxc.") for p in tir.passes[1:]]}
 
 
 def test_the_pipeline_doc_lists_every_phase_and_its_passes_in_order(monkeypatch):
