@@ -45,8 +45,7 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     constants: inputs fixed at compile time, e.g. ``{"axes": np.array([1])}``: each becomes a constant
         of the model and is no longer an input of the artifact (for inputs that must be static: a
         reduction's axes, pads, a Reshape's shape).
-    options: the fields of ``relaxc.Options`` as keywords (``tuning``, ``cache_dir``,
-        ``layout_block``, ``memory_planner``, ``unshared``, ``validate_memory``), each documented there.
+    options: the fields of ``relaxc.Options`` as keywords, each documented there (and in docs/api.md).
     """
     from relaxc.options import Options
     from relaxc.pipeline import compile_model
@@ -59,8 +58,8 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
          tune_sizes: "dict[str, list[int]] | None" = None, **options: Any) -> dict:
     """Tune the model's kernels with MetaSchedule (XGBoost cost model) into the record store.
 
-    options: the fields of ``relaxc.TuneOptions`` (``trials``, ``trials_per_task``, ``minutes``,
-    ``kernels``, ``reselect``) and of ``relaxc.Options`` but ``tuning``, as keywords. Records go to
+    options: the fields of ``relaxc.TuneOptions`` and of ``relaxc.Options`` but ``tuning``, as
+    keywords (docs/api.md lists them). Records go to
     ``<cache_dir>/<target key>/`` as they are measured, so an interrupted run loses nothing and a
     rerun resumes. Then each kernel whose records changed (every kernel with ``reselect``; only those
     matching ``kernels``, if given) gets its

@@ -10,14 +10,14 @@
     import    compiler/frontend/             the external subgraphs cut out, relaxc's part to Relax
     simplify  passes/half_precision.py       AccumulateHalfInFloat32: half types accumulate in float32
               passes/signed_activations.py   SignedActivationsAsUnsigned: int8 activations as uint8, 128 higher
-              passes/quantized.py            QuantizedToIntegers: QDQ convs, matmuls, additions on integers
+              passes/quantized/              QuantizedToIntegers: QDQ convs, matmuls, additions on integers
               passes/fold_constants.py       FoldConstantsNumpy, TVM's FoldBatchnormToConv2D and
                                              DecomposeOpsForInference, FoldConstantsNumpy, FoldRemainingConstants
               passes/integer_matmul.py       IntegerMatmuls: MatMulInteger on uint8 x int8 bytes
-              passes/canonicalize.py         Conv1dAsConv2d, DepthwisePointwiseToMultiply, GroupNormAsRows,
+              passes/canonicalize/           Conv1dAsConv2d, DepthwisePointwiseToMultiply, GroupNormAsRows,
                                              WholeReductionsInSlabs: importer idioms undone
               passes/conv_taps.py            DropPaddingTaps: convolution taps that read only padding
-              passes/canonicalize.py         SumOfStackToAdd, SplitAlongChannelsToSlices, ChannelShuffleToTake,
+              passes/canonicalize/           SumOfStackToAdd, SplitAlongChannelsToSlices, ChannelShuffleToTake,
                                              ClipFromTIR, DropoutToIdentity, DivideByConstantToMultiply,
                                              MatmulOfFlattenedRows
               passes/channels_last.py        ChannelsLastToNCHW: channels-last stretches back into NCHW
@@ -35,16 +35,16 @@
     tune      schedules/tuning.py            ApplyTuningRecords: records applied (replay, strict), or
                                              MetaSchedule tunes the kernels without one first (tune)
     schedule  schedules/default.py           DefaultSchedules: default rules for every kernel without a record
-              passes/positive_dims.py        PositiveDims: kernels told a dynamic dim is at least 1
+              passes/tir/positive_dims.py    PositiveDims: kernels told a dynamic dim is at least 1
     lower     TVM_PIPELINES                  TVM's dataflow lowering of the target
               passes/memory.py               ArenaPlan: arena storage planning on the final shapes
               TVM_PIPELINES                  TVM's finalizing passes of the target (VM lowering)
               passes/shape_reuse.py          ReuseShapes: a dynamic model's shapes built once per call
     build     compiler/codegen/parallel.py   code generation, CPU kernels on every core (exp, tanh, erf,
-                                             pow as vector polynomials: passes/fast_math.py), each through
-              passes/tir_pipeline.py         TVM's TIR lowering, then DropVerifiedArgChecks, StackBuffers,
-                                             BindExpandedArguments, Avx512Sigmoid, PrefetchNextPanel,
-                                             NaNThroughBounds
+                                             pow as vector polynomials: passes/tir/fast_math.py), each
+              passes/tir/tir_pipeline.py     through TVM's TIR lowering, then DropVerifiedArgChecks,
+                                             StackBuffers, BindExpandedArguments, Avx512Sigmoid,
+                                             PrefetchNextPanel, NaNThroughBounds
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
 ``Artifact.ir(phase)`` shows what it did and ``report()["phases"]`` how long it took; the report
@@ -72,16 +72,19 @@ from relaxc.artifact import Artifact
 from relaxc.codegen import parallel
 from relaxc.instrument import PhaseRecorder
 from relaxc.options import Config, Options
-from relaxc.passes import fast_math
+from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
 from relaxc.schedules.cache import LAYOUT_FILE, store_for
 from relaxc.schedules.dispatch import Chooser, DispatchStore, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
-from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, Conv1dAsConv2d, DepthwisePointwiseToMultiply,
-                                 DivideByConstantToMultiply, DropoutToIdentity, GroupNormAsRows, MatmulOfFlattenedRows,
-                                 SplitAlongChannelsToSlices, SumOfStackToAdd, WholeReductionsInSlabs)
+from relaxc.passes.canonicalize.channels import ChannelShuffleToTake, SplitAlongChannelsToSlices
+from relaxc.passes.canonicalize.convolutions import Conv1dAsConv2d, DepthwisePointwiseToMultiply
+from relaxc.passes.canonicalize.elementwise import (ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
+                                                    SumOfStackToAdd)
+from relaxc.passes.canonicalize.matmuls import MatmulOfFlattenedRows
+from relaxc.passes.canonicalize.reductions import GroupNormAsRows, WholeReductionsInSlabs
 from relaxc.passes.check_indices import CheckIndices
 from relaxc.passes.conv_taps import DropPaddingTaps
 from relaxc.passes.cse import EliminateCommonSubexpr
@@ -95,7 +98,7 @@ from relaxc.passes.legalize import legalize_ops
 from relaxc.passes.quantized import QuantizedToIntegers
 from relaxc.passes.signed_activations import SignedActivationsAsUnsigned
 from relaxc.passes.memory import ArenaPlan
-from relaxc.passes.positive_dims import PositiveDims
+from relaxc.passes.tir.positive_dims import PositiveDims
 from relaxc.passes.shape_reuse import ReuseShapes
 from relaxc.schedules.default import DefaultSchedules
 from relaxc.schedules.tuning import ApplyTuningRecords

@@ -29,7 +29,7 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from relaxc.passes import fast_math
+from relaxc.passes.tir import fast_math
 from relaxc.passes.ir import at_sizes, call_sizes
 from relaxc.schedules.cache import store_for
 from relaxc.schedules.cpu.steps import buffer_bytes

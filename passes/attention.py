@@ -27,7 +27,7 @@ from tvm.sym.analyzer import Analyzer
 from relaxc.passes.ir import constant_array, is_op, rewrite_emitting
 
 INJECTIVE = 2  # FuseOps' kInjective: TVM's analysis reads opaque through the padding's clamped index
-ROWS = 8  # dynamic query rows are padded to whole register tiles of this many (schedules/cpu/tiled.py's;
+ROWS = 8  # dynamic query rows are padded to whole register tiles of this many (schedules/cpu/tile_plan.py's;
 # schedules/default.py's representative sizes keep them whole)
 ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.where", "relax.maximum",
                "relax.minimum", "relax.negative", "relax.isnan", "relax.astype", "relax.exp"}

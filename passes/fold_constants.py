@@ -153,7 +153,8 @@ def _computes_from_constants(func: relax.Function) -> bool:
 @relax.expr_functor.mutator
 class _ConstantsInPlace(relax.PyExprMutator):
     """Every use of a variable bound to a constant becomes the constant, as ``FoldConstant`` leaves
-    them (the passes after it match constant operands in place: ``x / c`` in ``canonicalize.py``)."""
+    them (the passes after it match constant operands in place: ``x / c`` in
+    ``canonicalize/elementwise.py``)."""
 
     def visit_var_(self, var: relax.Var) -> relax.Expr:
         bound = self.lookup_binding(var)

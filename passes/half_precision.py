@@ -15,7 +15,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from relaxc.passes.ir import map_relax_functions
+from relaxc.passes.ir import MutatorPass
 
 HALF = ("float16", "bfloat16")
 ACCUMULATING = {"relax.matmul", "relax.sum", "relax.mean", "relax.variance", "relax.std", "relax.prod",
@@ -58,8 +58,7 @@ class _Widen(relax.PyExprMutator):
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.AccumulateHalfInFloat32")
-class AccumulateHalfInFloat32:
+class AccumulateHalfInFloat32(MutatorPass):
     """Reductions of float16/bfloat16 tensors computed in float32, rounded once at the end."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return map_relax_functions(mod, _Widen(mod).visit_expr)
+    mutator = _Widen

@@ -51,7 +51,7 @@ class _Rewriter(relax.PyExprMutator):
         if not is_op(call, "relax.matmul") or call.ty.dtype != "int32":
             return call
         lhs, rhs = call.args
-        if lhs.ty.dtype in ("uint8", "int8"):  # bytes already (passes/quantized.py's)
+        if lhs.ty.dtype in ("uint8", "int8"):  # bytes already (passes/quantized/products.py's)
             return call
         weights = constant_array(rhs)
         shifted = is_op(self._value(lhs), "relax.subtract")

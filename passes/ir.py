@@ -38,6 +38,16 @@ def map_relax_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], r
     return new
 
 
+class MutatorPass:
+    """The body of a module pass that runs one mutator over every Relax function: a subclass names
+    the mutator class (built per module) and is decorated with ``tvm.transform.module_pass``."""
+
+    mutator: type[relax.PyExprMutator]
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return map_relax_functions(mod, self.mutator(mod).visit_expr)
+
+
 def rewrite_emitting(mod: tvm.IRModule, rewriter: relax.PyExprMutator) -> tvm.IRModule:
     """Every Relax function of ``mod`` rewritten by ``rewriter`` (built on ``mod.clone()``), with
     the PrimFuncs it emitted through its builder (``call_te``) added to the module."""

@@ -28,8 +28,9 @@ import tvm
 from tvm import relax
 
 from relaxc.passes.ir import constant_array, is_op, static_shape
-from relaxc.passes.layout import ELEMENTWISE, flatten_tuples, homes
+from relaxc.passes.layout import flatten_tuples, homes
 from relaxc.passes.layout_algebra import REGISTRY, STANDARD, Layout, blocked, input_block, pack_conv_weight
+from relaxc.passes.layout_rules import ELEMENTWISE
 from relaxc.passes.graph_choice import Operator, Problem, Solution, solve
 
 OUTPUT = "<outputs>"  # the operator that reads the function's results, in NCHW

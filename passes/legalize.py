@@ -31,7 +31,7 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     with the blocks (ShuffleNet's 34 channels on 16-lane blocks): each output block reads the
     kernel's I input blocks from the one holding its first group's first channel (moved back where
     that would run past the last block), and the kernel is zero outside its groups
-    (``passes/layout.py``, ``pack_windowed_conv_weight``).
+    (``passes/layout_algebra.py``, ``pack_windowed_conv_weight``).
 
     8-bit data sums in ``out_dtype`` (int32); its kernel may be packed ``OIHW{i/d}i{o}o{d}i``
     (``kernel_grouped``), ``d`` input channels of each output lane together, as the target's byte

@@ -2,7 +2,7 @@
 
 onnxruntime's quantizer writes int8 activations by default (``activation_type=QInt8``), but the
 byte dot products (``vpdpbusd``, ``vpmaddubsw``) take unsigned data, and
-``passes/quantized.py`` reads uint8 chains. The same arithmetic holds on every activation plus 128:
+``passes/quantized/`` reads uint8 chains. The same arithmetic holds on every activation plus 128:
 
     DequantizeLinear(xq, s, z)  = DequantizeLinear(xq + 128 as uint8, s, z + 128)
     QuantizeLinear(v, s, z) + 128 = QuantizeLinear(v, s, z + 128) to uint8
@@ -80,7 +80,7 @@ class SignedActivationsAsUnsigned:
 
     The module is marked ``SIGNED_ATTR`` where any were: 128 higher, their products' pairs would
     saturate (``vpmaddubsw``, no VNNI) where onnxruntime's int8 kernels sum exactly, so
-    ``passes/quantized.py`` then sums exactly.
+    ``passes/quantized/products.py`` then sums exactly.
 
     ``summary()`` (``report()["signed_activations"]``): ``quantizes``, the int8 quantizes so rewritten."""
 

@@ -31,7 +31,7 @@ def build(mod: tvm.IRModule, target: Target, _params) -> tvm.runtime.Module:
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from relaxc.passes import fast_math, tir_pipeline
+    from relaxc.passes.tir import fast_math, tir_pipeline
 
     fast_math.register()
 

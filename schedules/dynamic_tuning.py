@@ -25,7 +25,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 from tqdm import tqdm
 
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.passes.ir import IS_SCHEDULED, at_sizes
 from relaxc.schedules.cache import DYNAMIC_FILE, RecordStore, read_measurements, workload_hash, write_measurements
 from relaxc.schedules.default import default_schedule

@@ -36,7 +36,7 @@ from tvm.s_tir.schedule import Trace
 from tvm.target import Target
 from tqdm import tqdm
 
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.schedules.cache import RecordStore, mean_seconds, workload_hash
 from relaxc.schedules.default import default_schedule
 from relaxc.support import remote, tvm_log

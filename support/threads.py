@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 
 def physical_cores() -> int:
@@ -42,20 +43,29 @@ _spin_count: int | None = None
 
 
 def spin_count() -> int:
-    """The yields that take about ``SPIN_S`` here, timed once a process (20,000 yields, a few ms):
-    the loop of yields less the same loop calling a builtin that does nothing."""
+    """The yields that take about ``SPIN_S`` here, timed once a process (``yield_s``: a few ms)."""
     global _spin_count
     if _spin_count is None:
-        calls = 20_000
-        start = time.perf_counter()
-        for _ in range(calls):
-            os.sched_yield()
-        middle = time.perf_counter()
-        for _ in range(calls):
-            int()
-        each = max((middle - start) - (time.perf_counter() - middle), 1e-9 * calls) / calls
-        _spin_count = max(_SPIN_RANGE[0], min(_SPIN_RANGE[1], round(SPIN_S / each)))
+        _spin_count = spin_count_for(yield_s())
     return _spin_count
+
+
+def spin_count_for(seconds_per_yield: float) -> int:
+    """The yields that take ``SPIN_S`` at ``seconds_per_yield`` each, within ``_SPIN_RANGE``."""
+    return max(_SPIN_RANGE[0], min(_SPIN_RANGE[1], round(SPIN_S / seconds_per_yield)))
+
+
+def yield_s(calls: int = 20_000, clock: Callable[[], float] = time.perf_counter,
+            pause: Callable[[], None] = os.sched_yield) -> float:
+    """Seconds one ``pause`` (a yield of the core) takes: a loop of ``calls`` of them less the same
+    loop calling a builtin that does nothing, at least 1 ns."""
+    start = clock()
+    for _ in range(calls):
+        pause()
+    middle = clock()
+    for _ in range(calls):
+        int()
+    return max((middle - start) - (clock() - middle), 1e-9 * calls) / calls
 
 
 def configure_threads() -> None:

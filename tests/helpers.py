@@ -1,5 +1,6 @@
 """What several test modules share: running relaxc's command line as a user would (a fresh process
-each time), and a record store that makes dispatch choose a given candidate."""
+each time), a record store that makes dispatch choose a given candidate, and a clock that stand-in
+work moves."""
 
 import json
 import os
@@ -10,7 +11,7 @@ import onnx
 import tvm
 
 import relaxc
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.passes.dispatch import DIRECT, WINOGRAD
 from relaxc.schedules.cache import DISPATCH_FILE
 from relaxc.schedules import cache
@@ -56,3 +57,17 @@ def store_choosing(tmp_path, model: onnx.ModelProto, choice: str) -> str:
     directory.mkdir(parents=True)
     (directory / DISPATCH_FILE).write_text(json.dumps({"workloads": {w: entry for w in workloads}}))
     return str(tmp_path)
+
+
+class FakeClock:
+    """A clock that moves only when stand-in work says so (``sleep``): times a test knows exactly,
+    whatever the machine's speed or load. Patched over a module's ``time`` (``perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds

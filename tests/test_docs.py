@@ -3,16 +3,20 @@
 - every ``relaxc ...`` command they show parses with the real CLI parser (``relaxc.cli.build_parser``),
   and every ``relaxc-bench ...`` line of a code block with ``relaxc.benchmarks.bench.build_parser``;
 - every relative link points to a file (and heading) of the repository;
-- the README stays short;
+- the README stays short, and lists the options all or none;
+- docs/api.md documents every name ``relaxc`` exports, every field of ``relaxc.Options`` and
+  ``relaxc.TuneOptions`` (and no other) with its CLI flag, and the public members of
+  ``relaxc.Artifact`` and ``relaxc.Deployed``; docs/cli.md every flag of each subcommand (and no other);
 - no reference to the project's internal history (issue numbers, seed documents).
 
-Read from the files; nothing is compiled.
+Read from the files and the code's definitions; nothing is compiled.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import glob
 import io
 import os
@@ -23,9 +27,12 @@ from typing import Callable
 
 import pytest
 
+import relaxc
 from tests.helpers import ROOT
 
 README = os.path.join(ROOT, "README.md")
+API = os.path.join(ROOT, "docs", "api.md")
+CLI = os.path.join(ROOT, "docs", "cli.md")
 README_MAX_LINES = 220
 DOCS = [README] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 
@@ -37,6 +44,8 @@ FENCE = re.compile(r"^(```|~~~)")
 INLINE = re.compile(r"(`+)(.+?)\1", re.S)
 LINK = re.compile(r"(?<!!)\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HISTORY = re.compile(r"\bissues?\s+#?\d+|\bseeds?\s+0\d\d\b|\bseeds/", re.I)
+FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
+CELL = re.compile(r"(?<!\\)\|")  # a table's cell boundary: a pipe not escaped
 
 
 def _rel(path: str) -> str:
@@ -250,3 +259,124 @@ def test_no_references_to_internal_history(path):
 def test_the_history_check_matches_what_it_must():
     assert HISTORY.search("as seed 000 asks") and HISTORY.search("(issue 15)") and HISTORY.search("seeds/")
     assert not HISTORY.search("--seed 0") and not HISTORY.search("seed 100000") and not HISTORY.search("tissue 3")
+
+
+# --- the reference pages against the code ---------------------------------------------------------
+
+def sections(path: str) -> dict[str, str]:
+    """A page's prose by its ``## `` heading (backticks dropped; "" for what precedes the first),
+    each with its ``###`` subsections."""
+    _code, prose = _split(open(path, encoding="utf-8").read())
+    found, heading = {"": []}, ""
+    for line in prose.splitlines():
+        if line.startswith("## "):
+            heading = line[3:].replace("`", "").strip()
+            found[heading] = []
+        else:
+            found[heading].append(line)
+    return {heading: "\n".join(lines) for heading, lines in found.items()}
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every table row of ``text``, each table's header and separator rows left out."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.lstrip().startswith("|"):
+            current.append([cell.strip() for cell in CELL.split(line.strip().strip("|"))])
+        elif current:
+            tables.append(current[2:])
+            current = []
+    return [row for table in tables for row in table]
+
+
+def code_spans(text: str) -> list[str]:
+    """The inline code of ``text``, in order."""
+    return [" ".join(m.group(2).split()) for m in INLINE.finditer(text)]
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = _cli_parser()
+    (choices,) = [a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(choices)
+
+
+def _flags(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
+    """Each option's flags by its ``dest`` (``--help`` left out)."""
+    return {a.dest: a.option_strings for a in parser._actions if a.option_strings and a.dest != "help"}
+
+
+@pytest.mark.parametrize("name", relaxc.__all__)
+def test_each_name_relaxc_exports_imports_from_it_and_api_md_documents_it(name):
+    namespace: dict = {}
+    exec(f"from relaxc import {name}", namespace)
+    assert namespace[name] is getattr(relaxc, name)
+    assert re.search(rf"`relaxc\.{name}\b", open(API, encoding="utf-8").read()), f"docs/api.md never names relaxc.{name}"
+
+
+@pytest.mark.parametrize("name, command", [("Options", "compile"), ("TuneOptions", "tune")])
+def test_api_md_documents_every_option_and_no_other_with_its_flag(name, command):
+    """The table of ``relaxc.Options`` (``relaxc.TuneOptions``): a row per field, first cell its
+    name, second the flag the CLI makes of it."""
+    rows = {code_spans(row[0])[0]: row for row in table_rows(sections(API)[f"relaxc.{name}"])}
+    assert set(rows) == {field.name for field in dataclasses.fields(getattr(relaxc, name))}
+    flags = _flags(_subcommands()[command])
+    wrong = {field: row[1] for field, row in rows.items() if code_spans(row[1])[:1] != flags[field][-1:]}
+    assert wrong == {}, f"CLI flags in docs/api.md that are not the option's: {wrong}"
+
+
+@pytest.mark.parametrize("name", ["Artifact", "Deployed"])
+def test_api_md_lists_every_public_method_and_property_of_the_runners(name):
+    documented = {re.match(r"\w+", span).group(0) for row in table_rows(sections(API)[f"relaxc.{name}"])
+                  for span in code_spans(row[0])}
+    public = {member for member in dir(getattr(relaxc, name)) if not member.startswith("_")}
+    assert public - documented == set()
+
+
+def test_cli_md_documents_every_flag_of_each_subcommand():
+    """Where each subcommand's flags are told: the page's opening, the model and compile options
+    every subcommand but ``cache`` takes, and the subcommand's own section."""
+    pages = sections(CLI)
+    shared = " ".join(code_spans(pages[""] + pages["Model and compile options"]))
+    missing = {}
+    for command, parser in _subcommands().items():
+        told = set(FLAG.findall(shared + " " + " ".join(code_spans(pages[command]))))
+        missing[command] = sorted({flag for flags in _flags(parser).values() for flag in flags} - told)
+    assert missing == dict.fromkeys(_subcommands(), [])
+
+
+def test_cli_md_tables_name_no_flag_the_subcommand_lacks():
+    """The model and compile options' table against ``compile``, each subcommand's own against it."""
+    pages, commands = sections(CLI), _subcommands()
+    tables = {"compile": pages["Model and compile options"]} | {command: pages[command] for command in commands}
+    extra = {}
+    for command, text in tables.items():
+        offered = {flag for flags in _flags(commands[command]).values() for flag in flags}
+        extra[command] = sorted({flag for row in table_rows(text) for span in code_spans(row[0])
+                                 for flag in FLAG.findall(span)} - offered)
+    assert extra == dict.fromkeys(tables, [])
+
+
+def partial_option_lists(text: str, names: set[str], least: int = 3) -> list[str]:
+    """The paragraphs of ``text`` that name ``least`` or more of ``names`` in inline code (a name
+    alone, ``name=...`` or a flag with its argument) but not all of them."""
+    found = []
+    for paragraph in _split(text)[1].split("\n\n"):
+        named = {span.split("=")[0].split()[0] for span in code_spans(paragraph) if span} & names
+        if least <= len(named) < len(names):
+            found.append(f"names {len(named)} of {len(names)}: {' '.join(paragraph.split())[:120]}")
+    return found
+
+
+def test_readme_names_the_options_and_flags_all_or_none():
+    """A partial list goes stale as options come: the README points to docs/api.md and docs/cli.md."""
+    text, found = open(README, encoding="utf-8").read(), []
+    for options, command in ((relaxc.Options, "compile"), (relaxc.TuneOptions, "tune")):
+        fields = {field.name for field in dataclasses.fields(options)}
+        flags = {flag for field, flags in _flags(_subcommands()[command]).items() if field in fields for flag in flags}
+        found += partial_option_lists(text, fields) + partial_option_lists(text, flags)
+    assert found == []
+
+
+def test_the_option_list_check_finds_a_partial_list():
+    text = "Options: `a`, `b=1` and\n`--c X`.\n\nAll: `a` `b` `--c` `d`.\n\n```\n`a` `b` `--c`\n```\n"
+    assert partial_option_lists(text, {"a", "b", "--c", "d"}) == ["names 3 of 4: Options: `a`, `b=1` and `--c X`."]

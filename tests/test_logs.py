@@ -72,7 +72,7 @@ def test_decoder_block_compiles_quietly_and_matches(tmp_path):
     from tests import reference
 
     _decoder_block(tmp_path / "block.onnx")
-    code = ("import sys, numpy as np, relaxc as compiler; art = relaxc.compile(sys.argv[1]); "
+    code = ("import sys, numpy as np, relaxc; art = relaxc.compile(sys.argv[1]); "
             "np.save(sys.argv[2], art.run({'ids': np.arange(8).reshape(1, 8) % 50})[0])")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "block.onnx"), str(tmp_path / "y.npy")],
                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=env())

@@ -13,7 +13,7 @@ import tvm
 
 import relaxc
 from relaxc import frontend, pipeline
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.support.errors import ImportFailure
 from tests import reference
 from tests.helpers import ROOT

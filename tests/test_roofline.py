@@ -9,7 +9,7 @@ from tvm.script import tirx as T
 
 import relaxc
 from relaxc import profile, roofline
-from relaxc.passes import fast_math
+from relaxc.passes.tir import fast_math
 from relaxc.support.targets import resolve
 
 M, N, K = 384, 384, 384

@@ -137,7 +137,7 @@ def test_a_fleet_of_two_kinds_or_other_versions_is_refused():
         remote.one_kind([zen3, older], tracker)
 
 
-def test_rpc_mistakes_are_clear_errors(fleet):
+def test_rpc_mistakes_are_clear_errors(fleet, monkeypatch):
     address, _ = fleet
     with pytest.raises(RemoteError, match="no RPC server is registered under key 'nobody'"):
         relaxc.compile(_mlp(), rpc=f"127.0.0.1:{address.port}", rpc_key="nobody")
@@ -155,10 +155,9 @@ def test_rpc_mistakes_are_clear_errors(fleet):
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         nobody = closed.getsockname()[1]
-    start = time.time()
+    monkeypatch.setattr(remote.rpc, "connect_tracker", lambda *a: pytest.fail("TVM's connect retries for a minute"))
     with pytest.raises(RemoteError, match="cannot reach the RPC tracker"):
         relaxc.tune(_mlp(), trials=0, rpc=f"127.0.0.1:{nobody}", rpc_key=KEY)
-    assert time.time() - start < 15  # not TVM's minute of retries
 
 
 def test_shards_split_the_kernels_and_select_after_the_merge(tmp_path):

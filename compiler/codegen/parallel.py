@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.support import tvm_internals
 from relaxc.support.threads import physical_cores
 

@@ -27,7 +27,7 @@ from onnx.reference import ReferenceEvaluator
 MAX_FOLDED_ELEMENTS = 1 << 16
 _NEVER_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                  "Bernoulli", "If", "Loop", "Scan",
-                 "DequantizeLinear"}  # int8 weights stay int8: passes/quantized.py reads them
+                 "DequantizeLinear"}  # int8 weights stay int8: passes/quantized/products.py reads them
 
 
 def static_shapes(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> dict[str, tuple[int, ...]]:

@@ -9,7 +9,7 @@ importer converts neither of the latter. Each is defined as the QDQ chain it rep
 
 (``sx sw`` the float32 product, per output channel, as the quantizer scales ``b``; QGemm's bias is
 at ``alpha sa sb``), and onnxruntime fuses that chain back into the same kernel, so
-``passes/quantized.py`` turns it into the integer arithmetic onnxruntime's QOperator kernel does.
+``passes/quantized/`` turns it into the integer arithmetic onnxruntime's QOperator kernel does.
 A node of these types in another form (scales that are not constants where a product is needed,
 an output zero point left out, ``channels_last`` pooling, a pre-13 softmax over an inner axis) is
 left as it is and refused by name.
@@ -135,7 +135,7 @@ def _qlinear_conv(node: onnx.NodeProto, emit: _Emitter) -> bool:
 def _conv_integer(node: onnx.NodeProto, emit: _Emitter) -> bool:
     """``ConvInteger(x, w, zx, zw)``, the int32 sum of ``(x - zx)(w - zw)``, as ``Conv(DQ(x, 1, zx),
     DQ(w, 1, zw))`` cast to int32 where only casts to float32 read it (``quantize_dynamic``'s form):
-    ``passes/quantized.py`` sums the integers exactly and rounds the sum to float32 once, which is
+    ``passes/quantized/products.py`` sums the integers exactly and rounds the sum to float32 once, which is
     what those casts make of onnxruntime's int32 sum, whatever its size."""
     x, w, zx, zw = (_optional(node, i) for i in range(4))
     readers = emit.graph.readers[node.output[0]]

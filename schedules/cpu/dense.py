@@ -16,7 +16,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from relaxc.passes import prefetch
+from relaxc.passes.tir import prefetch
 from relaxc.passes.dense import PANEL_ATTR, ROW_TILE_ATTR, TILE_ALIGNED_ATTR
 from relaxc.schedules.cpu.int8 import intrinsic
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
@@ -111,7 +111,7 @@ def _shares_weights(block: tirx.SBlock, matrices: int) -> bool:
 
 def _mark_prefetch(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, row_outer: s_tir.schedule.LoopRV,
                    span: int) -> None:
-    """Mark the row tiles' loop for ``passes/prefetch.py`` where a weight panel (``span`` elements,
+    """Mark the row tiles' loop for ``passes/tir/prefetch.py`` where a weight panel (``span`` elements,
     0 if not static) outgrows L1; a panel L1 holds is read from it by every row tile."""
     stmt = sch.get(block)
     columns = stmt.iter_vars[-2].var.name  # spatial iterators ([matrix,] rows, columns), then the reduction

@@ -1,6 +1,6 @@
 """The ``Int8`` CPU rule: blocked 8-bit convolutions on the CPU's byte dot product instruction.
 
-A quantized convolution (``passes/quantized.py``) sums uint8 data times int8 weights into int32
+A quantized convolution (``passes/quantized/products.py``) sums uint8 data times int8 weights into int32
 NCHW{b}c lanes; the kernel is packed ``OIHW{i/d}i{o}o{d}i`` (``passes/legalize.py``), ``d`` the
 target's ``ByteDot.depth``, so one instruction multiplies a broadcast group of ``d`` input channels
 of one pixel by a vector of output lanes' ``d`` weights each and adds the sums to an accumulator:
@@ -24,9 +24,9 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from relaxc.passes.legalize import STAGE_ATTR
+from relaxc.schedules.cpu.padding import schedule_padding
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
 from relaxc.schedules.cpu.steps import inline_elementwise, loop_extent, try_attach, vectorize_innermost
-from relaxc.schedules.cpu.tiled import schedule_padding
 from relaxc.support.targets import ByteDot, VectorUnit, byte_dot, fitting
 from relaxc.support.tvm_internals import UncheckedSchedule
 

@@ -1,13 +1,16 @@
-"""passes/canonicalize.py: importer idioms become the plain operators the layout pass understands."""
+"""passes/canonicalize/: importer idioms become the plain operators the layout pass understands."""
 
 import numpy as np
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from relaxc import frontend
-from relaxc.passes.canonicalize import (ChannelShuffleToTake, ClipFromTIR, DepthwisePointwiseToMultiply,
-                                 DivideByConstantToMultiply, DropoutToIdentity, MatmulOfFlattenedRows,
-                                 SumOfStackToAdd, WholeReductionsInSlabs)
+from relaxc.passes.canonicalize.channels import ChannelShuffleToTake
+from relaxc.passes.canonicalize.convolutions import DepthwisePointwiseToMultiply
+from relaxc.passes.canonicalize.elementwise import (ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
+                                                    SumOfStackToAdd)
+from relaxc.passes.canonicalize.matmuls import MatmulOfFlattenedRows
+from relaxc.passes.canonicalize.reductions import WholeReductionsInSlabs
 from tests.passes import relax_ops
 
 

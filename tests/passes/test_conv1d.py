@@ -1,6 +1,6 @@
-"""1-D convolutions run as 2-D ones over a height of 1 (``passes/canonicalize.Conv1dAsConv2d``): the
-blocked convolution path, their bias and activation fused with them; against onnxruntime for
-strides, padding, groups, dilation and large kernels."""
+"""1-D convolutions run as 2-D ones over a height of 1 (``Conv1dAsConv2d``,
+``passes/canonicalize/convolutions.py``): the blocked convolution path, their bias and activation
+fused with them; against onnxruntime for strides, padding, groups, dilation and large kernels."""
 
 import re
 

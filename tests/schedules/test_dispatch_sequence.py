@@ -3,17 +3,18 @@ candidate's own, how they are timed, the tie rule and what is stored; the whole 
 ``compiler.tune`` is in tests/test_tuning.py."""
 
 import json
-import time
 
+import pytest
 from tvm import te
 
 from relaxc.passes.dispatch import DIRECT, WINOGRAD
-from relaxc.schedules import dispatch_sequence
+from relaxc.schedules import dispatch_sequence, sequence
 from relaxc.schedules.cache import RecordStore
 from relaxc.schedules.dispatch import DispatchStore
 from relaxc.schedules.dispatch_sequence import Variant, contested, decide_in_sequence, own_calls, time_variants
 from relaxc.schedules.selection import TOLERANCE
 from relaxc.support import targets
+from tests.helpers import FakeClock
 
 
 def _kernel(symbol: str, scale: float):
@@ -21,15 +22,16 @@ def _kernel(symbol: str, scale: float):
     return te.create_prim_func([a, te.compute((4,), lambda i: a[i] * scale, name="b")]).with_attr("global_symbol", symbol)
 
 
-def _sleeping(seconds: float):
-    return lambda *_: time.sleep(seconds)
-
-
-def _variant(own_symbol: str, own_seconds: float, shared_symbol: str) -> Variant:
+def _variant(own_symbol: str, own_seconds: float, shared_symbol: str, clock: FakeClock | None = None) -> Variant:
     """A shared kernel (named differently per variant, as fusion numbers them), one of its own
-    called twice, and a builtin."""
-    calls = [("vm.builtin.alloc_tensor", _sleeping(0.004), []), (shared_symbol, _sleeping(0.003), []),
-             (own_symbol, _sleeping(own_seconds), []), (own_symbol, _sleeping(own_seconds), [])]
+    called twice, and a builtin; each call moves ``clock`` by its seconds."""
+    clock = clock or FakeClock()
+
+    def taking(seconds: float):
+        return lambda *_: clock.sleep(seconds)
+
+    calls = [("vm.builtin.alloc_tensor", taking(0.004), []), (shared_symbol, taking(0.003), []),
+             (own_symbol, taking(own_seconds), []), (own_symbol, taking(own_seconds), [])]
     kernels = {shared_symbol: _kernel(shared_symbol, 2.0), own_symbol: _kernel(own_symbol, 3.0 + own_seconds)}
     return Variant(calls, kernels)
 
@@ -39,10 +41,13 @@ def test_own_calls_are_those_of_kernels_not_in_every_build_whatever_their_names(
     assert own_calls(variants) == {"a": [2, 3], "b": [2, 3]}
 
 
-def test_a_variant_costs_the_medians_of_its_own_calls_only():
-    variants = {"fast": _variant("conv", 0.001, "shared1"), "slow": _variant("winograd", 0.003, "shared2")}
+def test_a_variant_costs_the_medians_of_its_own_calls_only(monkeypatch):
+    """Timed on a fake clock the calls move: exact times, whatever the machine's load."""
+    clock = FakeClock()
+    monkeypatch.setattr(sequence, "time", clock)  # time_in_order's clock
+    variants = {"fast": _variant("conv", 0.001, "shared1", clock), "slow": _variant("winograd", 0.003, "shared2", clock)}
     ms = time_variants(variants, runs=5)
-    assert 2.0 <= ms["fast"] < 3.0 and 6.0 <= ms["slow"] < 8.0  # two calls each; shared ones and builtins left out
+    assert ms == pytest.approx({"fast": 2.0, "slow": 6.0})  # two calls each; shared ones and builtins left out
 
 
 def test_decisions_keep_the_current_choice_within_the_tolerance_and_are_stored(tmp_path, monkeypatch):

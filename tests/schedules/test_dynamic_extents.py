@@ -6,7 +6,7 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.schedules.cpu import Tiled
 from relaxc.schedules.default import replayed
 from relaxc.schedules.dynamic import representative_sizes

@@ -2,15 +2,13 @@
 differ is dropped, and candidates take turns inside the model's sequence, each timed as the sum of
 its kernel's calls. The whole selection on a tuned model is in tests/test_tuning.py."""
 
-import statistics
-import time
-
 import numpy as np
 import pytest
 import tvm
 
 from relaxc.schedules import sequence
 from relaxc.schedules.selection import Candidate
+from tests.helpers import FakeClock
 
 
 def _tensor(values) -> tvm.runtime.Tensor:
@@ -48,26 +46,30 @@ def test_a_candidate_whose_outputs_differ_is_dropped():
     assert kernel.functions == [in_place, rounded] and kernel.current == 0
 
 
-def test_candidates_take_turns_in_the_sequence_and_count_every_call_of_their_kernel():
-    ran = []
+def test_candidates_take_turns_in_the_sequence_and_count_every_call_of_their_kernel(monkeypatch):
+    """Stand-in kernels that move a fake clock: each candidate's time is exactly the sum of its
+    kernel's two calls, whatever the machine's load."""
+    clock, ran = FakeClock(), []
+    monkeypatch.setattr(sequence, "time", clock)
 
     def step(name: str, seconds: float):
         def run(*_):
             ran.append(name)
-            time.sleep(seconds)
+            clock.sleep(seconds)
         return run
 
     def builtin(*_):
         raise AssertionError("builtins allocate; they are not replayed")
 
-    calls = [("producer", step("producer", 0), []), ("k", step("k", 0), []),
+    calls = [("producer", step("producer", 0.001), []), ("k", step("k", 0), []),
              ("vm.builtin.alloc_tensor", builtin, []), ("k", step("k", 0), [])]
     kernel = _kernel({"fast": step("fast", 0.0002), "slow": step("slow", 0.002)}, [1, 3])
     sequence._time([kernel], calls, runs=5)
     fast, slow = kernel.candidates
     assert len(fast.runs_ms) >= 5 and len(slow.runs_ms) >= 5
     assert "k" not in ran and ran[0] == "producer" and ran[1] == ran[2]  # one candidate for both calls
-    assert statistics.median(slow.runs_ms) >= 4.0 > statistics.median(fast.runs_ms)  # two calls of 2 ms
+    assert fast.runs_ms == pytest.approx([0.4] * len(fast.runs_ms))  # two calls, the producer not counted
+    assert slow.runs_ms == pytest.approx([4.0] * len(slow.runs_ms))
     assert sum(r == "producer" for r in ran) == 2 + 10  # warm-up: each candidate once; then 5 per candidate
 
 

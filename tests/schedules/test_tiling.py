@@ -1,4 +1,4 @@
-"""schedules/cpu/tiled.py: the tiling heuristics, and when the Tiled rule declines a kernel."""
+"""schedules/cpu/tiled.py and tile_plan.py: the tiling heuristics, and when the Tiled rule declines a kernel."""
 
 import math
 import re
@@ -11,9 +11,9 @@ from tvm import s_tir, te, tirx, topi
 from tvm.target import Target
 
 import relaxc
-from relaxc.schedules.cpu import Basic, Tiled, tiled
+from relaxc.schedules.cpu import Basic, Tiled, tile_plan, tiled
 from relaxc.schedules.cpu.steps import vector_width as _vector_width
-from relaxc.schedules.cpu.tiled import MAX_TILE, _tile
+from relaxc.schedules.cpu.tile_plan import MAX_TILE, tile_factor
 from relaxc.support import targets
 from tests import helpers, reference
 
@@ -35,7 +35,7 @@ def test_vector_width_divides_the_extent(extent, lanes, width):
 
 @pytest.mark.parametrize("extent, tile", [(56, 8), (14, 7), (13, 1), (6, 6), (None, 1)])
 def test_register_tile_is_the_largest_factor_up_to_the_limit(extent, tile):
-    assert _tile(extent) == tile and tile <= MAX_TILE
+    assert tile_factor(extent) == tile and tile <= MAX_TILE
 
 
 def _matmul() -> tirx.PrimFunc:
@@ -149,7 +149,7 @@ def _pointwise_conv(channels: int, size: int = 14, out_channels: int = 256) -> t
     (7, 3, (7, 3)),
     (13, 4, None)])  # no factor from 4 to 8: the row tile rule decides
 def test_square_tile_loads_fewest_vectors_per_fma(row, channels, tile):
-    assert tiled._square_tile(row, channels, 24) == tile
+    assert tile_plan.square_tile(row, channels, 24) == tile
 
 
 @pytest.mark.parametrize("mcpu, unrolled", [("znver4", [4, 4]),  # AVX-512: 4 channel blocks x 4 columns
@@ -188,7 +188,7 @@ def test_a_long_pointwise_reduction_runs_in_chunks_over_rows_of_tiles(channels, 
     """The chunk loop encloses the rows' tiles, the accumulators initialised once outside it."""
     sch = Tiled().apply(_pointwise_conv(channels), AVX512, False)
     assert _serial_extents(sch, "conv_update") == serial
-    assert (len(_serial_extents(sch, "conv_init")) == 3) == (channels >= tiled.LONG_REDUCTION)
+    assert (len(_serial_extents(sch, "conv_init")) == 3) == (channels >= tile_plan.LONG_REDUCTION)
 
 
 @pytest.mark.parametrize("mcpu, channels, size, serial", [

@@ -29,7 +29,7 @@ import relaxc
 from tools.experiments.compile_times import add_option_arguments, option_sides
 from relaxc.codegen import parallel
 from relaxc.frontend import ModelLike
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.support import tvm_internals
 from relaxc.support.threads import physical_cores
 

@@ -1,4 +1,4 @@
-"""Accuracy and speed of relaxc's vectorised transcendental functions (passes/fast_math.py).
+"""Accuracy and speed of relaxc's vectorised transcendental functions (passes/tir/fast_math.py).
 
     .venv/bin/python -m tools.experiments.fast_math           # relaxc's lowering (the table in docs/fast_math.md)
     .venv/bin/python -m tools.experiments.fast_math --tvm     # TVM's own lowering, for the speed comparison
@@ -7,7 +7,7 @@ Accuracy: every function on 2**18 float32 inputs, half random bit patterns (ever
 signs, NaN payloads, subnormals), half normal values of scale 6, plus the special values, against
 numpy in float64; the error in ulps is over results that are normal float32 numbers, the relative
 error over all finite ones. Speed: nanoseconds per element of a parallel, vectorised loop over 2**20
-inputs on this machine's CPU. tests/passes/test_fast_math.py asserts the accuracy bounds.
+inputs on this machine's CPU. tests/passes/tir/test_fast_math.py asserts the accuracy bounds.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import te
 
-from relaxc.passes import tir_pipeline
+from relaxc.passes.tir import tir_pipeline
 from relaxc.support import targets
 
 N = 1 << 18
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tvm", action="store_true", help="TVM's own lowering (speed only)")
     args = parser.parse_args(argv)
     if not args.tvm:
-        from relaxc.passes import fast_math
+        from relaxc.passes.tir import fast_math
 
         fast_math.register()
     target = targets.resolve("cpu")

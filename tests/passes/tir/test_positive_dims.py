@@ -8,8 +8,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, te, tirx
 
-from relaxc.passes import tir_pipeline
-from relaxc.passes.positive_dims import at_least_one
+from relaxc.passes.tir import tir_pipeline
+from relaxc.passes.tir.positive_dims import at_least_one
 from relaxc.schedules.cpu import Tiled
 from relaxc.schedules.default import replayed
 from relaxc.schedules.dynamic import representative_sizes

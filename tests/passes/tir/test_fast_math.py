@@ -1,4 +1,4 @@
-"""passes/fast_math.py: the vectorised transcendental functions, measured against numpy in float64
+"""passes/tir/fast_math.py: the vectorised transcendental functions, measured against numpy in float64
 over the whole float32 range (tools/experiments/fast_math.py says how), and shown to replace TVM's scalar
 calls. The bounds are the ones docs/fast_math.md reports."""
 
@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import te
 
-from relaxc.passes import fast_math
+from relaxc.passes.tir import fast_math
 from tools.experiments import fast_math as measure
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2: runs on every CPU this project meets

@@ -1,5 +1,5 @@
 """Kernel argument checks that the Relax VM makes redundant, dropped before code generation (a pass
-of the ``relaxc`` TIR pipeline, ``passes/tir_pipeline.py``).
+of the ``relaxc`` TIR pipeline, ``passes/tir/tir_pipeline.py``).
 
 TVM's ``MakePackedAPI`` opens every kernel with a check of each argument: their count, each one's
 type, and for each tensor its ndim, its dtype, every dimension of its shape, its device, strides,

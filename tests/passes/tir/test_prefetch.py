@@ -1,4 +1,4 @@
-"""passes/prefetch.py: a packed matmul whose weight panels outgrow L1 prefetches the next panel."""
+"""passes/tir/prefetch.py: a packed matmul whose weight panels outgrow L1 prefetches the next panel."""
 
 import numpy as np
 import tvm
@@ -6,7 +6,7 @@ from tvm import te
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from relaxc.passes import prefetch, tir_pipeline
+from relaxc.passes.tir import prefetch, tir_pipeline
 from relaxc.passes.winograd import winograd_product
 from relaxc.schedules.cpu import Dense
 

@@ -1,4 +1,4 @@
-"""passes/avx512_math.py and passes/tir_pipeline.py: AVX-512 kernels get the AVX-512 sigmoid, other
+"""passes/tir/avx512_math.py and passes/tir/tir_pipeline.py: AVX-512 kernels get the AVX-512 sigmoid, other
 targets and lane counts keep fast_math's portable form; its accuracy over the float32 range where
 the machine can run AVX-512 code."""
 
@@ -8,7 +8,7 @@ import tvm
 from tvm import te
 from tvm.target import Target, codegen
 
-from relaxc.passes import avx512_math, fast_math, tir_pipeline
+from relaxc.passes.tir import avx512_math, fast_math, tir_pipeline
 from relaxc.support import targets
 from tools.experiments import fast_math as measure
 

@@ -6,7 +6,7 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from relaxc.passes.nan_bounds import NaNThroughBounds
+from relaxc.passes.tir.nan_bounds import NaNThroughBounds
 
 
 def _stored(func: tirx.PrimFunc) -> list[tirx.PrimExpr]:

@@ -11,7 +11,7 @@ kernel gets them, whichever op, rule, tuning record or importer made it; other d
 lowering. ``register()`` installs them for the process (the pipeline and the tuning builder call it).
 
 Accuracy, measured against numpy in float64 over every float32 bit pattern class (``docs/fast_math.md``;
-``tests/passes/test_fast_math.py`` asserts the bounds):
+``tests/passes/tir/test_fast_math.py`` asserts the bounds):
 - exp: Cephes' degree-6 polynomial on the reduced argument, the power of two applied as two
   exponent-field scalings so that overflow gives inf and underflow gives subnormals then 0;
 - log: Cephes' degree-8 polynomial in m - 1 for x = m 2**e, m in [sqrt(1/2), sqrt(2)) read from the

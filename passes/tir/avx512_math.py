@@ -1,7 +1,7 @@
 """AVX-512 sigmoid: the 16-lane float32 ``sigmoid`` of kernels built for an AVX-512 target, with the
 instructions that portable arithmetic cannot name.
 
-Why a pass and not part of ``passes/fast_math.py``: TVM calls the intrinsic-lowering hook that
+Why a pass and not part of ``passes/tir/fast_math.py``: TVM calls the intrinsic-lowering hook that
 fast_math plugs into without the target, so that lowering can only emit portable arithmetic (27
 vector instructions for a sigmoid). This pass runs in relaxc's TIR pipeline after vectorisation,
 where each kernel carries its target, and rewrites the ``sigmoid`` calls of kernels whose target has
@@ -26,7 +26,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.target import Target
 
-from relaxc.passes.fast_math import LOG2E
+from relaxc.passes.tir.fast_math import LOG2E
 from relaxc.support.targets import has_feature
 
 LANES = 16

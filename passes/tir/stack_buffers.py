@@ -1,5 +1,5 @@
 """Small kernel-local buffers on the stack, not in TVM's workspace pool (a pass of the ``relaxc`` TIR
-pipeline, ``passes/tir_pipeline.py``).
+pipeline, ``passes/tir/tir_pipeline.py``).
 
 TVM 0.27's ``LowerTVMBuiltin`` puts a buffer on the stack only if its scope is ``global`` and it
 holds under 1 KiB; every other allocation becomes a ``TVMBackendAllocWorkspace`` /

@@ -1,5 +1,5 @@
 """NaN passes through a max or min against a constant (ReLU, Clip, HardSigmoid), as in onnxruntime
-(a pass of the ``relaxc`` TIR pipeline, ``passes/tir_pipeline.py``).
+(a pass of the ``relaxc`` TIR pipeline, ``passes/tir/tir_pipeline.py``).
 
 LLVM code for a float ``max(a, b)`` is ``a > b ? a : b`` (x86 ``maxps`` likewise returns its second
 operand when either is NaN), so TOPI's ``relu(x) = max(x, 0)`` turned a NaN input into 0 where

@@ -1,5 +1,5 @@
 """The next parallel iteration's weights prefetched while this one computes (a pass of the ``relaxc``
-TIR pipeline, ``passes/tir_pipeline.py``).
+TIR pipeline, ``passes/tir/tir_pipeline.py``).
 
 Why: a packed matmul (``schedules/cpu/dense.py``: Winograd's products, transformers' dense layers)
 runs one weight panel per parallel iteration, every register tile of rows against it. In a model

@@ -1,4 +1,4 @@
-"""passes/stack_buffers.py: small kernel-local buffers on the stack, big ones in TVM's workspace pool."""
+"""passes/tir/stack_buffers.py: small kernel-local buffers on the stack, big ones in TVM's workspace pool."""
 
 import numpy as np
 import tvm
@@ -6,7 +6,7 @@ import tvm_ffi
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from relaxc.passes import stack_buffers, tir_pipeline
+from relaxc.passes.tir import stack_buffers, tir_pipeline
 from relaxc.schedules.cpu import Tiled
 from tests.schedules.test_tiling import _blocked_conv
 

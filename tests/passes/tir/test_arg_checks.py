@@ -1,4 +1,4 @@
-"""passes/arg_checks.py: kernels keep only the argument checks the VM does not make; the VM refuses
+"""passes/tir/arg_checks.py: kernels keep only the argument checks the VM does not make; the VM refuses
 what the dropped ones refused."""
 
 import numpy as np
@@ -10,7 +10,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 import relaxc
-from relaxc.passes import arg_checks, tir_pipeline
+from relaxc.passes.tir import arg_checks, tir_pipeline
 from tests import reference
 
 TARGET = Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})  # AVX2: runs on every CPU this project meets

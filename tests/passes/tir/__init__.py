@@ -1,0 +1,1 @@
+"""Tests of the TIR passes (``passes/tir/``)."""
