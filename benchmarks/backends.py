@@ -21,7 +21,7 @@ on a host whose blocks move up to 2x between rounds, one build against itself sp
 onnxruntime's is marked "other output" and is no peer: SSDlite with random weights gets other boxes from
 OpenVINO, whose near-equal scores order differently. A model with dynamic dims (the zoo's
 ``*_dynamic``) is compiled with the bounds ``benchmarks/dynamic_shapes.py`` uses and has a row at
-each size the measurement times it at (``backend_choice.sizes``).
+each size the measurement times it at (``backend_costs.sizes``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from unittest import mock
 import numpy as np
 
 from relaxc.benchmarks import reference
-from relaxc.backend_choice import BLOCK_SECONDS, size_label, sizes
+from relaxc.backend_candidates import BLOCK_SECONDS
+from relaxc.backend_costs import size_label, sizes
 from relaxc.benchmarks.bench import merge_results, table_line, this_cpu
 from relaxc.benchmarks.dynamic_shapes import bounds_for
 from relaxc.benchmarks.harness import _load
@@ -114,7 +115,7 @@ def _plan(report: dict, size: str) -> str:
 
 
 def bench_one(spec: str, repeat: int, rounds: int, threads: int, budget_s: float) -> list[list[str]]:
-    """The model's rows: one, or one per size ``backend_choice.sizes`` times a dynamic model at."""
+    """The model's rows: one, or one per size ``backend_costs.sizes`` times a dynamic model at."""
     import relaxc
 
     model = _load(spec)

@@ -17,7 +17,7 @@ from tvm import relax
 from tvm.target import Target
 
 from relaxc import diagnostics
-from relaxc.backend import device_code, launcher
+from relaxc.codegen import device_code, launcher
 from relaxc.runtime import Runner, file_sha256, input_high, manifest_path_for, open_device, spec_json
 from relaxc.support.errors import ExportError, UserError
 from relaxc.support import tvm_log
@@ -83,7 +83,7 @@ class Artifact(Runner):
                     manifest["external"] = self._write_subgraphs(path, staging)
                     manifest["program_outputs"] = self.program_outputs
                 library = staging.path(path)
-                if self.target.kind.name == "llvm":  # the CPU's thread pool: backend/launcher.py
+                if self.target.kind.name == "llvm":  # the CPU's thread pool: codegen/launcher.py
                     with tempfile.TemporaryDirectory() as folder:
                         self.executable.export_library(library, addons=[launcher.compile_object(folder)])
                 else:

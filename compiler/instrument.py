@@ -1,7 +1,8 @@
-"""The one instrument of a compile: each step timed, logged and, if it made a module, kept.
+"""The one instrument of a compile: each phase timed, logged and, if it made a module, kept.
 
-``Artifact.ir(phase)`` shows the module after any phase and ``report()["phases"]`` their times;
-both come from here, for the import, every pipeline phase and the build alike.
+``Artifact.ir(phase)`` shows the module after any phase that makes one and ``report()["phases"]``
+the seconds of every phase, the report's assembly included: they add up to the compile's wall
+time (``report()["compile_seconds"]``) but for the few milliseconds between phases.
 """
 
 from __future__ import annotations
@@ -16,26 +17,37 @@ log = logging.getLogger("relaxc")
 
 
 class PhaseRecorder:
-    """Runs compile steps by name, recording how long each took and the module it produced."""
+    """Runs compile phases by name, recording how long each took and the module it produced;
+    started with the compile."""
 
     def __init__(self) -> None:
+        self.start = time.perf_counter()
         self.timings: list[dict] = []
         self.snapshots: dict[str, tvm.IRModule] = {}
 
     def run(self, name: str, step: Callable[..., Any], *args: Any) -> Any:
-        """``step(*args)``, timed; its result is kept as the snapshot ``name`` if it is a module."""
+        """``step(*args)``, timed (a failing one too); its result is kept as the snapshot ``name``
+        if it is a module."""
         start = time.perf_counter()
-        result = step(*args)
-        seconds = time.perf_counter() - start
-        if self.timings and self.timings[-1]["name"] == name:  # a phase run in steps: one entry
-            self.timings[-1]["seconds"] += seconds
-        else:
+        try:
+            result = step(*args)
+        finally:
+            seconds = time.perf_counter() - start
             self.timings.append({"name": name, "seconds": seconds})
-        log.info("%-9s %6.2fs", name, seconds)
+            log.info("%-9s %6.2fs", name, seconds)
         if isinstance(result, tvm.IRModule):
             self.snapshots[name] = result
         return result
 
+    def retried(self, first: str, name: str) -> None:
+        """The phases from ``first`` on, an attempt that failed and is made again, as one entry
+        ``name``; their modules dropped."""
+        index = next(i for i, timing in enumerate(self.timings) if timing["name"] == first)
+        failed = sum(timing["seconds"] for timing in self.timings[index:])
+        self.timings[index:] = [{"name": name, "seconds": failed}]
+        self.snapshots = {}
+
     @property
     def seconds(self) -> float:
-        return sum(t["seconds"] for t in self.timings)
+        """The wall time since the compile started."""
+        return time.perf_counter() - self.start

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from tvm.target import Target
 
 from relaxc import external
-from relaxc.backend import toolchain
+from relaxc.codegen import toolchain
 from relaxc.passes.memory import PLANNERS
 from relaxc.schedules.decisions import MODES
 from relaxc.schedules.dispatch import STRATEGIES

@@ -1,31 +1,57 @@
 """The compilation pipeline: every phase, in order, from an ONNX model to a built artifact.
 
-    import     compiler/frontend/          validate the ONNX model, expand function operators, fold shape
-                                           computations, rewrite ignored attributes, refuse inexact
-                                           forms, convert to Relax
-    simplify   passes/signed_activations.py int8 activations held as uint8 ones, 128 higher
-               passes/quantized/           quantized (QDQ) convolutions, matmuls, additions to integer arithmetic
-               passes/fold_constants.py    half types accumulate in float32, fold constants and batch norms,
-               passes/integer_matmul.py    MatMulInteger on uint8 x int8 bytes
-               passes/cse.py               canonicalize, CSE (weights compared by object), dead code
-    layout     passes/layout_choice.py     (layouts="measure"/"replay") each op's layout, converters costed
-               passes/layout.py            NCHW convs to blocked NCHW{b}c, channels padded to the block
-               passes/attention.py         a dynamic key length padded to whole vectors in attention
-               passes/dense.py             constant matmul weights packed into column panels
-    dispatch   passes/dispatch.py          each 3x3 conv: direct or Winograd, as measured (schedules/dispatch.py)
-    legalize   passes/legalize.py          Relax operators to TIR PrimFuncs (blocked convs: ours)
-    fuse       TVM FuseOps/FuseTIR         fuse producers with their elementwise consumers, reshapes as views
-    tune       schedules/replay.py         apply tuning records (replay, strict) or tune first (tune)
-    schedule   schedules/default.py        default schedule rules for every kernel without a record
-               passes/tir/positive_dims.py kernels told a dynamic dim is at least 1
-    lower      passes/memory.py + TVM      VM lowering, arena storage planning on the final shapes
-               passes/shape_reuse.py       a dynamic model's shapes built once per call
-    build      compiler/backend/codegen.py code generation, CPU kernels on every core
-               (exp, tanh, erf, pow lowered to vector polynomials: passes/tir/fast_math.py)
+    prepare   compiler/frontend/             validate the ONNX model, expand function operators and
+                                             QOperators, fold shape computations, rewrite ignored
+                                             attributes, write out recurrent layers, refuse inexact forms
+    backends  compiler/backend_choice.py     which backend runs each node: relaxc, or an installed
+                                             library for what relaxc cannot compile or runs slower
+              compiler/backend_costs.py      (backends="measure": partitions built and timed first,
+              compiler/backend_candidates.py the whole-model candidates against each other)
+    import    compiler/frontend/             the external subgraphs cut out, relaxc's part to Relax
+    simplify  passes/half_precision.py       AccumulateHalfInFloat32: half types accumulate in float32
+              passes/signed_activations.py   SignedActivationsAsUnsigned: int8 activations as uint8, 128 higher
+              passes/quantized/              QuantizedToIntegers: QDQ convs, matmuls, additions on integers
+              passes/fold_constants.py       FoldConstantsNumpy, TVM's FoldBatchnormToConv2D and
+                                             DecomposeOpsForInference, FoldConstantsNumpy, FoldRemainingConstants
+              passes/integer_matmul.py       IntegerMatmuls: MatMulInteger on uint8 x int8 bytes
+              passes/canonicalize/           Conv1dAsConv2d, DepthwisePointwiseToMultiply, GroupNormAsRows,
+                                             WholeReductionsInSlabs: importer idioms undone
+              passes/conv_taps.py            DropPaddingTaps: convolution taps that read only padding
+              passes/canonicalize/           SumOfStackToAdd, SplitAlongChannelsToSlices, ChannelShuffleToTake,
+                                             ClipFromTIR, DropoutToIdentity, DivideByConstantToMultiply,
+                                             MatmulOfFlattenedRows
+              passes/channels_last.py        ChannelsLastToNCHW: channels-last stretches back into NCHW
+              passes/check_indices.py        CheckIndices: gather and scatter indices checked
+              passes/cse.py                  EliminateCommonSubexpr, TVM's CanonicalizeBindings and
+                                             DeadCodeElimination
+    layout    passes/layout.py               LayoutPass: NCHW convs to blocked NCHW{b}c, channels padded
+                                             (layouts="measure"/"replay": each op's, passes/layout_choice.py)
+              passes/attention.py            PadAttentionKeys: a dynamic key length padded to whole vectors
+              passes/dense.py                PackDenseWeights: constant matmul weights in column panels
+    dispatch  passes/dispatch.py             Dispatch: each 3x3 conv direct or Winograd, as measured
+    legalize  passes/legalize.py             LegalizeOps (blocked convs: ours), TVM's AnnotateTIROpPattern,
+                                             FoldConstant
+    fuse      TVM                            FuseOps, FuseTIR, RewriteDataflowReshape, DeadCodeElimination
+    tune      schedules/replay.py            ApplyTuningRecords: records applied (replay, strict), or
+                                             MetaSchedule tunes the kernels without one first (tune)
+    schedule  schedules/default.py           DefaultSchedules: default rules for every kernel without a record
+              passes/tir/positive_dims.py    PositiveDims: kernels told a dynamic dim is at least 1
+    lower     TVM_PIPELINES                  TVM's dataflow lowering of the target
+              passes/memory.py               ArenaPlan: arena storage planning on the final shapes
+              TVM_PIPELINES                  TVM's finalizing passes of the target (VM lowering)
+              passes/shape_reuse.py          ReuseShapes: a dynamic model's shapes built once per call
+    build     compiler/codegen/parallel.py   code generation, CPU kernels on every core (exp, tanh, erf,
+                                             pow as vector polynomials: passes/tir/fast_math.py), each
+              passes/tir/tir_pipeline.py     through TVM's TIR lowering, then DropVerifiedArgChecks,
+                                             StackBuffers, BindExpandedArguments, Avx512Sigmoid,
+                                             PrefetchNextPanel, NaNThroughBounds
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
-``Artifact.ir(phase)`` shows what it did; passes that report write their own part of
-``Artifact.report()`` (``support/reporting.py``). docs/design.md says why the phases come in this order.
+``Artifact.ir(phase)`` shows what it did and ``report()["phases"]`` how long it took; the report
+adds ``retry`` (relaxc's failed attempt before the whole model went to an external backend),
+``report`` and ``load`` (the executable loaded to run). Passes that report write their own part of
+``Artifact.report()`` (``support/reporting.py``). docs/pipeline.md lists every pass; docs/design.md
+says why the phases come in this order.
 """
 
 from __future__ import annotations
@@ -38,12 +64,12 @@ from typing import Callable
 import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
-from tvm.relax.backend.cuda import pipeline as cuda_backend
-from tvm.relax.backend.rocm import pipeline as rocm_backend
+from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+from tvm.relax.backend.rocm import pipeline as rocm_pipeline
 
 from relaxc import backend_choice, diagnostics, external, frontend, report
 from relaxc.artifact import Artifact
-from relaxc.backend import codegen
+from relaxc.codegen import parallel
 from relaxc.instrument import PhaseRecorder
 from relaxc.options import Config, Options
 from relaxc.passes.tir import fast_math
@@ -86,30 +112,84 @@ from relaxc.support.threads import configure_threads, pool_threads
 log = logging.getLogger("relaxc")
 
 
+@dataclass(frozen=True)
+class Source:
+    """The model as the user gave it, with what binds its shapes and inputs."""
+
+    model: frontend.ModelLike
+    shapes: frontend.Shapes | None = None
+    constants: frontend.Constants | None = None
+    dim_bounds: frontend.DimBounds | None = None
+
+
 @dataclass
 class Compilation:
-    """What the phases of one compile share: the resolved options, the imported model, and the
-    parts of the report the reporting passes have written so far; the external subgraphs' sessions,
-    held until the artifact's runner holds them."""
+    """What the phases of one compile share: the resolved options, the model as each phase leaves
+    it (prepared, partitioned, imported, relaxc's module, the executable), how the partition was
+    chosen, the parts of the report the reporting passes have written so far, and the external
+    subgraphs' sessions, held until the artifact's runner holds them."""
 
     config: Config
-    model: frontend.ImportedModel
+    source: Source | None = None  # none: a compile from a prepared model (a backend candidate)
+    prepared: frontend.Prepared | None = None
+    partitioning: frontend.Partitioning = field(default_factory=frontend.Partitioning)
+    choice: dict = field(default_factory=dict)  # report()["backends"]: how the partition was chosen
+    model: frontend.ImportedModel | None = None
+    mod: tvm.IRModule | None = None
+    executable: relax.VMExecutable | None = None
     report: dict = field(default_factory=dict)
     sessions: list[external.Session] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Phase:
-    name: str
-    passes: Callable[[Compilation], list[tvm.transform.Pass]]  # built when the phase starts
+    """A phase of passes over relaxc's module, built when it starts."""
 
-    def run(self, mod: tvm.IRModule, compilation: Compilation) -> tvm.IRModule:
-        passes = self.passes(compilation)
-        # a clone: some passes (TVM's dlight among them) assign into the module they are given,
-        # which would rewrite the snapshot of the previous phase
-        mod = tvm.transform.Sequential(passes, name=self.name)(mod.clone())
-        compilation.report.update(summaries(passes))
-        return mod
+    name: str
+    passes: Callable[[Compilation], list[tvm.transform.Pass]]
+
+    def run(self, c: Compilation) -> tvm.IRModule:
+        with c.config.target, remote.measuring_on(c.config.tracker):
+            passes = self.passes(c)
+            # a clone: some passes (TVM's dlight among them) assign into the module they are given,
+            # which would rewrite the snapshot of the previous phase
+            c.mod = tvm.transform.Sequential(passes, name=self.name)(c.mod.clone())
+        c.report.update(summaries(passes))
+        return c.mod
+
+
+@dataclass(frozen=True)
+class Step:
+    """A phase that is no sequence of passes over relaxc's module: what comes before there is one
+    (the ONNX model prepared, its partition chosen, its import), and the code generation after."""
+
+    name: str
+    run: Callable[[Compilation], object]
+
+
+def _prepare(c: Compilation) -> None:
+    configure_threads()  # constant folding runs kernels: TVM's thread pool may start from here on
+    fast_math.register()
+    source = c.source
+    c.prepared = frontend.prepare_model(source.model, source.shapes, source.constants, c.config.backends == "off",
+                                        source.dim_bounds)
+
+
+def _choose_backends(c: Compilation) -> None:
+    source = c.source
+    c.partitioning, c.choice = backend_choice.partitioning(
+        c.prepared, c.config,
+        lambda prepared, given: _artifact(Compilation(c.config, prepared=prepared, partitioning=given), PhaseRecorder()),
+        lambda: frontend.bind_constants(frontend.load_model(source.model)[0], source.constants).SerializeToString())
+
+
+def _import(c: Compilation) -> tvm.IRModule:
+    """relaxc's part of the model in Relax, its external subgraphs' sessions opened."""
+    c.model = frontend.convert(c.prepared, c.partitioning)
+    c.sessions = [external.open_subgraph(sub, pool_threads()) for sub in c.model.subgraphs]
+    c.report["backends"] = backend_choice.describe(c.model, c.partitioning, c.config) | c.choice
+    c.mod = c.model.module
+    return c.mod
 
 
 def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
@@ -190,10 +270,10 @@ def _build_candidate(mod: tvm.IRModule, c: Compilation) -> relax.VMExecutable:
     """A dispatch candidate's module through the phases after dispatch, as the model's kernels go:
     tuning records replayed (never tuned, never required), default schedules for the rest."""
     tuning = "off" if c.config.tuning == "off" else "replay"
-    alone = Compilation(dataclasses.replace(c.config, tuning=tuning), c.model)
-    for phase in PHASES[PHASE_NAMES.index("legalize") - 1:]:
-        mod = phase.run(mod, alone)
-    return codegen.build(mod, c.config.target)
+    alone = Compilation(dataclasses.replace(c.config, tuning=tuning), model=c.model, mod=mod)
+    for phase in _phases("legalize"):
+        phase.run(alone)
+    return alone.executable
 
 
 def _legalize(c: Compilation) -> list[tvm.transform.Pass]:
@@ -215,18 +295,27 @@ def _schedule(c: Compilation) -> list[tvm.transform.Pass]:
     return [DefaultSchedules(c.config.target), PositiveDims()]
 
 
-BACKENDS = {"llvm": cpu_generic, "cuda": cuda_backend, "rocm": rocm_backend}
+TVM_PIPELINES = {"llvm": cpu_generic, "cuda": cuda_pipeline, "rocm": rocm_pipeline}  # TVM's lowering per target kind
 
 
 def _lower(c: Compilation) -> list[tvm.transform.Pass]:
     target = c.config.target
-    backend = BACKENDS[target.kind.name]
+    tvm_pipeline = TVM_PIPELINES[target.kind.name]
     arena = ArenaPlan(c.config.memory_planner, c.config.unshared, c.config.validate_memory,
                       padding_bytes=c.report.get("layout", {}).get("padding_bytes", 0))  # none: a dispatch candidate
-    return backend.dataflow_lower_passes(target) + [arena] + backend.finalize_passes(target) + [ReuseShapes()]
+    return (tvm_pipeline.dataflow_lower_passes(target) + [arena] + tvm_pipeline.finalize_passes(target)
+            + [ReuseShapes()])
 
 
-PHASES: tuple[Phase, ...] = (
+def _build(c: Compilation) -> relax.VMExecutable:
+    c.executable = parallel.build(c.mod, c.config.target)
+    return c.executable
+
+
+PHASES: tuple[Phase | Step, ...] = (
+    Step("prepare", _prepare),
+    Step("backends", _choose_backends),
+    Step("import", _import),
     Phase("simplify", _simplify),
     Phase("layout", _layout),
     Phase("dispatch", _dispatch),
@@ -235,65 +324,61 @@ PHASES: tuple[Phase, ...] = (
     Phase("tune", _tune),
     Phase("schedule", _schedule),
     Phase("lower", _lower),
+    Step("build", _build),
 )
-PHASE_NAMES = ("import",) + tuple(p.name for p in PHASES) + ("final",)  # Artifact.ir(phase)
+
+
+def _phases(first: str, stop: str | None = None) -> tuple[Phase | Step, ...]:
+    """The phases from ``first`` on, up to ``stop`` (not included)."""
+    names = [phase.name for phase in PHASES]
+    return PHASES[names.index(first):names.index(stop) if stop else None]
+
+
+PHASE_NAMES = tuple(phase.name for phase in _phases("import", "build")) + ("final",)  # Artifact.ir(phase)
 
 
 def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes: frontend.Shapes | None = None,
                   options: Options = Options(), constants: frontend.Constants | None = None,
                   dim_bounds: frontend.DimBounds | None = None) -> Artifact:
     """Compile ``model`` for ``target``; see ``relaxc.compile`` for the contract."""
-    configure_threads()  # constant folding runs kernels: TVM's thread pool may start right here
-    fast_math.register()
-    config = options.resolve(target)
-    recorder = PhaseRecorder()
+    recorder = PhaseRecorder()  # the compile's wall time starts here
+    c = Compilation(options.resolve(target), Source(model, shapes, constants, dim_bounds))
     with tvm_log.captured() as said:
-        prepared = recorder.run("import", frontend.prepare_model, model, shapes, constants,
-                                config.backends == "off", dim_bounds)
-    warned, logged = diagnostics.translate(said)
-    partitioning, choice = backend_choice.partitioning(
-        prepared, config, lambda part, given: _artifact(part, given, config, PhaseRecorder()),
-        lambda: frontend.bind_constants(frontend.load_model(model)[0], constants).SerializeToString())
-    return _artifact(prepared, partitioning, config, recorder, {"warnings": warned, "tvm_log": logged}, choice)
+        _run(c, recorder, _phases("prepare", "backends"))
+    # outside the capture: the backend choice's candidates are compiles that capture their own log
+    _run(c, recorder, _phases("backends", "import"))
+    return _artifact(c, recorder, diagnostics.translate(said))
 
 
-def _artifact(prepared: frontend.Prepared, partitioning: frontend.Partitioning, config: Config,
-              recorder: PhaseRecorder, before: dict | None = None, choice: dict | None = None) -> Artifact:
-    """The prepared model compiled with this partition; the whole model on an external backend
-    where TVM's importer fails on relaxc's part and one is installed. ``before``: the warnings and TVM log of
-    the steps before; ``choice``: how the partition was chosen (``report()["backends"]``)."""
+def _run(c: Compilation, recorder: PhaseRecorder, phases: tuple[Phase | Step, ...]) -> None:
+    for phase in phases:
+        recorder.run(phase.name, phase.run, c)
+
+
+def _artifact(c: Compilation, recorder: PhaseRecorder,
+              before: tuple[list[str], list[dict]] = ([], [])) -> Artifact:
+    """The prepared model, partitioned as ``c`` says, through the phases from import on; the whole
+    model on an external backend where TVM's importer fails on relaxc's part and one is installed
+    (the failed attempt's seconds: the report's ``retry``). ``before``: the warnings and TVM log of
+    the phases before."""
     with tvm_log.captured() as said:
         try:
-            compilation, executable = _compile(prepared, partitioning, config, recorder)
+            _run(c, recorder, _phases("import"))
         except UserError as err:  # what TVM's importer cannot convert goes to an external backend
-            whole = backend_choice.whole_model(prepared, partitioning, err)
+            whole = backend_choice.whole_model(c.prepared, c.partitioning, err)
             if whole is None:
                 raise
-            recorder.timings[1:], recorder.snapshots = [], {}
-            compilation, executable = _compile(prepared, whole, config, recorder)
-            compilation.report["backends"]["whole_model_because"] = f"{type(err).__name__}: {err}"
+            recorder.retried("import", "retry")
+            c = Compilation(c.config, c.source, c.prepared, whole, c.choice)
+            _run(c, recorder, _phases("import"))
+            c.report["backends"]["whole_model_because"] = f"{type(err).__name__}: {err}"
     warned, logged = diagnostics.translate(said)
-    before = before or {"warnings": [], "tvm_log": []}
-    compilation.report["warnings"] = before["warnings"] + warned
-    compilation.report["tvm_log"] = before["tvm_log"] + logged
-    compilation.report["backends"].update(choice or {})
-    model = compilation.model
-    return Artifact(executable, config.target, model.inputs, model.outputs,
-                    report.assemble(compilation, recorder), recorder.snapshots, model.subgraphs,
-                    model.program_outputs)
-
-
-def _compile(prepared: frontend.Prepared, partitioning: frontend.Partitioning, config: Config,
-             recorder: PhaseRecorder) -> tuple[Compilation, relax.VMExecutable]:
-    """relaxc's part of the model through every phase; its external subgraphs opened first."""
-    imported = recorder.run("import", frontend.convert, prepared, partitioning)
-    sessions = [external.open_subgraph(sub, pool_threads()) for sub in imported.subgraphs]
-    recorder.snapshots["import"] = imported.module
-    compilation = Compilation(config, imported, sessions=sessions)
-    compilation.report["backends"] = backend_choice.describe(imported, partitioning, config)
-    mod = imported.module
-    with config.target, remote.measuring_on(config.tracker):
-        for phase in PHASES:
-            mod = recorder.run(phase.name, phase.run, mod, compilation)
-    recorder.snapshots["final"] = mod
-    return compilation, recorder.run("build", codegen.build, mod, config.target)
+    c.report["warnings"] = before[0] + warned
+    c.report["tvm_log"] = before[1] + logged
+    recorder.snapshots["final"] = c.mod
+    summary = recorder.run("report", report.assemble, c, recorder.snapshots)
+    model = c.model
+    artifact = recorder.run("load", Artifact, c.executable, c.config.target, model.inputs, model.outputs, summary,
+                            recorder.snapshots, model.subgraphs, model.program_outputs)
+    summary |= {"phases": recorder.timings, "compile_seconds": recorder.seconds}  # the artifact's report
+    return artifact

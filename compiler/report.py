@@ -1,7 +1,8 @@
 """The compile report: what ``Artifact.report()`` holds, and the text view of its memory part.
 
 The reporting passes write their own parts (``support/reporting.py``); this module adds what the
-pipeline knows: model, target, fingerprint, versions, signature and phase timings.
+pipeline knows: model, target, fingerprint, versions and signature; the phases' seconds come from
+``compiler/instrument.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from relaxc.support import targets
 from relaxc.support.versions import fingerprint, versions
 
 if TYPE_CHECKING:
-    from relaxc.instrument import PhaseRecorder
+    import tvm
+
     from relaxc.pipeline import Compilation
 
 TOP = 8  # biggest tensors listed in the summary
@@ -122,12 +124,14 @@ def _target_flags(target: dict) -> dict:
 def summary(report: dict, tune_with: str | None = None, latency: str | None = None) -> str:
     """The report on one screen: phases, layout, memory, schedules and tuning, warnings, latency.
     ``tune_with`` is the command that would tune the kernels without records."""
-    phases = " · ".join(f"{p['name']} {p['seconds']:.1f}" for p in report["phases"])
+    # the phases that print as 0.1 s or more: all fourteen would not fit one line
+    phases = " · ".join(f"{p['name']} {p['seconds']:.1f}" for p in report["phases"] if p["seconds"] >= 0.05)
     layout, memory = report.get("layout", {}), report.get("memory", {})
     lines = [
         f"{report['model']} for {report['target'].get('kind')} "
         f"({', '.join(f'{k}={v}' for k, v in _target_flags(report['target']).items() if k != 'kind')})",
-        f"  compiled in {report['compile_seconds']:.1f} s: {phases} (s)",
+        f"  compiled in {report['compile_seconds']:.1f} s: "
+        + (f"{phases} (s; the others under 0.05)" if phases else "each phase under 0.05 s"),
         f"  fingerprint {report['fingerprint'][:16]}",
     ]
     if layout:
@@ -171,8 +175,8 @@ def _kinds(counts: dict) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 
 
-def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:
-    """The whole report of a finished compile."""
+def assemble(compilation: "Compilation", snapshots: "dict[str, tvm.IRModule]") -> dict:
+    """The report of a finished compile, but for its phases' seconds (``compiler/instrument.py``)."""
     config, model = compilation.config, compilation.model
     backend_versions = compilation.report.get("backends", {}).get("versions", {})
     # what the external backends run (their weights too) is in their slices, not in relaxc's module
@@ -181,14 +185,12 @@ def assemble(compilation: "Compilation", recorder: "PhaseRecorder") -> dict:
     return {
         "model": model.name,
         "target": targets.describe(config.target),
-        "fingerprint": fingerprint(recorder.snapshots["fuse"], config.target, config.fingerprint_options(),
-                                   {**config.tools, **backend_versions, **slices}, weights=recorder.snapshots["import"]),
+        "fingerprint": fingerprint(snapshots["fuse"], config.target, config.fingerprint_options(),
+                                   {**config.tools, **backend_versions, **slices}, weights=snapshots["import"]),
         "versions": {**versions(), **config.tools, **backend_versions},
         "inputs": [spec_json(s, model.input_high.get(s[0])) for s in model.inputs],
         "outputs": [spec_json(s) for s in model.outputs],
         "dim_bounds": model.dim_bounds,
-        "phases": recorder.timings,
-        "compile_seconds": recorder.seconds,
         "ops": model.ops,
         **compilation.report,
     }

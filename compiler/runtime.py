@@ -24,7 +24,7 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from relaxc import diagnostics, external
-from relaxc.backend import device_code, launcher
+from relaxc.codegen import device_code, launcher
 from relaxc.support import index_checks, tvm_log
 from relaxc.support.errors import ExportError, InputError, TargetError, UserError
 from relaxc.support.subgraphs import ExternalSubgraph
@@ -396,7 +396,7 @@ def load(path: str | os.PathLike, device: str | None = None, concurrency: int | 
     """Load an exported artifact (``.so`` plus its ``.json`` manifest) on ``device`` ("cpu", "cuda"
     or "rocm"; default: the kind of device it was compiled for). At most ``concurrency`` runs go at
     once (default ``default_concurrency()``); more callers wait. ``parallel`` picks the CPU thread
-    pool: "relaxc" (tasks claimed from a counter, ``backend/launcher.py``) or "tvm" (TVM's even
+    pool: "relaxc" (tasks claimed from a counter, ``codegen/launcher.py``) or "tvm" (TVM's even
     split); ``Deployed.launcher`` says which runs. Files that do not match their manifest are
     refused with an ExportError; a CPU build exported again under a path loaded before in this
     process is loaded from a copy (``_mapped_from``)."""

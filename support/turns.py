@@ -2,7 +2,7 @@
 
 Every measured decision times its candidates this way: the implementations of a convolution and
 the layouts (``schedules/dispatch.py``, each run cold on a TVM timer), the schedules of a kernel
-(``schedules/selection.py``), the backends (``compiler/backend_choice.py``, paired round by round),
+(``schedules/selection.py``), the backends (``compiler/backend_candidates.py``, paired round by round),
 and the machine's limits (``compiler/roofline.py``, the best of a block); so does every
 relaxc-against-onnxruntime benchmark (``benchmarks.harness``, as ``alternate``;
 ``tools/experiments``). It imports nothing of relaxc, so ``tools/experiments/deployed.py`` loads it

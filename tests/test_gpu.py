@@ -10,7 +10,7 @@ import pytest
 
 import relaxc
 from relaxc.frontend import models
-from relaxc.backend import toolchain
+from relaxc.codegen import toolchain
 from relaxc.runtime import open_device
 from relaxc.support import targets
 from tests import reference

@@ -54,8 +54,9 @@ def softmax_between_convs() -> onnx.ModelProto:
 def simplified(model: onnx.ModelProto):
     """The model's Relax module as the layout phase receives it."""
     config = relaxc.Options(layout_block=16).resolve("cpu")
-    compilation = pipeline.Compilation(config, frontend.import_model(model))
-    return pipeline.PHASES[0].run(compilation.model.module, compilation)
+    imported = frontend.import_model(model)
+    simplify = next(phase for phase in pipeline.PHASES if phase.name == "simplify")
+    return simplify.run(pipeline.Compilation(config, model=imported, mod=imported.module))
 
 
 def brute_force(problem) -> float:

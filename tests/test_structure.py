@@ -2,8 +2,10 @@
 cycles, and TVM's private names are used in one module only. Read from the source, nothing imported."""
 
 import ast
+import io
 import itertools
 import os
+import tokenize
 
 import pytest
 
@@ -23,6 +25,8 @@ ALLOWED = {
     "tests": set(PACKAGES),
 }
 PRIVATE_OK = os.path.join("support", "tvm_internals.py")
+INSTALLED = ("support", "passes", "schedules", "frontend", "compiler", "benchmarks")  # the package relaxc
+MAX_LOGIC_LINES = 400  # a module longer than this holds several concepts: split it along them
 
 
 def _sources(package: str):
@@ -140,3 +144,24 @@ def test_private_name_check_sees_each_form(code, found):
     assert bool(_private_tvm_uses(ast.parse(code))) == found
     if found:  # and the fence does hold the real ones
         assert _private_tvm_uses(ast.parse(open(os.path.join(ROOT, PRIVATE_OK)).read()))
+
+
+def logic_lines(source: str) -> int:
+    """Lines holding code or docstrings: blank lines and comment-only lines aside."""
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            lines |= set(range(token.start[0], token.end[0] + 1))
+    return len(lines)
+
+
+def test_no_module_of_the_package_is_over_the_limit():
+    sizes = {path: logic_lines(open(os.path.join(ROOT, path)).read())
+             for package in INSTALLED for path, _ in _sources(package)}
+    assert {path: n for path, n in sizes.items() if n > MAX_LOGIC_LINES} == {}
+
+
+def test_logic_lines_leave_out_blank_and_comment_lines():
+    source = '"""Doc\nstring."""\n\n# a comment\nx = (1,\n     2)  # trailing\n'
+    assert logic_lines(source) == 4

@@ -1,4 +1,4 @@
-"""Phase 0, import: ONNX (path, bytes, ModelProto or ``onnx:<name>``) to a Relax IRModule.
+"""The prepare and import phases: ONNX (path, bytes, ModelProto or ``onnx:<name>``) to a Relax IRModule.
 
 Everything that can be wrong with the model is checked here, before any compile work, and
 reported as a UserError: unreadable file, not ONNX, checker failure, every unsupported operator at

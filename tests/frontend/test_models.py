@@ -57,8 +57,8 @@ def test_report_and_ir_per_phase():
     report = art.report()
     assert report["model"] == "test"
     assert report["target"]["kind"] == "llvm"
-    assert [p["name"] for p in report["phases"]] == ["import", "simplify", "layout", "dispatch", "legalize", "fuse",
-                                                     "tune", "schedule", "lower", "build"]
+    assert [p["name"] for p in report["phases"]] == ["prepare", "backends", "import", "simplify", "layout", "dispatch",
+                                                     "legalize", "fuse", "tune", "schedule", "lower", "build", "report", "load"]
     assert report["layout"]["block"] in (8, 16) and report["layout"]["why"] == "the target's fp32 vector lanes"
     assert report["layout"]["blocked_ops"] > 0
     assert {p["from"] for p in report["layout"]["padded_tensors"]} == {20}  # the 3-channel input: unpadded

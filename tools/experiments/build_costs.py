@@ -7,7 +7,7 @@ kernel by kernel (``python -m tools.experiments.build_costs``).
 All in one process, so both sides pay the same imports and warm-ups: the two sides are compiled in
 turns ``--rounds`` times and each phase's median printed (``report()["phases"]``); then each side's
 kernels are built on one thread in the groups the build phase deals them into
-(``codegen.kernel_groups``; the sides taking turns), the CPU seconds that phase spreads over the
+(``parallel.kernel_groups``; the sides taking turns), the CPU seconds that phase spreads over the
 cores; then the ``--top`` kernels of the second side that are slowest to build alone, each split
 into ``tvm.tirx.build`` (TIR passes, LLVM IR and its optimisation) and machine code (emitted at the
 first lookup), beside the median kernel of the first side. A module built alone pays about 15 ms
@@ -27,7 +27,7 @@ import tvm
 
 import relaxc
 from tools.experiments.compile_times import add_option_arguments, option_sides
-from relaxc.backend import codegen
+from relaxc.codegen import parallel
 from relaxc.frontend import ModelLike
 from relaxc.passes.tir import tir_pipeline
 from relaxc.support import tvm_internals
@@ -77,7 +77,7 @@ def measure(model: ModelLike, sides: list[dict], rounds: int = 5, top: int = 10)
 
     target = tvm.target.Target(artifacts[1].report()["target"])
     kernels = [tvm_internals.kernels_only(a.module("lower")) for a in artifacts]
-    groups = [codegen.kernel_groups(k, physical_cores()) for k in kernels]
+    groups = [parallel.kernel_groups(k, physical_cores()) for k in kernels]
     grouped: list[list[float]] = [[], []]
     for _ in range(rounds):
         for side in (0, 1):

@@ -1,11 +1,11 @@
-"""compiler/backend/codegen.py: kernels built in groups on every core give what tvm.compile gives."""
+"""compiler/codegen/parallel.py: kernels built in groups on every core give what tvm.compile gives."""
 
 import numpy as np
 import tvm
 
 import relaxc
 import relaxc.runtime
-from relaxc.backend import codegen
+from relaxc.codegen import parallel
 from relaxc.support import tvm_internals
 from tests import reference
 
@@ -15,11 +15,11 @@ def test_groups_hold_every_kernel_once_in_a_fixed_order():
     tir = tvm_internals.kernels_only(art.module("final"))
     names = sorted(gv.name_hint for gv in tir.get_global_vars())
     for jobs in (1, 2, 8):
-        groups = codegen.kernel_groups(tir, jobs)
-        assert len(groups) == min(len(names), jobs * codegen.GROUPS_PER_JOB)
+        groups = parallel.kernel_groups(tir, jobs)
+        assert len(groups) == min(len(names), jobs * parallel.GROUPS_PER_JOB)
         grouped = [gv.name_hint for g in groups for gv in g.get_global_vars()]
         assert sorted(grouped) == names
-        assert [[gv.name_hint for gv in g.get_global_vars()] for g in codegen.kernel_groups(tir, jobs)] == \
+        assert [[gv.name_hint for gv in g.get_global_vars()] for g in parallel.kernel_groups(tir, jobs)] == \
             [[gv.name_hint for gv in g.get_global_vars()] for g in groups]
 
 
@@ -29,7 +29,7 @@ def test_parallel_build_runs_like_a_single_build():
     inputs = reference.random_inputs(art.inputs)
     outputs = []
     for jobs in (1, 2):
-        runner = relaxc.runtime.Runner(codegen.build(mod, target, jobs), tvm.cpu(), art.inputs, art.outputs)
+        runner = relaxc.runtime.Runner(parallel.build(mod, target, jobs), tvm.cpu(), art.inputs, art.outputs)
         outputs.append(runner.run(inputs))
-    for single, parallel in zip(*outputs):
-        np.testing.assert_array_equal(single, parallel)
+    for single, grouped in zip(*outputs):
+        np.testing.assert_array_equal(single, grouped)
