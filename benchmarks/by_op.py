@@ -104,7 +104,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-t", "--target", default="cpu", help="as relaxc's: cpu (this machine) or a JSON dict")
     args = parser.parse_args()
-    ours, theirs, our_total, their_total = compare(args.model, args.rounds, tuning=args.tuning, target=args.target)
+    ours, theirs, our_total, their_total = compare(args.model, args.rounds, tuning=args.tuning, target=args.target,
+                                                    backends="relaxc")  # relaxc's kernels, per kind
     print(f"{args.model}, target {args.target}, 2 threads both, median per kernel or node of {args.rounds * RUNS} inferences\n")
     print("| kind | relaxc (ms) | onnxruntime (ms) | ratio |\n| --- | ---: | ---: | ---: |")
     for kind in sorted(set(ours) | set(theirs), key=lambda k: -max(ours.get(k, 0), theirs.get(k, 0))):

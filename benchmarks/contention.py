@@ -1,6 +1,6 @@
 """relaxc against onnxruntime with one of the cores shared (``python -m relaxc.benchmarks.contention``).
 
-    .venv/bin/relaxc compile onnx:resnet50 --tuning strict -o /tmp/r50.so
+    .venv/bin/relaxc compile onnx:resnet50 --tuning strict --backends rule -o /tmp/r50.so
     .venv/bin/python -m relaxc.benchmarks.contention /tmp/r50.so onnx:resnet50 [--rounds 5]
 
 Each round times three runtimes taking turns in blocks (``harness.alternate``), 2 threads each: the
