@@ -31,7 +31,8 @@ def make_runner(target: Target) -> ms.runner.Runner | str:
         return ms.runner.LocalRunner(evaluator_config=evaluator, f_alloc_argument=alloc_arguments)
     config = ms.runner.RPCConfig(tracker.host, tracker.port, tracker.key, session_timeout_sec=RPC_TIMEOUT_S)
     return ms.runner.RPCRunner(config, evaluator, f_create_session=remote.runner_session,
-                               f_alloc_argument=alloc_remote_arguments, max_workers=max(1, tracker.servers()))
+                               f_alloc_argument=alloc_remote_arguments, f_cleanup=remote.runner_cleanup,
+                               max_workers=max(1, tracker.servers()))
 
 
 def alloc_arguments(device: tvm.runtime.Device, args_info: list, alloc_repeat: int) -> list[list]:

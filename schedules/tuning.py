@@ -255,7 +255,7 @@ def _tune_rounds(tasks: list[ms.ExtractedTask], left: dict[int, int], batch: int
                 done = _tune_batch(tasks[i], i, size, work_dir, database, cost_model, measure, callbacks, progress,
                                    tracker is not None)
                 lost = len(progress.lost.get(i, ())) - lost
-                if lost and not done and not tracker.servers():
+                if lost and not done and not tracker.any_server():
                     result["stopped"] = f"{remote.NO_SERVER}: none is left under {tracker}"
                     break
                 retry = lost and len(progress.lost[i]) <= retries[i]
@@ -305,7 +305,7 @@ def _commit_defaults(tasks: list, target: Target, database, measure: Measure) ->
                     schedules[i].trace, workload, result.run_secs, target, args[i]))
                 committed += 1
         pending = lost
-        if not pending or not remote.measuring_tracker().servers():
+        if not pending or not remote.measuring_tracker().any_server():
             break
     return committed, lost_with_server
 

@@ -12,6 +12,13 @@ into another's store.
 ``measuring_on(tracker)`` makes the kernels relaxc times itself (schedule selection, convolution
 dispatch, layout costs) run on a device of the tracker: ``on_bench`` gives each measurement a device
 and a way to load what it built there, local or remote.
+
+A server serves one session at a time, and TVM's ``RPCSession`` has no ``close()``: a session ends
+when the last reference to it, and to every module and tensor from it, is gone. Tracebacks hold the
+frames of an error, and a frame kept by a reference cycle holds its callers', so each session relaxc
+opens is held in ``_ending`` (MetaSchedule's trials: ended by ``runner_cleanup``), which ends it when
+its measurement does, however it ends: with one server, a session left to the garbage collector made
+the next request wait for it in vain.
 """
 
 from __future__ import annotations
@@ -20,13 +27,17 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import gc
 import logging
 import os
 import re
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
+import time
+import traceback
 from typing import Callable, Iterator, TypeVar
 
 import numpy as np
@@ -44,6 +55,7 @@ PROBE_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rpc_pro
 PROBE_FILES = ("relaxc_cpuinfo.txt", "relaxc_maps.txt", "relaxc_environ.txt")  # the probe's, in the session's folder
 CONNECT_TIMEOUT_S = 10  # a tracker that does not answer by then is not there
 WAIT_S = 120  # a request for a server that none answers by then fails (TVM's own request waits forever)
+REGISTER_S = 30  # a server gone from the tracker that registers again by then (restarted) is waited for
 SESSION_TIMEOUT_S = 600  # a session (one kernel's selection, one dispatch measurement) ends by then
 ATTEMPTS = 3  # servers a measurement is tried on before a failing fleet is an error
 EVICT_BYTES = 64 << 20  # more than any L3 of the machines seen
@@ -95,14 +107,24 @@ class Tracker:
         info = self.connect().summary()
         return sum(1 for server in info.get("server_info", []) if server.get("key") == f"server:{self.key}")
 
+    def any_server(self) -> bool:
+        """Whether a server is registered under the key, or registers within ``REGISTER_S`` (one
+        restarted, or the only one of its fleet, back after a failure)."""
+        deadline = time.monotonic() + REGISTER_S
+        while not self.servers():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
     def session(self, timeout_s: float = SESSION_TIMEOUT_S, wait_s: float = WAIT_S) -> rpc.RPCSession:
         """A session on the next free server under the key, ended by the server after ``timeout_s``;
         a RemoteError (``NO_SERVER``) where the tracker gives none within ``wait_s``. TVM's tracker
         protocol (``tvm.rpc.base``), as its own request speaks it, but with a deadline: a request
-        whose connection closes is dropped by the tracker, and the server goes to the next. At once
-        where no server is registered under the key any more."""
-        if not self.servers():
-            raise RemoteError(f"{NO_SERVER}: none is registered under {self}")
+        whose connection closes is dropped by the tracker, and the server goes to the next. After
+        ``REGISTER_S`` where no server is registered under the key any more."""
+        if not self.any_server():
+            raise RemoteError(f"{NO_SERVER}: none is registered under {self} within {REGISTER_S} s")
         try:
             with socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S) as sock:
                 sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
@@ -126,6 +148,45 @@ def runner_session(config) -> rpc.RPCSession:
     ``Tracker.session``, so that a worker never waits forever for a server."""
     tracker = Tracker(config.tracker_host, int(config.tracker_port), config.tracker_key)
     return tracker.session(config.session_timeout_sec)
+
+
+def runner_cleanup(session: rpc.RPCSession | None, remote_path: str | None) -> None:
+    """MetaSchedule's ``RPCRunner`` clean-up (its ``f_cleanup``, run last in each trial, even where it
+    raised): its own, then, where the trial raised, the frames of its error cleared and cycles
+    collected, so that its session ends when the worker's trial function returns, not at a later
+    collection (a trial that succeeds leaves no cycle: its session ends so already)."""
+    from tvm.s_tir.meta_schedule.runner.rpc_runner import default_cleanup
+
+    try:
+        default_cleanup(session, remote_path)
+    finally:
+        if sys.exc_info()[1] is not None:
+            _clear_frames(sys.exc_info()[1])
+            gc.collect()
+
+
+@contextlib.contextmanager
+def _ending(drop: Callable[[], None]) -> Iterator[None]:
+    """Within: RPC sessions are held; on leaving, however, ``drop`` lets go of them and they end. The
+    frames of an error leaving are cleared of their locals (the modules and tensors of a session they
+    held), and reference cycles are collected (a frame in one holds its callers' locals)."""
+    try:
+        yield
+    except BaseException as err:
+        _clear_frames(err)
+        raise
+    finally:
+        drop()
+        gc.collect()
+
+
+def _clear_frames(error: BaseException | None) -> None:
+    """The locals of the finished frames in the tracebacks of ``error`` and the errors it chains, gone."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +215,10 @@ def probe(tracker: Tracker) -> Device:
                           f"{tracker.host}:{tracker.port} --key {tracker.key}")
     with tempfile.TemporaryDirectory(prefix="relaxc-probe-") as folder:
         library = _compile_probe(folder)
-        sessions = [tracker.session(120) for _ in range(count)]  # all held at once: one per server
-        devices = [_probe_one(session, library) for session in sessions]
-        del sessions  # closes them
+        sessions: list[rpc.RPCSession] = []
+        with _ending(sessions.clear):
+            sessions += [tracker.session(120) for _ in range(count)]  # all held at once: one per server
+            devices = [_probe_one(session, library) for session in sessions]
     return one_kind(devices, tracker)
 
 
@@ -291,6 +353,10 @@ class Bench:
         sweep, tensor = self._sweep
         sweep(tensor)
 
+    def close(self) -> None:
+        """Let go of the session and what the bench put on its server (``_ending`` ends it)."""
+        self.device, self.session, self._sweep = tvm.cpu(), None, None
+
     def load(self, built: tvm.runtime.Executable) -> tvm.runtime.Executable | tvm.runtime.Module:
         """``built`` (``tvm.compile``'s result) where the bench's device runs it: a kernel library's
         module, or what ``relax.VirtualMachine`` takes for a VM executable."""
@@ -303,6 +369,16 @@ class Bench:
         with open(path, "rb") as f:
             self.session.upload(bytearray(f.read()), name)
         return self.session.load_module(name)
+
+
+def _on_server(measurement: Callable[[Bench], T], tracker: Tracker) -> T:
+    """``measurement`` on a session of the tracker, which ends when it returns or raises."""
+    with tempfile.TemporaryDirectory(prefix="relaxc-rpc-") as folder:
+        session = tracker.session()
+        bench = Bench(session.cpu(), session, folder)
+        del session  # held by the bench alone, which lets go of it on leaving
+        with _ending(bench.close):
+            return measurement(bench)
 
 
 @functools.lru_cache(maxsize=1)
@@ -333,15 +409,13 @@ def on_bench(measurement: Callable[[Bench], T], what: str) -> T:
     if tracker is None:
         return measurement(Bench(tvm.cpu()))
     for _ in range(ATTEMPTS):
-        with tempfile.TemporaryDirectory(prefix="relaxc-rpc-") as folder:
-            try:
-                session = tracker.session()
-                return measurement(Bench(session.cpu(), session, folder))
-            except Exception as err:  # noqa: BLE001 - the kernel's own errors go on up
-                if not server_failed(err):
-                    raise
-                log.warning("the RPC server measuring %s failed (%s); measuring it again on another", what,
-                            last_line(str(err)) or type(err).__name__)
-                if not tracker.servers():
-                    raise RemoteError(f"{NO_SERVER}: none is left under {tracker} to measure {what}") from None
+        try:
+            return _on_server(measurement, tracker)
+        except Exception as err:  # noqa: BLE001 - the kernel's own errors go on up
+            if not server_failed(err):
+                raise
+            log.warning("the RPC server measuring %s failed (%s); measuring it again on another", what,
+                        last_line(str(err)) or type(err).__name__)
+        if not tracker.any_server():
+            raise RemoteError(f"{NO_SERVER}: none is left under {tracker} to measure {what}")
     raise RemoteError(f"the RPC servers under {tracker} failed {ATTEMPTS} times measuring {what}")

@@ -1,10 +1,14 @@
 """Tuning through TVM's RPC tracker on loopback (docs/rpc.md): a tracker and two servers started
 here, one of which dies at its third tuning candidate; the run still ends with every kernel
-measured and names what it lost. Then the fleet checks and sharding."""
+measured and names what it lost. Then the fleet checks and sharding. Last, one stock TVM server
+started by docs/rpc.md's commands: each measurement's session ends before the next is requested,
+and a run goes on through the server's restart."""
 
 import dataclasses
+import gc
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +17,7 @@ import time
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc
@@ -181,3 +186,145 @@ def test_shards_split_the_kernels_and_select_after_the_merge(tmp_path):
     assert summary["selection"]["kernels_with_choice"] == summary["tasks"]
     assert relaxc.compile(_mlp(), tuning="strict", backends="rule",
                           cache_dir=halves[0]).report()["tuning"]["missing"] == []
+
+
+def _documented_commands(port: int) -> dict[str, list[str]]:
+    """docs/rpc.md's commands starting the tracker and a device, as they are written there, on ``port``
+    and KEY, the device's threads this machine's cores."""
+    with open(os.path.join(ROOT, "docs", "rpc.md")) as f:
+        text = f.read()
+    commands = {}
+    for name, module in (("tracker", "tvm.exec.rpc_tracker"), ("server", "tvm.exec.rpc_server")):
+        line = next(line for line in text.splitlines() if f"python -m {module} " in line)
+        line = line.replace("9190", str(port)).replace("9191", str(port + 1)).replace("zen4-16c", KEY)
+        commands[name] = line.replace("TVM_NUM_THREADS=16", f"TVM_NUM_THREADS={physical_cores()}").split()
+    return commands
+
+
+def _start(command: list[str]) -> subprocess.Popen:
+    """``VAR=VALUE ... python ARGS`` run as the shell would, with this Python."""
+    start = next(i for i, word in enumerate(command) if word == "python")
+    variables = dict(word.split("=", 1) for word in command[:start])
+    return subprocess.Popen([sys.executable, *command[start + 1:]], cwd=ROOT, env={**env(), **variables},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """The process and those it started (TVM's server listens in a child of its own)."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.fixture
+def one_device():
+    """A tracker and exactly one stock TVM RPC server, started by docs/rpc.md's commands; the server
+    can be replaced (``restart``)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    commands = _documented_commands(port)
+    address, processes = remote.Tracker("127.0.0.1", port, KEY), {"tracker": _start(commands["tracker"])}
+
+    def restart() -> None:
+        if "server" in processes:
+            _kill(processes["server"])
+            _wait_for(address, 0)
+        processes["server"] = _start(commands["server"])
+        _wait_for(address, 1)
+
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                address.connect()
+                break
+            except RemoteError:
+                assert time.time() < deadline, "the tracker did not start in 30 s"
+                time.sleep(0.2)
+        restart()
+        yield address, restart
+    finally:
+        for process in processes.values():
+            _kill(process)
+
+
+def _free(address: remote.Tracker, within_s: float = 10) -> bool:
+    """Whether the one server under the key is free again (its session ended) within ``within_s``."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        if address.connect().summary()["queue_info"].get(KEY, {}).get("free") == 1:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_measurement_ends_its_session_however_it_ends(one_device):
+    """Without the garbage collector, and with what was put on the server held by a reference cycle
+    or by the traceback of the error the measurement raised: the server is free again as soon as
+    on_bench returns, so the next measurement gets it; the same after the server was replaced."""
+    address, restart = one_device
+
+    def kept_in_a_cycle(bench: remote.Bench) -> int:
+        bench.evict_caches()  # a kernel and its tensor on the server, held by the bench
+        cycle = [tvm.runtime.empty((4,), "float32", bench.device)]
+        cycle.append(cycle)
+        return 1
+
+    def raising(bench: remote.Bench) -> int:
+        held = tvm.runtime.empty((4,), "float32", bench.device)  # noqa: F841 - in the traceback's frame
+        raise ValueError("the kernel's own error")
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with remote.measuring_on(address):
+            for replaced in (False, True):
+                if replaced:
+                    restart()
+                assert remote.on_bench(kept_in_a_cycle, "a kernel") == 1
+                assert _free(address)
+                with pytest.raises(ValueError, match="own error"):
+                    remote.on_bench(raising, "a kernel")
+                assert _free(address)
+        assert remote.probe(address).cores == physical_cores()
+        assert _free(address)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@pytest.mark.slow
+def test_tuning_with_one_device_measures_everything_and_replays(one_device, tmp_path):
+    """``relaxc tune --rpc`` of a model with 3x3 convolutions (their dispatch measured) on one server,
+    the tuner's garbage collector off: every session (probe, dispatch, defaults, trials, selection)
+    ends before the next is requested. The server is killed and restarted after the first dispatch
+    measurement: the run waits for it and goes on."""
+    address, restart = one_device
+    model = reference.small_cnn()
+    onnx.save(model, tmp_path / "cnn.onnx")
+    store = tmp_path / "store"
+    command = ["tune", tmp_path / "cnn.onnx", "--trials", 6, "--trials-per-task", 2, "--cache-dir", store,
+               "--rpc", f"127.0.0.1:{address.port}", "--rpc-key", KEY, "-q"]
+    without_gc = "import gc, sys; gc.disable(); from relaxc.cli import main; sys.exit(main(sys.argv[1:]))"
+    with open(tmp_path / "stdout", "w+") as out, open(tmp_path / "stderr", "w+") as err:
+        tuner = subprocess.Popen([sys.executable, "-c", without_gc, *map(str, command)], cwd=ROOT, env=env(),
+                                 stdout=out, stderr=err)
+        try:
+            deadline = time.time() + 120
+            while not list(store.glob("*/dispatch.json")) and tuner.poll() is None:
+                assert time.time() < deadline, "no dispatch measurement in 2 minutes"
+                time.sleep(0.1)
+            restart()
+            assert tuner.wait(timeout=300) == 0, err.seek(0) or err.read()[-3000:]
+        finally:
+            tuner.kill()
+        out.seek(0)
+        summary = json.loads(out.read())
+    assert (summary["stopped"], summary["trials"]) == ("done", 6)
+    assert summary["records_after"] == summary["defaults_recorded"] + summary["trials"]
+    art = relaxc.compile(model, target=remote.probe(address).target(), tuning="strict", backends="rule",
+                         cache_dir=str(store))
+    assert art.report()["tuning"]["missing"] == []
+    assert len(art.report()["dispatch"]["convolutions"]) == 2  # both 3x3 convolutions, dispatch replayed
+    inputs = reference.random_inputs(art.inputs)
+    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
