@@ -14,6 +14,7 @@ defaults are set when a compile starts or an artifact is loaded (``support/threa
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from relaxc.runtime import Deployed, load
@@ -47,10 +48,11 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
         reduction's axes, pads, a Reshape's shape).
     options: the fields of ``relaxc.Options`` as keywords, each documented there (and in docs/api.md).
     """
+    started = time.perf_counter()  # the compile's wall time: on a process's first, the compile side's import
     from relaxc.options import Options
     from relaxc.pipeline import compile_model
 
-    return compile_model(model, target, shapes, Options(**options), constants, dim_bounds)
+    return compile_model(model, target, shapes, Options(**options), constants, dim_bounds, started)
 
 
 def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,

@@ -18,10 +18,10 @@ log = logging.getLogger("relaxc")
 
 class PhaseRecorder:
     """Runs compile phases by name, recording how long each took and the module it produced;
-    started with the compile."""
+    started with the compile (``start``: when it began, if before the recorder)."""
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
+    def __init__(self, start: float | None = None) -> None:
+        self.start = time.perf_counter() if start is None else start
         self.timings: list[dict] = []
         self.snapshots: dict[str, tvm.IRModule] = {}
 
@@ -38,6 +38,10 @@ class PhaseRecorder:
         if isinstance(result, tvm.IRModule):
             self.snapshots[name] = result
         return result
+
+    def until_now(self, name: str) -> None:
+        """The seconds since the compile started that no entry holds yet, as one entry ``name``."""
+        self.timings.append({"name": name, "seconds": self.seconds - sum(t["seconds"] for t in self.timings)})
 
     def retried(self, first: str, name: str) -> None:
         """The phases from ``first`` on, an attempt that failed and is made again, as one entry

@@ -48,7 +48,7 @@
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
 ``Artifact.ir(phase)`` shows what it did and ``report()["phases"]`` how long it took; the report
-adds ``retry`` (relaxc's failed attempt before the whole model went to an external backend),
+adds ``startup`` (options resolved, the compile side imported on a process's first compile), ``retry`` (relaxc's failed attempt before the whole model went to an external backend),
 ``report`` and ``load`` (the executable loaded to run). Passes that report write their own part of
 ``Artifact.report()`` (``support/reporting.py``). docs/pipeline.md lists every pass; docs/design.md
 says why the phases come in this order.
@@ -339,10 +339,12 @@ PHASE_NAMES = tuple(phase.name for phase in _phases("import", "build")) + ("fina
 
 def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes: frontend.Shapes | None = None,
                   options: Options = Options(), constants: frontend.Constants | None = None,
-                  dim_bounds: frontend.DimBounds | None = None) -> Artifact:
-    """Compile ``model`` for ``target``; see ``relaxc.compile`` for the contract."""
-    recorder = PhaseRecorder()  # the compile's wall time starts here
+                  dim_bounds: frontend.DimBounds | None = None, started: float | None = None) -> Artifact:
+    """Compile ``model`` for ``target``; see ``relaxc.compile`` for the contract. ``started``: when the
+    compile began (``time.perf_counter()``), if before this call (default: now)."""
+    recorder = PhaseRecorder(started)
     c = Compilation(options.resolve(target), Source(model, shapes, constants, dim_bounds))
+    recorder.until_now("startup")  # the compile side imported (a process's first compile), options resolved
     with tvm_log.captured() as said:
         _run(c, recorder, _phases("prepare", "backends"))
     # outside the capture: the backend choice's candidates are compiles that capture their own log

@@ -57,7 +57,7 @@ def test_report_and_ir_per_phase():
     report = art.report()
     assert report["model"] == "test"
     assert report["target"]["kind"] == "llvm"
-    assert [p["name"] for p in report["phases"]] == ["prepare", "backends", "import", "simplify", "layout", "dispatch",
+    assert [p["name"] for p in report["phases"]] == ["startup", "prepare", "backends", "import", "simplify", "layout", "dispatch",
                                                      "legalize", "fuse", "tune", "schedule", "lower", "build", "report", "load"]
     assert report["layout"]["block"] in (8, 16) and report["layout"]["why"] == "the target's fp32 vector lanes"
     assert report["layout"]["blocked_ops"] > 0
