@@ -21,6 +21,7 @@ import psutil
 
 from relaxc import frontend
 from relaxc.runtime import Runner
+from relaxc.support.errors import message
 from relaxc.support.turns import block, paired, paired_times, ratio_range, round_medians
 
 log = logging.getLogger("relaxc")
@@ -82,8 +83,7 @@ class Built:
             runner = build(prepared, given)
             outputs = [np.array(out) for out in runner.run(self.inputs)]  # arenas and buffers exist after it
         except Exception as err:  # noqa: BLE001 - any failure drops this candidate only, named in the report
-            lines = str(err).strip().splitlines()
-            self._reject(name, f"not built: {type(err).__name__}: {lines[0] if lines else ''}")
+            self._reject(name, f"not built: {type(err).__name__}: {message(err)}")
             return
         if self._reference is None:
             self._reference = (name, outputs)

@@ -38,7 +38,7 @@ from relaxc.frontend import partition
 from relaxc.options import Config
 from relaxc.schedules.cache import store_for
 from relaxc.schedules.decisions import DecisionStore
-from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError
+from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError, message
 
 log = logging.getLogger("relaxc")
 
@@ -210,7 +210,7 @@ def whole_model(prepared: frontend.Prepared, given: frontend.Partitioning,
     if first is None or not isinstance(err, (ImportFailure, DynamicOutputError)) or given.chosen:
         return None
     log.warning("TVM's importer cannot convert %s (%s); %s runs the whole model", prepared.name,
-                str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, first)
+                message(err), first)
     chosen = {index: first for index in range(len(prepared.proto.graph.node))}
     return frontend.Partitioning(given.external, given.overrides, chosen)
 

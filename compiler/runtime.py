@@ -26,7 +26,7 @@ from tvm.runtime.vm import VirtualMachine
 from relaxc import diagnostics, external
 from relaxc.codegen import device_code, launcher
 from relaxc.support import index_checks, tvm_log
-from relaxc.support.errors import ExportError, InputError, TargetError, UserError
+from relaxc.support.errors import ExportError, InputError, TargetError, UserError, message
 from relaxc.support.subgraphs import ExternalSubgraph
 from relaxc.support.tensors import TensorSpec
 from relaxc.support.threads import configure_threads, pool_threads
@@ -413,7 +413,7 @@ def load(path: str | os.PathLike, device: str | None = None, concurrency: int | 
         try:
             deployed = Deployed(library, manifest, device, concurrency, parallel, os.path.dirname(path))
         except (RuntimeError, OSError) as err:  # tvm-ffi errors are RuntimeErrors
-            raise ExportError(f"cannot load {path}: {str(err).strip().splitlines()[-1]}") from None
+            raise ExportError(f"cannot load {path}: {message(err, last=True)}") from None
         finally:
             if library != path:
                 os.unlink(library)  # mapped: the file is no longer needed

@@ -25,6 +25,7 @@ from tvm.target import Target
 
 from relaxc.schedules.record_files import (database_lines, database_of, indexed_workloads, json_database,
                                            records_by_workload, selections_in, version)
+from relaxc.support.errors import message
 from relaxc.support.files import atomic_write
 from relaxc.support.store_files import DATABASE_FILES, MANIFEST_FILE, SELECTION_FILE, STORE_FILES, database_path
 from relaxc.support.targets import describe
@@ -291,7 +292,7 @@ class RecordStore:
         try:
             return ms.database.Workload.from_json(json.loads(line)).mod["main"]
         except Exception as err:  # noqa: BLE001 - whatever TVM raises, the workload cannot be read
-            log.warning("%s: workload %s does not parse (%s)", path, key, str(err).splitlines()[0])
+            log.warning("%s: workload %s does not parse (%s)", path, key, message(err))
             return None
 
     def _workload_index(self) -> tuple[list[str], dict[str, int]]:

@@ -4,8 +4,10 @@ Without a schedule TVM emits naive serial loops on CPU (ResNet-50: seconds inste
 milliseconds) and kernels that do not build at all on a GPU, so every PrimFunc gets one here.
 ``RULES`` is the one list of rules: each is a dlight ``ScheduleRule`` that answers None for a
 kernel it does not fit, the ones available for the target are tried in order and the first
-schedule wins (``dl.ApplyDefaultSchedule``). Each kernel is labelled with its rule's name here and
-nowhere else; ``report()["schedules"]`` counts the labels beside the tuned kernels.
+schedule wins (``dl.ApplyDefaultSchedule``). Any error a rule raises is a bug and fails the compile
+(``ScheduleRuleError``, naming the rule and the kernel), never a quiet fall to a slower rule. Each
+kernel is labelled with its rule's name here and nowhere else; ``report()["schedules"]`` counts
+the labels beside the tuned kernels.
 
 A new rule (matmul, depthwise, Winograd, ...) is a file of its own in ``schedules/cpu/`` (or a TVM
 rule for GPUs), placed in ``RULES`` before the rules it should take kernels from.
@@ -25,7 +27,8 @@ from tvm.target import Target
 from relaxc.passes.ir import IS_SCHEDULED, SCHEDULE_ATTR, at_sizes, is_dynamic
 from relaxc.passes.memory import main_bounds
 from relaxc.schedules import cpu
-from relaxc.schedules.dynamic import SCHEDULE_ERRORS, DoesNotReplay, on_dynamic, representative_sizes
+from relaxc.schedules.dynamic import DoesNotReplay, on_dynamic, representative_sizes
+from relaxc.support.errors import ScheduleRuleError, message
 from relaxc.support.targets import dynamic_multiple
 
 
@@ -58,31 +61,38 @@ def default_schedule(func: tirx.PrimFunc, target: Target,
     """The schedule the first fitting rule gives ``func`` (with its trace, which tuning records
     replay; a kernel of dynamic extents as at ``sizes``, ``replayed``), and that rule's label."""
     for label, rule in rules(target):
-        sch = _scheduled(rule, func, target, False, sizes)
+        sch = _scheduled(rule, func, target, False, sizes, str((func.attrs or {}).get("global_symbol", "")))
         if sch is not None:
             return sch, label
     raise ValueError(f"no default schedule rule fits this kernel on {target.kind.name}")
 
 
 def _scheduled(rule: dl.ScheduleRule, func: tirx.PrimFunc, target: Target, tunable: bool,
-               sizes: dict[str, int] | None) -> s_tir.Schedule | None:
+               sizes: dict[str, int] | None, kernel: str = "") -> s_tir.Schedule | None:
     """``rule``'s schedule of ``func``: replayed from ``sizes`` where its extents are dynamic and
-    the trace applies there, else its own."""
-    sch = replayed(rule, func, target, sizes) if sizes and is_dynamic(func) else None
-    return sch or rule.apply(func, target, tunable)
+    the trace applies there, else its own. A rule says a kernel is not its by answering None; any
+    error it raises is a bug, reported as ``ScheduleRuleError`` naming the rule and ``kernel``."""
+    try:
+        sch = replayed(rule, func, target, sizes) if sizes and is_dynamic(func) else None
+        return sch or rule.apply(func, target, tunable)
+    except Exception as err:  # noqa: BLE001 - re-raised, naming the kernel and the rule
+        raise ScheduleRuleError(f"the {type(rule).__name__} schedule rule failed on kernel {kernel or '(unnamed)'}: "
+                                f"{type(err).__name__}: {message(err)}") from err
 
 
 class _Labelled(dl.ScheduleRule):
     """A rule whose schedules carry its label in ``SCHEDULE_ATTR``; a kernel of dynamic extents
     gets the schedule the rule gives it at ``sizes`` (``replayed``)."""
 
-    def __init__(self, label: str, rule: dl.ScheduleRule, sizes: dict[str, int] | None = None) -> None:
+    def __init__(self, label: str, rule: dl.ScheduleRule, sizes: dict[str, int] | None = None,
+                 names: dict[tirx.PrimFunc, str] | None = None) -> None:
         self.label = label
         self.rule = rule
         self.sizes = sizes or {}
+        self.names = names or {}  # each kernel's name in its module, for errors
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        sch = _scheduled(self.rule, func, target, tunable, self.sizes)
+        sch = _scheduled(self.rule, func, target, tunable, self.sizes, self.names.get(func, ""))
         if sch is None:
             return None
         return s_tir.Schedule(sch.mod["main"].with_attr(SCHEDULE_ATTR, self.label))
@@ -92,15 +102,13 @@ def replayed(rule: dl.ScheduleRule, func: tirx.PrimFunc, target: Target, sizes: 
     """``func`` (of dynamic extents) scheduled as ``rule`` schedules it with each dynamic dim at its
     size in ``sizes``, its trace applied exactly (``dynamic.on_dynamic``); None if the rule takes
     no such kernel or its trace does not apply."""
+    static = rule.apply(at_sizes(func, sizes), target, False)
+    if static is None:
+        return None
     try:
-        static = rule.apply(at_sizes(func, sizes), target, False)
-        if static is not None:
-            return on_dynamic(static.trace, func)
+        return on_dynamic(static.trace, func)
     except DoesNotReplay as err:
         log.debug("%s schedule does not replay on dynamic extents: %s", type(rule).__name__, err)
-    except SCHEDULE_ERRORS as err:
-        log.debug("%s does not schedule %s at %s: %s", type(rule).__name__, func.attrs.get("global_symbol"), sizes,
-                  str(err).splitlines()[0])
     return None
 
 
@@ -128,8 +136,10 @@ class DefaultSchedules:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         sizes = representative_sizes(main_bounds(mod), dynamic_multiple(self.target))
-        labelled = [_Labelled(label, rule, sizes) for label, rule in rules(self.target)]
-        mod = dl.ApplyDefaultSchedule(*labelled)(mod.clone())
+        mod = mod.clone()
+        names = {func: gvar.name_hint for gvar, func in mod.functions_items() if isinstance(func, tirx.PrimFunc)}
+        labelled = [_Labelled(label, rule, sizes, names) for label, rule in rules(self.target)]
+        mod = dl.ApplyDefaultSchedule(*labelled)(mod)
         kinds = [schedule_kind(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
         self.counts = dict(sorted(collections.Counter(kinds).items()))
         return mod

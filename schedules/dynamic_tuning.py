@@ -32,7 +32,7 @@ from relaxc.schedules.default import default_schedule
 from relaxc.schedules.dynamic import DoesNotReplay, on_dynamic, representative_sizes
 from relaxc.schedules.selection import TOLERANCE, Candidate, apply_trace, measure, recorded
 from relaxc.support import tvm_internals, tvm_log
-from relaxc.support.errors import UserError
+from relaxc.support.errors import UserError, message
 from relaxc.support.targets import dynamic_multiple
 
 log = logging.getLogger("relaxc")
@@ -152,7 +152,7 @@ def relaxed_record(func: tirx.PrimFunc, record: list, sizes: dict[str, int], sto
     try:
         apply_trace(record, static, recorded(store, static_key))
     except Exception as err:  # noqa: BLE001 - whatever TVM raises, the record does not apply here
-        raise DoesNotReplay(f"the record does not apply at {sizes}: {str(err).strip().splitlines()[-1]}") from None
+        raise DoesNotReplay(f"the record does not apply at {sizes}: {message(err, last=True)}") from None
     return on_dynamic(static.trace, func, exact=False)
 
 

@@ -24,7 +24,7 @@ from relaxc.schedules.cache import RecordStore, cache_root, shipped_root, store_
 from relaxc.schedules.selection import apply_trace, recorded
 from relaxc.schedules.tuning import DEFAULT_TRIALS, tune_module, tuning_tasks
 from relaxc.support import targets, tvm_internals
-from relaxc.support.errors import UserError
+from relaxc.support.errors import UserError, message
 
 log = logging.getLogger("relaxc")
 MODES = ("off", "replay", "strict", "tune")  # what compile does with the records (ApplyTuningRecords)
@@ -159,7 +159,7 @@ def apply_traces(mod: tvm.IRModule, traces: dict[str, list],
         try:
             apply_trace(record, sch, None if store is None else recorded(store, key))
         except Exception as err:  # noqa: BLE001 - whatever TVM raises, the record does not replay here
-            failed[key] = str(err).strip().splitlines()[-1]
+            failed[key] = message(err, last=True)
             continue
         result[gv] = sch.mod["main"].with_attrs(func.attrs).with_attr(IS_SCHEDULED, True)
     return result, failed

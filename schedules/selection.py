@@ -40,6 +40,7 @@ from relaxc.passes.tir import tir_pipeline
 from relaxc.schedules.cache import RecordStore, mean_seconds, workload_hash
 from relaxc.schedules.default import default_schedule
 from relaxc.support import remote, tvm_log
+from relaxc.support.errors import message
 from relaxc.support.turns import in_turns
 
 log = logging.getLogger("relaxc")
@@ -177,7 +178,7 @@ def from_record(mod: tvm.IRModule, entry: list, label: str, workload: Recorded |
         apply_trace(entry, sch, workload)
     except Exception as err:  # noqa: BLE001 - a record that no longer applies is skipped, not fatal
         log.warning("%s of %s does not apply (%s); skipped", label, mod["main"].attrs.get("global_symbol"),
-                    str(err).splitlines()[0])
+                    message(err))
         return []
     return [Candidate(label, sch, entry)]
 
@@ -210,7 +211,7 @@ def measure(found: list[Candidate], func: tirx.PrimFunc, target: Target, rounds:
             except Exception as err:  # noqa: BLE001 - one candidate failing to build drops that candidate only
                 if bench.session is not None and remote.server_failed(err):
                     raise  # measured again on another server
-                log.warning("%s does not build (%s); dropped", candidate.label, str(err).splitlines()[0])
+                log.warning("%s does not build (%s); dropped", candidate.label, message(err))
                 continue
             candidate.build_s = time.perf_counter() - start
             timer = lib.time_evaluator("main", bench.device, number=1, repeat=runs, **flush)

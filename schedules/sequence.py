@@ -41,6 +41,7 @@ from relaxc.schedules import builder
 from relaxc.schedules.cache import RecordStore, workload_hash
 from relaxc.schedules.selection import TOLERANCE, Candidate, Recorded, candidates, choose, from_record, recorded
 from relaxc.support import tvm_internals, tvm_log
+from relaxc.support.errors import message
 
 log = logging.getLogger("relaxc")
 SELECTIONS = ("alone", "sequence")  # relaxc.TuneOptions.selection: selection.py or this module
@@ -143,7 +144,7 @@ def _kernel(symbol: str, key: str, mod: tvm.IRModule, lines: list[str], chosen: 
             lib = builder.build(tvm.IRModule({"main": accepting_offsets(func)}), target, None)
             functions.append(lib["main"])  # LLVM generates the machine code when a function is first looked up
         except Exception as err:  # noqa: BLE001 - one candidate failing to build drops that candidate only
-            log.warning("%s of %s does not build (%s); dropped", candidate.label, symbol, str(err).splitlines()[0])
+            log.warning("%s of %s does not build (%s); dropped", candidate.label, symbol, message(err))
             if i == current:
                 raise
             continue

@@ -28,7 +28,7 @@ from relaxc.schedules.default import default_schedule
 from relaxc.schedules.selection import Selection
 from relaxc.schedules.trials import make_runner, search_space, search_strategy
 from relaxc.support import remote, tvm_internals, tvm_log
-from relaxc.support.errors import UserError
+from relaxc.support.errors import UserError, message
 from relaxc.support.threads import configure_threads, physical_cores
 
 log = logging.getLogger("relaxc")
@@ -91,7 +91,7 @@ class _Measured(ms.measure_callback.PyMeasureCallback):
         kept, lost = [], []
         for i, result in enumerate(runner_results):
             if result.error_msg and self.remote_runs and remote.server_failed(str(result.error_msg)):
-                lost.append(remote.last_line(str(result.error_msg)))
+                lost.append(message(str(result.error_msg), last=True))
             else:
                 kept.append(i)
         for callback in self.inner:
@@ -296,7 +296,7 @@ def _commit_defaults(tasks: list, target: Target, database, measure: Measure) ->
             if result.error_msg and remote.measuring_tracker() and remote.server_failed(str(result.error_msg)):
                 lost.append(i)
                 lost_with_server.append({"kernel": f"{tasks[i].task_name} (default schedule)", "trials": 1,
-                                         "error": remote.last_line(str(result.error_msg))})
+                                         "error": message(str(result.error_msg), last=True)})
             elif result.error_msg:
                 log.warning("default schedule of %s failed to run: %s", tasks[i].task_name, result.error_msg[:200])
             else:

@@ -6,9 +6,24 @@ that escapes is a bug in relaxc or TVM and keeps its traceback.
 
 Each class is registered with tvm-ffi, so one raised inside a pass (a Python callback of TVM's pass
 infrastructure) reaches the caller as itself, not as the ``RuntimeError`` the FFI would make of it.
+
+``DoesNotFit`` is no error of the caller's: a schedule rule raises it on purpose for a kernel it does
+not apply to, and the next rule is tried. Any other error inside a rule is a bug, which
+``ScheduleRuleError`` reports with the kernel and the rule. ``message`` is the one way a handler
+quotes an error it caught.
 """
 
 import tvm_ffi
+
+
+def message(err: BaseException | str, last: bool = False) -> str:
+    """The first (``last``: the last) non-empty line of an error's text, where Python and TVM say
+    what went wrong (TVM puts it last, after its traceback), at most 300 characters; the error's
+    type name if its text is empty."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__ if isinstance(err, BaseException) else ""
+    return (lines[-1] if last else lines[0])[:300]
 
 
 @tvm_ffi.register_error
@@ -59,3 +74,12 @@ class ImportFailure(UnsupportedOperatorError):
 @tvm_ffi.register_error
 class DynamicOutputError(ShapeError):
     """An output's shape depends on input values: relaxc's own kernels compile static shapes only."""
+
+
+class DoesNotFit(Exception):
+    """A schedule rule does not apply to a kernel, and why: raised by the rule's own checks."""
+
+
+@tvm_ffi.register_error
+class ScheduleRuleError(RuntimeError):
+    """A schedule rule failed on a kernel with an error other than ``DoesNotFit``: a bug in relaxc."""

@@ -47,7 +47,7 @@ from tvm import rpc
 from tvm.rpc import base
 
 from relaxc.support import targets
-from relaxc.support.errors import RemoteError
+from relaxc.support.errors import RemoteError, message
 
 log = logging.getLogger("relaxc")
 T = TypeVar("T")
@@ -305,12 +305,6 @@ def server_failed(error: BaseException | str) -> bool:
     return any(marker in str(error) for marker in SERVER_FAILURES)
 
 
-def last_line(text: str) -> str:
-    """The last non-empty line of an error's text (where Python and TVM put what went wrong)."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
-
-
 _MEASURING_ON: contextvars.ContextVar[Tracker | None] = contextvars.ContextVar("relaxc_measuring_on", default=None)
 
 
@@ -415,7 +409,7 @@ def on_bench(measurement: Callable[[Bench], T], what: str) -> T:
             if not server_failed(err):
                 raise
             log.warning("the RPC server measuring %s failed (%s); measuring it again on another", what,
-                        last_line(str(err)) or type(err).__name__)
+                        message(err, last=True))
         if not tracker.any_server():
             raise RemoteError(f"{NO_SERVER}: none is left under {tracker} to measure {what}")
     raise RemoteError(f"the RPC servers under {tracker} failed {ATTEMPTS} times measuring {what}")

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Union
 
 from tvm.target import Target, codegen
 
-from relaxc.support.errors import TargetError
+from relaxc.support.errors import TargetError, message
 from relaxc.support.threads import physical_cores
 
 TargetLike = Union[str, dict, Target]
@@ -145,7 +145,7 @@ def _from_dict(spec: dict[str, Any]) -> Target:
     try:
         resolved = Target(spec)
     except ValueError as err:
-        raise TargetError(f"invalid target {json.dumps(spec)}: {str(err).splitlines()[0]}") from None
+        raise TargetError(f"invalid target {json.dumps(spec)}: {message(err)}") from None
     mcpu = spec.get("mcpu")
     if resolved.kind.name == "llvm" and mcpu and not codegen.llvm_is_valid_cpu(mcpu, spec.get("mtriple", "")):
         raise TargetError(f"LLVM does not know the CPU {mcpu!r} (this machine is {host_cpu()!r})")

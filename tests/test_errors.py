@@ -9,12 +9,24 @@ from onnx import TensorProto, helper, numpy_helper
 
 import relaxc
 from relaxc import frontend
+from relaxc.support.errors import message
 from tests import reference
 
 
 def _write(path, data: bytes):
     path.write_bytes(data)
     return str(path)
+
+
+@pytest.mark.parametrize("error, last, expected", [
+    (ValueError("first\n  second  \n\n"), False, "first"),
+    (ValueError("first\n  second  \n\n"), True, "second"),
+    (RuntimeError(""), True, "RuntimeError"),  # no text: the error's kind
+    ("", False, ""),
+    (KeyError("x" * 400), False, "'" + "x" * 299),
+])
+def test_an_error_is_quoted_by_one_line_of_its_text(error, last, expected):
+    assert message(error, last) == expected
 
 
 def test_missing_file():

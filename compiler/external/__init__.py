@@ -25,7 +25,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from relaxc.support.errors import InputError, UnsupportedOperatorError, UserError
+from relaxc.support.errors import InputError, UnsupportedOperatorError, UserError, message
 from relaxc.support.subgraphs import ExternalSubgraph
 
 
@@ -146,9 +146,8 @@ def open_subgraph(subgraph: ExternalSubgraph, threads: int) -> Session:
         except UserError:
             raise
         except Exception as err:  # noqa: BLE001 - each library raises its own kinds
-            text = str(err).strip().splitlines()
             raise UnsupportedOperatorError(f"{backend.name} cannot build the subgraph given to it: "
-                                           f"{text[0] if text else type(err).__name__}") from None
+                                           f"{message(err)}") from None
         if not subgraph.tail:
             count = len(subgraph.inputs)
             held = weakref.ref(session)
@@ -167,5 +166,4 @@ def open_subgraph(subgraph: ExternalSubgraph, threads: int) -> Session:
 
 def input_error(backend: str, err: Exception) -> InputError:
     """An error the backend raised on the values it was given, in relaxc's words."""
-    text = str(err).strip().splitlines()
-    return InputError(f"the {backend} subgraph refused its input: {text[0] if text else type(err).__name__}")
+    return InputError(f"the {backend} subgraph refused its input: {message(err)}")

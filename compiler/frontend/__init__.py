@@ -27,7 +27,7 @@ from relaxc.frontend import decompose, exactness, functions, models, partition, 
 from relaxc.support.tensors import TensorSpec
 from relaxc.support import tvm_internals
 from relaxc.support.errors import (DynamicOutputError, ImportFailure, InputError, ModelError, ShapeError,
-                                   UnsupportedOperatorError)
+                                   UnsupportedOperatorError, message)
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 Shapes = Mapping[str, Sequence[int]]
@@ -122,14 +122,14 @@ def _parse_file(path: str) -> onnx.ModelProto:
     try:
         return _check_parsed(onnx.load(path), path)
     except (DecodeError, ValueError, RuntimeError, OSError) as err:
-        raise ModelError(f"{path} is not a readable ONNX model: {_first_line(err)}") from None
+        raise ModelError(f"{path} is not a readable ONNX model: {message(err)}") from None
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
     try:
         return _check_parsed(onnx.load_model_from_string(data), where)
     except (DecodeError, ValueError, RuntimeError) as err:
-        raise ModelError(f"{where} is not a readable ONNX model: {_first_line(err)}") from None
+        raise ModelError(f"{where} is not a readable ONNX model: {message(err)}") from None
 
 
 def _check_parsed(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
@@ -139,17 +139,12 @@ def _check_parsed(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
     return proto
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0]
-
-
 def check_model(proto: onnx.ModelProto, path: str | None) -> None:
     """Run onnx.checker (on the path when there is one, so models over 2 GiB work)."""
     try:
         onnx.checker.check_model(path if path is not None else proto)
     except (onnx.checker.ValidationError, ValueError) as err:
-        raise ModelError(f"model fails the ONNX checker: {_first_line(err)}") from None
+        raise ModelError(f"model fails the ONNX checker: {message(err)}") from None
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -459,7 +454,7 @@ def _from_onnx(proto: onnx.ModelProto, inputs: list[TensorSpec],
                                keep_params_in_input=False)
         except Exception as err:  # the importer raises bare Python errors for unconvertible nodes
             raise ImportFailure(f"TVM's ONNX importer cannot convert this model: "
-                                f"{type(err).__name__}: {_first_line(err)}") from err
+                                f"{type(err).__name__}: {message(err)}") from err
     if dims:
         module["main"] = module["main"].with_attrs({"tir_var_upper_bound": {d: bounds[d] for d in dims},
                                                     "tir_var_lower_bound": {d: 1 for d in dims}})

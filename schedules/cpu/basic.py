@@ -24,7 +24,7 @@ class Basic(CpuRule):
                 loops = sch.get_loops(block)
                 if loops:
                     sch.parallel(loops[0])
-            except s_tir.ScheduleError:
+            except s_tir.ScheduleError:  # TVM refuses a loop it cannot run in parallel (a reduction's)
                 continue
         return sch
 
@@ -32,6 +32,6 @@ class Basic(CpuRule):
 def _has_root(sch: s_tir.Schedule) -> bool:
     try:
         sch.get_sblock("root")
-    except (s_tir.ScheduleError, ValueError):
+    except (s_tir.ScheduleError, ValueError):  # how TVM says no block has the name
         return False
     return True

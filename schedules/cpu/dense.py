@@ -22,6 +22,7 @@ from relaxc.schedules.cpu.int8 import intrinsic
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
 from relaxc.schedules.cpu.steps import (L1_BYTES, index_names, inline_elementwise, loop_extent, schedule_spatial,
                                         try_attach, vectorize_innermost)
+from relaxc.support.errors import DoesNotFit
 from relaxc.support.targets import ByteDot, VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
 
@@ -40,7 +41,7 @@ class Dense(CpuRule):
         sch = UncheckedSchedule(func)
         try:
             sch.get_sblock(BLOCK)
-        except (s_tir.ScheduleError, ValueError):
+        except (s_tir.ScheduleError, ValueError):  # how TVM says no block, or several, has the name
             return None
         blocks = normalize_prim_func(sch)
         if blocks is None:
@@ -75,7 +76,7 @@ def _schedule_dense(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     lanes = unit.lanes
     loops = sch.get_loops(block)
     if len(loops) not in (3, 4):  # TVM drops unit loops; passes/dense.py packs no single row and no K = 1
-        raise ValueError(f"dense_packed with {len(loops)} loops, expected [matrices,] rows, columns, depth")
+        raise DoesNotFit(f"dense_packed with {len(loops)} loops, expected [matrices,] rows, columns, depth")
     *matrices, rows, columns, depth = loops  # matrices: Winograd's products, one per tile position
     annotations = sch.get(block).annotations
     panel = int(annotations[PANEL_ATTR])

@@ -10,6 +10,7 @@ from tvm.s_tir.dlight.analysis import SBlockInfo
 
 from relaxc.schedules.cpu.steps import loop_extent, schedule_spatial, vectorize_innermost
 from relaxc.schedules.cpu.tile_plan import broadcast_reads
+from relaxc.support.errors import DoesNotFit
 
 MAX_PADDED_GROUPS = 2  # a rows-first conv pads its input per tile for at most this many tiles of output channels
 MAX_ROW_VECTOR = 8  # vectors in a padded row's middle, made one long vector (a partitioned loop cannot be split)
@@ -40,6 +41,8 @@ def _row_padding(sch: s_tir.Schedule, pad: SBlockInfo, lanes: int) -> tuple[int,
     start = block.reads[0].region[-1].min  # the innermost index read: the written one less the padding before
     offset = start.b if isinstance(start, (tirx.Add, tirx.Sub)) and start.a.same_as(inner) else None
     before = (-1 if isinstance(start, tirx.Add) else 1) * int(offset) if isinstance(offset, tirx.IntImm) else -1
+    if not all(isinstance(shape[-1], tirx.IntImm) for shape in (source.shape, padded.shape)):
+        raise DoesNotFit("a padded row of dynamic width")  # the rules schedule none: such a kernel falls to Basic
     width, loops = int(source.shape[-1]), sch.get_loops(pad.block_rv)
     if int(padded.shape[-1]) == width or before < 0 or width > MAX_ROW_VECTOR * lanes or len(loops) < 2 \
             or None in [loop_extent(sch, loop) for loop in loops]:

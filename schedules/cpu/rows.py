@@ -34,6 +34,7 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 
 from relaxc.schedules.cpu.rule import CpuRule, kernel_blocks
 from relaxc.schedules.cpu.steps import loop_extent, points, range_names, schedule_spatial, vectorize_innermost
+from relaxc.support.errors import DoesNotFit, message
 from relaxc.support.targets import VectorUnit
 from relaxc.support.tvm_internals import UncheckedSchedule
 
@@ -279,7 +280,7 @@ def _inline_single_use(sch: s_tir.Schedule, blocks: list[SBlockInfo]) -> None:
             continue
         try:
             sch.compute_inline(info.block_rv)
-        except s_tir.ScheduleError:
+        except s_tir.ScheduleError:  # TVM's own test of what inlines (a block writing its output does not)
             pass
 
 
@@ -290,11 +291,21 @@ def _partial_sums(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: in
     reduced = sum(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars)
     inner, extent = loops[-1], loop_extent(sch, loops[-1])
     if extent == lanes and reduced > 1:  # a channel block's lanes: the partial results as they are
-        return sch.rfactor(inner, 0)
+        return _rfactor(sch, inner)
     if extent is None or extent % lanes or extent == lanes:
         return None
     _, vector = sch.split(inner, factors=[None, lanes])
-    return sch.rfactor(vector, 0)
+    return _rfactor(sch, vector)
+
+
+def _rfactor(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> s_tir.schedule.SBlockRV:
+    """The block of ``loop``'s partial results. TVM's ``rfactor`` refuses a reduction whose
+    combiner or initial value it does not recognise (a ``ScheduleError``), which only trying shows:
+    then the kernel is not this rule's."""
+    try:
+        return sch.rfactor(loop, 0)
+    except s_tir.ScheduleError as err:
+        raise DoesNotFit(f"rfactor refuses the reduction: {message(err, last=True)}") from None
 
 
 def _vectorize_partial(sch: s_tir.Schedule, partial: s_tir.schedule.SBlockRV) -> None:

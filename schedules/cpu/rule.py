@@ -1,6 +1,7 @@
 """What every relaxc CPU schedule rule shares: it applies to LLVM targets, schedules a kernel for
-the target's vector unit (lanes and registers), and answers None for a kernel that is not its (including one where a
-TVM schedule primitive refuses, which it does by raising ScheduleError or ValueError)."""
+the target's vector unit (lanes and registers), and answers None for a kernel that is not its: one its
+``may_fit`` rules out, or whose ``schedule`` answers None or raises ``DoesNotFit``. Any other error
+is a bug and goes on up (``schedules/default.py`` names the kernel)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from relaxc.passes.ir import is_dynamic
+from relaxc.support.errors import DoesNotFit
 from relaxc.support.targets import VectorUnit, vector_unit
 
 log = logging.getLogger("relaxc")
@@ -31,7 +32,8 @@ def kernel_blocks(func: tirx.PrimFunc) -> list[s_tir.SBlock]:
 
 
 class CpuRule(dl.ScheduleRule):
-    """Subclasses implement ``schedule(func, unit)``: a schedule, or None if the kernel is not theirs;
+    """Subclasses implement ``schedule(func, unit)``: a schedule, or None (or ``DoesNotFit``, where the
+    finding is deep in the scheduling) if the kernel is not theirs;
     and may implement ``may_fit(func)``, a test of the kernel's blocks that rules out a kernel
     before a Schedule is made for it."""
 
@@ -46,13 +48,8 @@ class CpuRule(dl.ScheduleRule):
             return None
         try:
             return self.schedule(func, vector_unit(target))
-        except (s_tir.ScheduleError, ValueError) as err:
-            log.debug("%s schedule does not fit: %s", type(self).__name__, str(err).splitlines()[0])
-            return None
-        except TypeError as err:  # an extent read as a number where the kernel has a dynamic one
-            if not is_dynamic(func):
-                raise
-            log.debug("%s schedule does not take dynamic extents: %s", type(self).__name__, str(err).splitlines()[0])
+        except DoesNotFit as err:
+            log.debug("%s schedule does not fit: %s", type(self).__name__, err)
             return None
 
     def schedule(self, func: tirx.PrimFunc, unit: VectorUnit) -> s_tir.Schedule | None:

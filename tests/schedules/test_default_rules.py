@@ -5,9 +5,11 @@ import tvm
 from tvm.target import Target
 
 import relaxc
+from relaxc.frontend import models
 from relaxc.passes.ir import SCHEDULE_ATTR
 from relaxc.schedules.default import DefaultSchedules, default_schedule, rules
 from relaxc.schedules.cpu import tiled
+from relaxc.support.errors import DoesNotFit, ScheduleRuleError
 from relaxc.support.targets import vector_unit
 from tests.schedules.test_tiling import AVX512, matmul
 
@@ -58,3 +60,40 @@ def test_a_kernel_a_rule_rules_out_from_its_blocks_is_one_it_declines(model):
                 ruled_out += 1
                 assert rule.schedule(kernel, vector_unit(target)) is None, (label, kernel.attrs["global_symbol"])
     assert ruled_out > len(kernels)
+
+
+def _raising(error: Exception):
+    def schedule(*_args):
+        raise error
+    return schedule
+
+
+def test_a_rule_that_does_not_fit_says_so_and_the_next_one_schedules(monkeypatch):
+    monkeypatch.setattr(tiled.Tiled, "schedule", _raising(DoesNotFit("not mine")))
+    assert default_schedule(matmul, AVX512)[1] == "basic"
+
+
+@pytest.mark.parametrize("error", [ValueError("injected"), TypeError("injected"), tvm.error.InternalError("injected")])
+def test_any_other_error_inside_a_rule_fails_the_compile_naming_the_kernel(monkeypatch, error):
+    """A bug in a rule is no reason to give a kernel the next rule's slower schedule unreported."""
+    monkeypatch.setattr(tiled.Tiled, "schedule", _raising(error))
+    mod = tvm.IRModule({"mm": matmul.with_attr("global_symbol", "mm")})
+    expected = rf"the Tiled schedule rule failed on kernel mm: {type(error).__name__}: injected"
+    with AVX512, pytest.raises(ScheduleRuleError, match=expected):
+        DefaultSchedules(AVX512)(mod)
+    with pytest.raises(ScheduleRuleError, match=r"the Tiled schedule rule failed on kernel \w+"):
+        relaxc.compile("onnx:squeezenet", tuning="off")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, bounds", [(f"onnx:{name}", None) for name in models.BUNDLED] + [
+    ("zoo:bert", None), ("zoo:bert_op23", None), ("zoo:vit_b16", None), ("zoo:gpt2", None),
+    ("zoo:mobilenet_v3_large", None), ("zoo:fastvit_t8", None),
+    ("zoo:bert_dynamic", {"batch": 2, "sequence": 64}), ("zoo:whisper_encoder_dynamic", {"batch": 2}),
+])
+def test_the_bundled_models_and_the_zoo_compile_with_every_kernel_scheduled_by_a_rule(model, bounds):
+    """No rule fails on them (that would fail the compile) and every kernel gets a schedule;
+    BERT at opset 23 has a reduction ``rfactor`` refuses, the dynamic ones padded rows of dynamic
+    width: both are kernels a rule says are not its."""
+    schedules = relaxc.compile(model, tuning="off", backends="off", dim_bounds=bounds).report()["schedules"]
+    assert schedules and "none" not in schedules
