@@ -5,7 +5,6 @@ import tvm
 from tvm.target import Target
 
 import relaxc
-from relaxc.frontend import models
 from relaxc.passes.ir import SCHEDULE_ATTR
 from relaxc.schedules.default import DefaultSchedules, default_schedule, rules
 from relaxc.schedules.cpu import tiled
@@ -86,14 +85,10 @@ def test_any_other_error_inside_a_rule_fails_the_compile_naming_the_kernel(monke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, bounds", [(f"onnx:{name}", None) for name in models.BUNDLED] + [
-    ("zoo:bert", None), ("zoo:bert_op23", None), ("zoo:vit_b16", None), ("zoo:gpt2", None),
-    ("zoo:mobilenet_v3_large", None), ("zoo:fastvit_t8", None),
-    ("zoo:bert_dynamic", {"batch": 2, "sequence": 64}), ("zoo:whisper_encoder_dynamic", {"batch": 2}),
-])
-def test_the_bundled_models_and_the_zoo_compile_with_every_kernel_scheduled_by_a_rule(model, bounds):
-    """No rule fails on them (that would fail the compile) and every kernel gets a schedule;
-    BERT at opset 23 has a reduction ``rfactor`` refuses, the dynamic ones padded rows of dynamic
-    width: both are kernels a rule says are not its."""
+@pytest.mark.parametrize("model, bounds", [("zoo:bert_op23", None), ("zoo:bert_dynamic", {"batch": 2, "sequence": 64})])
+def test_kernels_a_rule_declines_get_the_next_rule(model, bounds):
+    """BERT at opset 23 has a reduction ``rfactor`` refuses, the dynamic one padded rows of dynamic
+    width: kernels a rule says are not its (``DoesNotFit``), scheduled by the next. The other
+    bundled and zoo models compile in their own tests, where a failing rule fails the compile."""
     schedules = relaxc.compile(model, tuning="off", backends="off", dim_bounds=bounds).report()["schedules"]
     assert schedules and "none" not in schedules
