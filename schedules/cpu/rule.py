@@ -1,7 +1,9 @@
 """What every relaxc CPU schedule rule shares: it applies to LLVM targets, schedules a kernel for
 the target's vector unit (lanes and registers), and answers None for a kernel that is not its: one its
-``may_fit`` rules out, or whose ``schedule`` answers None or raises ``DoesNotFit``. Any other error
-is a bug and goes on up (``schedules/default.py`` names the kernel)."""
+``may_fit`` rules out, or whose ``schedule`` answers None or raises ``DoesNotFit``, or where a TVM
+schedule primitive refuses the kernel (``ScheduleError``: rfactor of a reduction it cannot split,
+loop_partition of a padded loop). Any other error is a bug and goes on up
+(``schedules/default.py`` names the kernel)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ class CpuRule(dl.ScheduleRule):
             return None
         try:
             return self.schedule(func, vector_unit(target))
-        except DoesNotFit as err:
+        except (DoesNotFit, s_tir.ScheduleError) as err:
             log.debug("%s schedule does not fit: %s", type(self).__name__, err)
             return None
 
