@@ -36,8 +36,6 @@ from relaxc.backend_candidates import EXPORT, Build
 from relaxc.backend_costs import size_label, sizes
 from relaxc.frontend import partition
 from relaxc.options import Config
-from relaxc.schedules.cache import store_for
-from relaxc.schedules.decisions import DecisionStore
 from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError, message
 
 log = logging.getLogger("relaxc")
@@ -68,7 +66,7 @@ def partitioning(prepared: frontend.Prepared, config: Config, build: Build,
     base = frontend.Partitioning(installed, dict(config.backend_overrides))
     if config.backends == "rule" or not installed:
         return base, {}
-    store = DecisionStore(store_for(config.cache_dir, config.target), "backends", strict=config.tuning == "strict")
+    store = config.decisions("backends")
     key = structure_key(prepared) + ("" if config.strategy == "latency" else f"-{config.strategy}")
     entry = store.load().get(key)
     if entry is None and config.backends != "measure":  # the libraries are imported only when a plan uses them

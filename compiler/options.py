@@ -20,7 +20,8 @@ from tvm.target import Target
 from relaxc import external
 from relaxc.codegen import toolchain
 from relaxc.passes.memory import PLANNERS
-from relaxc.schedules.decisions import MODES
+from relaxc.schedules.cache import store_for
+from relaxc.schedules.decisions import MODES, DecisionStore
 from relaxc.schedules.dispatch import STRATEGIES
 from relaxc.schedules.replay import MODES as TUNING_MODES
 from relaxc.schedules.sequence import SELECTIONS
@@ -67,6 +68,11 @@ class Config:
         return {"layout_block": self.layout_block, "memory_planner": self.memory_planner, "dispatch": self.dispatch,
                 "strategy": self.strategy, "layouts": self.layouts,
                 "unshared": list(self.unshared), "validate_memory": self.validate_memory}
+
+    def decisions(self, kind: str) -> DecisionStore:
+        """The measured decisions of ``kind`` for this target in the cache, strict under
+        ``tuning="strict"``."""
+        return DecisionStore(store_for(self.cache_dir, self.target), kind, strict=self.tuning == "strict")
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,6 @@ from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
-from relaxc.schedules.cache import store_for
-from relaxc.schedules.decisions import DecisionStore
 from relaxc.schedules.dispatch import Chooser, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
 from relaxc.passes.canonicalize.channels import ChannelShuffleToTake, SplitAlongChannelsToSlices
@@ -243,7 +241,7 @@ def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:
     config = c.config
     block = config.layout_block
     layouts = [blocked(block), blocked(block * 2 if block < 16 else block // 2), STANDARD]
-    store = DecisionStore(store_for(config.cache_dir, config.target), "layouts", strict=config.tuning == "strict")
+    store = config.decisions("layouts")
     costs = MeasuredLayoutCosts(config.layouts == "measure", store, lambda m: _build_candidate(m, c))
     choice = layout_choice.choose(mod, layouts, costs)
     if choice is None:
@@ -259,8 +257,7 @@ def _dispatch(c: Compilation) -> list[tvm.transform.Pass]:
     if target.kind.name != "llvm":  # GPUs: one implementation per operator so far
         return []
     reads_store = config.dispatch in ("replay", "measure")
-    store = (DecisionStore(store_for(config.cache_dir, target), "dispatch", strict=config.tuning == "strict")
-             if reads_store else None)
+    store = config.decisions("dispatch") if reads_store else None
     unit = (vector_lanes(target), vector_registers(target))
     chooser = Chooser(config.dispatch, config.strategy, store, lambda mod: _build_candidate(mod, c), *unit)
     return [Dispatch(chooser, *unit, measurable=reads_store)]
