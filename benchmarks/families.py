@@ -45,7 +45,7 @@ SUMMARY = "geometric mean"  # the section's last row
 
 def _row_cells(row: harness.Row, profile) -> list[str]:
     worst = max(profile.kernels, key=lambda k: k.lost_ms)
-    return [row.model, f"{row.relaxc_ms:.2f}", f"{row.ort_ms:.2f}", f"{row.ratio:.2f}x", f"`{worst.name}`",
+    return [row.model, f"{row.relaxc_ms:.2f}", f"{row.ort_ms:.2f}", harness.ratio_cell(row), f"`{worst.name}`",
             f"{worst.share:.0%}", f"{worst.roofline:.0%}", str(len(profile.cliffs())),
             datetime.date.today().isoformat()]
 
@@ -104,7 +104,7 @@ def _section_rows(text: str, heading: str) -> list[list[str]]:
 
 def _summary(rows: list[list[str]]) -> list[str]:
     """The summary row of model ``rows``: the geometric mean and the worst of their ratios, and their cliffs."""
-    ratios = {row[0]: float(row[3].rstrip("x")) for row in rows}
+    ratios = {row[0]: float(row[3].split("x", 1)[0]) for row in rows if not row[3].startswith("none")}
     worst = max(ratios, key=ratios.get)
     geomean = float(np.exp(np.mean(np.log(list(ratios.values())))))
     return [SUMMARY, "", "", f"{geomean:.2f}x", f"worst {worst} {ratios[worst]:.2f}x (limits: each {MAX_RATIO}x, "

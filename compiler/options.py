@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -32,6 +33,7 @@ from relaxc.support.errors import TargetError, UserError
 LAYOUT_MODES = tuple(mode for mode in MODES if mode != "off")  # the rule is the layout pass's own choice
 RENAMED = {("dispatch", "heuristic"): "rule", ("backends", "fallback"): "rule"}
 RELAXC_ONLY = "relaxc"  # backends="relaxc": the same as "off", named for what then runs the model
+BACKENDS_VARIABLE = "RELAXC_BACKENDS"  # the backends mode where a compile names none
 
 
 def _option(default: Any, help: str, *, type: type | None = None, choices: tuple | None = None,  # noqa: A002
@@ -110,11 +112,12 @@ class Options:
                                         "own, never reused", metavar="GLOB")
     validate_memory: bool = _option(False, "check the memory plan pair by pair and fill the arena with "
                                     "garbage before each run")
-    backends: str = _option("replay", "what runs the model: relaxc's own kernels only (off, or relaxc); those, and an "
-                            "installed external backend (onnxruntime, openvino) for the nodes relaxc cannot compile "
-                            "(rule); the rule plus the partition measured for this CPU before, where there is "
-                            "one (replay); or measure the partitions without a decision first and keep them "
-                            "(measure). docs/backends.md", choices=(*MODES, RELAXC_ONLY), flag="--backends")
+    backends: str | None = _option(None, "what runs the model: relaxc's own kernels only (off, or relaxc); those, and "
+                                   "an installed external backend (onnxruntime, openvino) for the nodes relaxc cannot "
+                                   "compile (rule); the rule plus the partition measured for this CPU before, where "
+                                   "there is one (replay); or measure the partitions without a decision first and keep "
+                                   "them (measure). Default: $RELAXC_BACKENDS, else replay. docs/backends.md",
+                                   type=str, choices=(*MODES, RELAXC_ONLY), flag="--backends")
     backend_overrides: Any = _option((), "pin nodes to a backend: GLOB=BACKEND, the glob matched against node "
                                      "names, BACKEND relaxc, onnxruntime or openvino (a dict in the Python API)",
                                      metavar="GLOB=BACKEND", flag="--backend-override")
@@ -153,8 +156,16 @@ class Options:
             raise UserError(f"measure_budget_s must be positive, not {self.measure_budget_s}")
         return Config(tvm_target, block, why, planner, tuple(self.unshared), self.validate_memory, self.tuning,
                       self.dispatch, self.strategy, self.layouts, self.cache_dir, tools, tracker,
-                      "off" if self.backends == RELAXC_ONLY else self.backends,
+                      self.backends_mode(),
                       self.overrides(), float(self.measure_budget_s))
+
+    def backends_mode(self) -> str:
+        """``backends``, else ``$RELAXC_BACKENDS`` (a CI or a deployment that must never run another
+        runtime sets it to relaxc), else replay; "relaxc" is "off"; a UserError for a bad value."""
+        mode = self.backends or os.environ.get(BACKENDS_VARIABLE) or "replay"
+        if self.backends is None and mode not in (*MODES, RELAXC_ONLY):
+            raise UserError(f"${BACKENDS_VARIABLE} must be one of {', '.join((*MODES, RELAXC_ONLY))}, not {mode!r}")
+        return "off" if mode == RELAXC_ONLY else mode
 
     def overrides(self) -> dict[str, str]:
         """``backend_overrides`` as {glob: backend}, from a dict or GLOB=BACKEND strings, checked."""

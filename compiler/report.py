@@ -64,6 +64,17 @@ def dispatch_summary(dispatch: dict) -> str:
     return "\n".join(lines)
 
 
+def runs_on(backends: dict) -> str:
+    """Which runtime runs the model, in words, from ``report()["backends"]``: "relaxc", "relaxc +
+    onnxruntime (12 nodes)", or "onnxruntime (whole model)" where TVM's importer refused it."""
+    if "whole_model_because" in backends:
+        return f"{backends['subgraphs'][0]['backend']} (whole model)"
+    nodes: dict[str, int] = {}
+    for sub in backends.get("subgraphs", []):
+        nodes[sub["backend"]] = nodes.get(sub["backend"], 0) + sub["nodes"]
+    return " + ".join(["relaxc", *(f"{name} ({n} nodes)" for name, n in nodes.items())])
+
+
 def plan_summary(backends: dict) -> str:
     """The partition: each external subgraph and why it is there, and the measured times."""
     subgraphs = backends.get("subgraphs", [])

@@ -6,6 +6,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The user's cache of this test session (its subprocesses too): empty, over the stores
 # relaxc ships, never the user's own.
 os.environ["RELAXC_CACHE_DIR"] = os.path.join(tempfile.mkdtemp(prefix="relaxc-test-cache-"), "records")
+# What the tests compile runs on relaxc's kernels alone (subprocesses too): a model TVM's importer
+# cannot take fails its test instead of running on onnxruntime and matching onnxruntime. A test of
+# the external backends names its mode.
+os.environ["RELAXC_BACKENDS"] = "relaxc"
 
 import onnx  # noqa: E402
 import pytest  # noqa: E402
@@ -19,3 +23,18 @@ def model_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "small.onnx"
     onnx.save(reference.small_cnn(), path)
     return path
+
+
+@pytest.fixture
+def importer_refusing_every_graph(monkeypatch):
+    """TVM's ONNX importer raising on every graph with a node (an empty remainder still imports)."""
+    from relaxc import frontend
+
+    real = frontend.from_onnx
+
+    def refusing(model, *args, **kwargs):
+        if len(model.graph.node):
+            raise NotImplementedError("refused on purpose by the test")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(frontend, "from_onnx", refusing)

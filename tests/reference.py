@@ -16,6 +16,20 @@ from relaxc.benchmarks.reference import (ORT_MAX_IR_VERSION, assert_matches, ort
 from relaxc.runtime import random_inputs  # noqa: F401
 
 
+def assert_relaxc_ran(art) -> None:
+    """Fails unless relaxc's own kernels run the whole of ``art``: no subgraph on another runtime."""
+    elsewhere = [f"{sub['backend']} ran {sub['nodes']} node(s) ({', '.join(sorted(set(sub['ops'])))})"
+                 for sub in art.report()["backends"]["subgraphs"]]
+    assert not elsewhere, f"not relaxc's kernels: {'; '.join(elsewhere)}"
+
+
+def relaxc_run(art, inputs) -> list[np.ndarray]:
+    """``art.run(inputs)``, after checking that relaxc's kernels ran all of it: what a comparison
+    with onnxruntime compares."""
+    assert_relaxc_ran(art)
+    return art.run(inputs)
+
+
 def _const(name: str, array: np.ndarray) -> TensorProto:
     return numpy_helper.from_array(array.astype(np.float32), name)
 

@@ -28,6 +28,13 @@ from tvm.s_tir import dlight as dl
 pytest.importorskip("onnxruntime")
 
 
+@pytest.fixture(autouse=True)
+def users_default_backends(monkeypatch):
+    """This module is about the external backends: it compiles as users do, with the default mode
+    (replay), where the rest of the suite runs relaxc's kernels alone (tests/conftest.py)."""
+    monkeypatch.delenv("RELAXC_BACKENDS")
+
+
 def _model(nodes, inputs, outputs, initializers=()):
     return reference._model(nodes, inputs, outputs, list(initializers), opset=17)
 

@@ -69,3 +69,22 @@ def test_the_quantized_benchmark_refuses_compile_options_it_would_not_use(capsys
     assert "--dynamic" in capsys.readouterr().err
     assert bench.main(["--quantized", "-t", "cuda"]) == 2  # onnxruntime runs on this CPU: relaxc's side too
     assert "not an LLVM CPU it runs" in capsys.readouterr().err
+
+
+def test_a_row_names_the_runtime_that_ran_it_and_only_relaxcs_rows_get_a_ratio():
+    from relaxc.benchmarks import harness
+
+    rows = [harness.Row("a", 1.0, 1.0, 2.0), harness.Row("b", 1.0, 4.0, 2.0, "relaxc + onnxruntime (3 nodes)"),
+            harness.Row("c", 1.0, 2.0, 2.0, "onnxruntime (whole model)")]
+    assert [harness.ratio_cell(r) for r in rows] == ["0.50x", "2.00x (relaxc + onnxruntime (3 nodes))",
+                                                     "none: onnxruntime (whole model)"]
+    assert harness.geomean_line(rows) == "geometric mean ratio 1.00x over 2 models; left out, not run by relaxc: c"
+    assert harness.geomean_line(rows[2:]) == "no model ran on relaxc's kernels; left out, not run by relaxc: c"
+
+
+def test_a_model_onnxruntime_ran_whole_is_benchmarked_without_a_ratio(importer_refusing_every_graph):
+    from relaxc.benchmarks import harness
+
+    row = harness.bench_one("onnx:squeezenet", repeat=1, threads=2, target="cpu", tuning="off", backends="replay")
+    assert row.runs_on == "onnxruntime (whole model)" and row.ratio is None
+    assert harness.format_row(row).endswith("| none: onnxruntime (whole model) |")

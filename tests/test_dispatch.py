@@ -34,7 +34,7 @@ def test_winograd_matches_onnxruntime(tmp_path, choice, shape):
         (shape.get("batch", 1), shape["channels"], shape["height"], shape["width"])).astype(np.float32)
     want = reference.ort_run(model, {"x": x})
     assert want[0].std() > 0.1  # not a near-constant output
-    reference.assert_matches(art.run(x), want)
+    reference.assert_matches(reference.relaxc_run(art, x), want)
 
 
 def test_weight_transform_is_the_minimal_filtering_algorithm():
@@ -69,7 +69,7 @@ def test_replay_without_a_decision_uses_the_rule_and_strict_refuses(tmp_path):
     report = relaxc.compile(model, tuning="off", cache_dir=str(tmp_path)).report()["dispatch"]
     assert report["sources"] == {"rule": 1} and report["choices"] == {WINOGRAD[4]: 1}
     with pytest.raises(relaxc.UserError, match="no dispatch decision for conv2d_nchwc.*dispatch='measure'"):
-        relaxc.compile(model, tuning="strict", backends="rule", cache_dir=str(tmp_path))
+        relaxc.compile(model, tuning="strict", backends="relaxc", cache_dir=str(tmp_path))
 
 
 def test_rule_keeps_direct_for_few_channels_f2_for_small_outputs_and_off_everywhere():

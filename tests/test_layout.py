@@ -289,7 +289,7 @@ def test_clip_and_a_conv_with_groups_split_by_blocks_stay_blocked():
     # per group (windows of input blocks); only the channel softmax runs in NCHW
     assert report["standard_op_kinds"] == {"relax.nn.softmax": 1}
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(reference.branchy_cnn(), inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(reference.branchy_cnn(), inputs))
 
 
 def test_a_conv_with_groups_narrower_than_the_block_runs_blocked():
@@ -307,7 +307,7 @@ def test_a_conv_with_groups_narrower_than_the_block_runs_blocked():
     convs = _calls(art.module("layout"), "relax.nn.conv2d")
     assert [c.attrs.data_layout for c in convs] == ["NCHW8c", "NCHW16c"] and convs[1].attrs.groups == 7
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(model, inputs))
 
 
 def test_concat_after_whole_blocks_stays_blocked():
@@ -316,7 +316,7 @@ def test_concat_after_whole_blocks_stays_blocked():
     # 32 + 20 channels: the padded part is last, its padding ends the concat
     assert concats and all(len(c.ty.shape.values) == 5 for c in concats)
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(reference.blocked_paths_cnn(), inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(reference.blocked_paths_cnn(), inputs))
 
 
 def _shufflenet_v2_unit(channels: int = 116, chunked: bool = False) -> onnx.ModelProto:
@@ -359,7 +359,7 @@ def test_channel_split_unaligned_concat_and_shuffle_stay_blocked():
     text = art.ir("layout")
     assert "take_channels" in text and "concat_channels" in text
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(model, inputs))
 
 
 def test_halves_of_a_shuffled_concat_gather_from_its_parts():
@@ -373,7 +373,7 @@ def test_halves_of_a_shuffled_concat_gather_from_its_parts():
     shuffles = [call for call in _calls(art.module("simplify"), "relax.take") if static_shape(call)[1] == 116]
     assert shuffles == []  # only the halves are taken (the unit's own split is a take of 58 channels too)
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(model, inputs))
 
 
 # --- the bundled ResNet-50 -------------------------------------------------------------------
@@ -438,4 +438,4 @@ def test_a_split_along_channels_stays_blocked_and_its_concat_vectorises(splits):
         llvm_ir = helpers.kernel_llvm_ir(func, art.target)
         assert re.search(r"<\d+ x float>", llvm_ir), name  # a loop scalarised by a per-lane guard has no vector at all
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(model, inputs))

@@ -97,7 +97,7 @@ def test_any_chosen_plan_matches_onnxruntime(monkeypatch, model, seed):
     assert len({layout.name for layout in chosen.values()}) >= 2  # a mixed plan, not one layout
     x = np.random.default_rng(seed).standard_normal(
         [d.dim_value for d in onnx_model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
-    reference.assert_matches(art.run(x), reference.ort_run(onnx_model, {"x": x}))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(onnx_model, {"x": x}))
 
 
 def test_times_measured_once_then_replayed(tmp_path):

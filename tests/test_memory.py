@@ -129,7 +129,7 @@ def test_small_cnn_plan_is_real_and_correct():
     inputs = reference.random_inputs(art.inputs)
     expected = reference.ort_run(reference.small_cnn(), inputs)
     for _ in range(2):  # the second run starts from the garbage the first left behind
-        reference.assert_matches(art.run(inputs), expected)
+        reference.assert_matches(reference.relaxc_run(art, inputs), expected)
 
 
 def test_garbage_fill_exposes_a_broken_plan(monkeypatch):
@@ -145,7 +145,7 @@ def test_garbage_fill_exposes_a_broken_plan(monkeypatch):
     art = relaxc.compile(reference.small_cnn(), validate_memory=True)
     inputs = reference.random_inputs(art.inputs)
     with pytest.raises(AssertionError):
-        reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
+        reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(reference.small_cnn(), inputs))
 
 
 def test_unshared_kernels_get_bytes_of_their_own():
@@ -161,7 +161,7 @@ def test_unshared_kernels_get_bytes_of_their_own():
                 assert t["offset"] + t["bytes"] <= u["offset"] or u["offset"] + u["bytes"] <= t["offset"], (t, u)
     assert others and report["arena_bytes"] > shared["arena_bytes"]
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(reference.branchy_cnn(), inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(reference.branchy_cnn(), inputs))
 
 
 def test_tvm_planner_for_comparison():
@@ -170,6 +170,6 @@ def test_tvm_planner_for_comparison():
     assert report["planner"] == "tvm" and report["arena_bytes"] == report["tvm_static_plan_bytes"]
     assert "arena" not in art.ir("final")
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(reference.branchy_cnn(), inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(reference.branchy_cnn(), inputs))
     with pytest.raises(relaxc.UserError, match="memory_planner must be one of arena, tvm"):
         relaxc.compile(reference.small_cnn(), memory_planner="best")

@@ -109,10 +109,10 @@ def test_records_tuned_remotely_replay_strictly(tuned_remotely, fleet):
     address, _ = fleet
     device = remote.probe(address)
     assert os.path.basename(summary["cache_dir"]) == cache.target_key(device.target())
-    art = relaxc.compile(_mlp(), target=device.target(), tuning="strict", backends="rule", cache_dir=log_dir)
+    art = relaxc.compile(_mlp(), target=device.target(), tuning="strict", backends="relaxc", cache_dir=log_dir)
     assert art.report()["tuning"]["missing"] == []
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(_mlp(), inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(_mlp(), inputs))
 
 
 def test_probe_names_the_devices_cpu_cores_and_versions(fleet):
@@ -184,7 +184,7 @@ def test_shards_split_the_kernels_and_select_after_the_merge(tmp_path):
     maintenance.merge(halves[1], halves[0])
     summary = relaxc.tune(_mlp(), trials=0, cache_dir=halves[0])  # the selection, after the merge
     assert summary["selection"]["kernels_with_choice"] == summary["tasks"]
-    assert relaxc.compile(_mlp(), tuning="strict", backends="rule",
+    assert relaxc.compile(_mlp(), tuning="strict", backends="relaxc",
                           cache_dir=halves[0]).report()["tuning"]["missing"] == []
 
 
@@ -322,9 +322,9 @@ def test_tuning_with_one_device_measures_everything_and_replays(one_device, tmp_
         summary = json.loads(out.read())
     assert (summary["stopped"], summary["trials"]) == ("done", 6)
     assert summary["records_after"] == summary["defaults_recorded"] + summary["trials"]
-    art = relaxc.compile(model, target=remote.probe(address).target(), tuning="strict", backends="rule",
+    art = relaxc.compile(model, target=remote.probe(address).target(), tuning="strict", backends="relaxc",
                          cache_dir=str(store))
     assert art.report()["tuning"]["missing"] == []
     assert len(art.report()["dispatch"]["convolutions"]) == 2  # both 3x3 convolutions, dispatch replayed
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(model, inputs))

@@ -77,7 +77,7 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     log_dir, summary = tuned
     n = _kernels(summary)
     assert summary["defaults_recorded"] == n  # every kernel's default schedule, measured
-    art = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict", backends="rule")
+    art = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="strict", backends="relaxc")
     report = art.report()["tuning"]
     assert report["mode"] == "strict" and report["tasks"] == report["tasks_with_records"] == n
     assert report["missing"] == [] and report["selected"] == n
@@ -85,7 +85,7 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     assert schedules.get("tuned", 0) == n - len(report["chose_default"]) == n - sum(
         n for kind, n in schedules.items() if kind != "tuned")
     inputs = reference.random_inputs(art.inputs)
-    outputs = art.run(inputs)
+    outputs = reference.relaxc_run(art, inputs)
     reference.assert_matches(outputs, reference.ort_run(reference.small_cnn(), inputs))
     again = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir))  # replay is deterministic
     assert all(np.array_equal(a, b) for a, b in zip(outputs, again.run(inputs)))
@@ -93,7 +93,7 @@ def test_replay_applies_records_and_strict_names_the_rest(tuned):
     assert other["missing"] and other["tasks_with_records"] + len(other["missing"]) == other["tasks"]
     with pytest.raises(relaxc.UserError, match=rf"tuning='strict': {len(other['missing'])} of {other['tasks']} "
                                                  rf"kernels have no tuning record that applies in .*{other['missing'][0]}"):
-        relaxc.compile(reference.branchy_cnn(), cache_dir=str(log_dir), tuning="strict", backends="rule")
+        relaxc.compile(reference.branchy_cnn(), cache_dir=str(log_dir), tuning="strict", backends="relaxc")
     off = relaxc.compile(reference.small_cnn(), cache_dir=str(log_dir), tuning="off").report()
     assert off["tuning"]["tasks_with_records"] == 0 and "tuned" not in off["schedules"]
 
@@ -154,7 +154,7 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
         assert decision["before"] in decision["ms"] and set(decision["ms"]) <= set(stored[key]["candidates"])
     untuned = dispatched.get("untuned", [])  # trials=0: an implementation chosen now may lack records
     art = relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="replay" if untuned else "strict",
-                         backends="rule")
+                         backends="relaxc")
     assert art.report()["tuning"]["missing"] == untuned
     made = {c["workload"]: c["choice"] for c in art.report()["dispatch"]["convolutions"]}
     assert all(made[key] == decision["choice"] for key, decision in dispatched["decisions"].items())
@@ -175,7 +175,7 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
     assert kept and all(second[key] == chosen[key] for key in kept)  # a choice that stays is not rewritten
     assert again["rewritten"] == len(again["kernels"]) - len(kept)
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(reference.small_cnn(), inputs))
 
 
 def test_after_a_dispatch_change_only_the_untuned_kernels_are_tuned_then_selected(monkeypatch):
@@ -220,7 +220,7 @@ def test_an_invalid_selection_file_is_ignored_with_a_warning(tuned, tmp_path, ca
         f.write('{"kernels": [')
     with caplog.at_level("WARNING", logger="relaxc"):
         report = relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict",
-                                backends="rule").report()["tuning"]
+                                backends="relaxc").report()["tuning"]
     assert f"{store.selection_path} is not a valid selection file" in caplog.text
     assert report["selected"] == 0 and report["missing"] == []  # the best records still apply
     proc = run_cli("cache", "verify", "--cache-dir", copy)
@@ -242,7 +242,7 @@ def test_a_packed_store_replays_like_the_plain_one(tuned, tmp_path):
     assert shipped.records_of(hashes) == plain.records_of(hashes) and shipped.selections() == plain.selections()
     assert all(tvm_ffi.structural_equal(shipped.workload(h), plain.workload(h)) for h in hashes)
     reports = [relaxc.compile(reference.small_cnn(), cache_dir=str(root), tuning="strict",
-                              backends="rule").report()["tuning"]
+                              backends="relaxc").report()["tuning"]
                for root in (log_dir, packed)]
     assert reports[0]["tasks_with_records"] == reports[1]["tasks_with_records"] == reports[0]["tasks"]
 
@@ -266,7 +266,7 @@ def test_the_users_records_lie_over_the_shipped_store(tuned, tmp_path, monkeypat
     DecisionStore(store, "dispatch").save("w", {"candidates": {}})
     assert DecisionStore(store, "dispatch").load().keys() == DecisionStore(store.base, "dispatch").load().keys() | {"w"}
     assert decisions.read_entries(os.path.join(store.dir, DISPATCH_FILE)).keys() == {"w"}
-    report = relaxc.compile(reference.small_cnn(), tuning="strict", backends="rule").report()["tuning"]
+    report = relaxc.compile(reference.small_cnn(), tuning="strict", backends="relaxc").report()["tuning"]
     assert report["shipped"] == store.base.dir and report["missing"] == []
     listed = run_cli("cache", "list").stdout.splitlines()  # another process: the checkout's stores beneath
     assert listed[0] == f"your cache: {tmp_path / 'user'}"  # a choice and a measurement only
@@ -362,9 +362,9 @@ def test_a_record_that_does_not_replay_leaves_its_kernel_to_the_default_and_says
     assert "no_such_block" in why and name in report["missing"] and entry["task"] == name
     assert any("do not apply" in r.getMessage() and name in r.getMessage() for r in caplog.records)
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(reference.small_cnn(), inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(reference.small_cnn(), inputs))
     with pytest.raises(relaxc.UserError, match=rf"no tuning record that applies .*{name}"):
-        relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict", backends="rule")
+        relaxc.compile(reference.small_cnn(), cache_dir=str(copy), tuning="strict", backends="relaxc")
 
 
 def test_measured_kernels_get_indices_in_range():
@@ -557,16 +557,16 @@ def test_committed_logs_replay_strictly(target, spec):
     convolution a committed dispatch decision (strict never tunes nor measures), the model matches
     onnxruntime, and a second build replays to bit-identical outputs."""
     logs = os.path.join(ROOT, "tuning_logs")
-    art = relaxc.compile(spec, target=target, tuning="strict", backends="rule", cache_dir=logs)
+    art = relaxc.compile(spec, target=target, tuning="strict", backends="relaxc", cache_dir=logs)
     report = art.report()
     assert set(report["dispatch"]["sources"]) <= {"stored"}
     tuning = report["tuning"]
     assert tuning["missing"] == [] and tuning["selected"] == tuning["tasks"]
     assert report["schedules"].get("tuned", 0) == tuning["tasks"] - len(tuning["chose_default"])
     inputs = reference.random_inputs(art.inputs, high=art.input_high)
-    outputs = art.run(inputs)
+    outputs = reference.relaxc_run(art, inputs)
     reference.assert_matches(outputs, reference.ort_session(frontend.load_model(spec)[0]).run(None, inputs))
     if spec == "onnx:resnet50":
-        again = relaxc.compile(spec, target=target, tuning="strict", backends="rule", cache_dir=logs)
+        again = relaxc.compile(spec, target=target, tuning="strict", backends="relaxc", cache_dir=logs)
         assert again.fingerprint == art.fingerprint
         assert all(np.array_equal(a, b) for a, b in zip(outputs, again.run(inputs)))

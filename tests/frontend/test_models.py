@@ -18,8 +18,8 @@ def test_bundled_model_matches_onnxruntime(name):
     art = relaxc.compile(spec, target="cpu", validate_memory=True)
     inputs = reference.random_inputs(art.inputs)
     expected = reference.ort_run(onnx.load(models.bundled_path(spec)), inputs)
-    reference.assert_matches(art.run(inputs), expected)
-    reference.assert_matches(art.run(inputs), expected)
+    reference.assert_matches(reference.relaxc_run(art, inputs), expected)
+    reference.assert_matches(reference.relaxc_run(art, inputs), expected)
     memory = art.report()["memory"]
     assert memory["arena_bytes"] <= 1.05 * memory["lower_bound_bytes"]
     assert memory["arena_bytes"] <= memory["tvm_static_plan_bytes"]
@@ -31,7 +31,7 @@ def test_bundled_architecture_with_random_weights(name):
     model = reference.randomize_weights(onnx.load(models.bundled_path(f"onnx:{name}")), seed=7)
     art = relaxc.compile(model, target="cpu")
     inputs = reference.random_inputs(art.inputs, seed=3)
-    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(model, inputs))
 
 
 @pytest.mark.parametrize("build", [reference.small_cnn, reference.branchy_cnn])
@@ -39,7 +39,7 @@ def test_small_random_weight_models(build):
     model = build()
     art = relaxc.compile(model, target="cpu")
     inputs = reference.random_inputs(art.inputs, seed=5)
-    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(model, inputs))
 
 
 def test_dynamic_batch_bound_by_shapes():
@@ -49,7 +49,7 @@ def test_dynamic_batch_bound_by_shapes():
     art = relaxc.compile(model, shapes={"x": (4, 3, 32, 32)})
     assert art.inputs == [("x", (4, 3, 32, 32), "float32")]
     inputs = reference.random_inputs(art.inputs)
-    reference.assert_matches(art.run(inputs), reference.ort_run(model, inputs))
+    reference.assert_matches(reference.relaxc_run(art, inputs), reference.ort_run(model, inputs))
 
 
 def test_report_and_ir_per_phase():

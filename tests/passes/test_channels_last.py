@@ -59,7 +59,7 @@ def test_a_convnext_block_runs_in_nchw_then_blocked_end_to_end():
     assert art.report()["schedules"].get("rows", 0) >= 1  # the blocked LayerNorm, pixel by pixel
     x = reference.random_inputs(art.inputs, seed=1)
     x["x"] = x["x"] * 3 + 1  # a mean and a spread over the channels to normalise away
-    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))
 
 
 def test_a_stretch_whose_nhwc_values_leak_or_that_never_permutes_back_stays():
@@ -68,4 +68,4 @@ def test_a_stretch_whose_nhwc_values_leak_or_that_never_permutes_back_stays():
         assert "relax.permute_dims" in ops and "relax.matmul" in ops
         art = relaxc.compile(model, target="cpu", tuning="off")
         x = reference.random_inputs(art.inputs, seed=1)
-        reference.assert_matches(art.run(x), reference.ort_run(model, x))
+        reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))

@@ -155,4 +155,4 @@ def test_transformers_refuse_token_ids_outside_the_vocabulary(name):
     ids = inputs["input_ids"].copy()
     ids.flat[3] = -1  # the last token of the vocabulary, as onnxruntime reads it
     expected = reference.ort_run(frontend.load_model(f"zoo:{name}")[0], {**inputs, "input_ids": ids})
-    reference.assert_matches(art.run({**inputs, "input_ids": ids}), expected)
+    reference.assert_matches(reference.relaxc_run(art, {**inputs, "input_ids": ids}), expected)

@@ -38,7 +38,7 @@ def test_conv1d_takes_the_blocked_convolution_path(c_in, c_out, length, kernel, 
     fused = art.ir("fuse")
     assert "conv1d" not in fused and re.search(r"fused_conv2d_NCHWc\w*_add\w*_relu", fused)  # blocked, with its epilogue
     x = reference.random_inputs(art.inputs, seed=1)
-    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))
 
 
 @pytest.mark.parametrize("length, stride, width", [(1599, 2, 799), (103, 1, 101)])
@@ -53,4 +53,4 @@ def test_an_output_width_no_row_tile_divides_is_computed_padded_then_sliced(leng
     assert re.search(rf"conv2d_NCHWc\w* = T.sblock_alloc_buffer\(\(T.int64\(2\), T.int64\(\d+\), T.int64\(1\), T.int64\({padded}\)", fused)
     assert "strided_slice" in fused
     x = reference.random_inputs(art.inputs, seed=3)
-    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))

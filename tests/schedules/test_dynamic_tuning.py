@@ -90,7 +90,7 @@ def test_a_compile_replays_the_decisions_and_matches_at_every_size(tuned):
     assert set(summary["dynamic"]["default_chosen"]) <= set(report["chose_default"])
     for batch in (1, 3, 4, 8):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
-        reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
+        reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, {"x": x}))
 
 
 def test_a_record_that_disagrees_with_the_default_is_not_used(tuned, tmp_path, monkeypatch, caplog):

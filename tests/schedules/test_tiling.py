@@ -391,7 +391,7 @@ def test_a_pool_over_nchw_pads_rows_apart_and_vectorises(width):
     llvm_ir = helpers.kernel_llvm_ir(func, art.target)
     assert re.search(r"fadd <\d+ x float>", llvm_ir), name
     x = reference.random_inputs(art.inputs, seed=5)
-    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))
 
 
 @pytest.mark.parametrize("shape, perm", [([1, 196, 384], [0, 2, 1]), ([2, 40, 6, 48], [0, 3, 2, 1])])
@@ -409,7 +409,7 @@ def test_a_transpose_copies_in_tiles_of_vectors_by_input_columns(shape, perm):
     script = func.script()
     assert "T.unroll" in script and "T.vectorized" in script, script
     x = reference.random_inputs(art.inputs, seed=6)
-    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))
 
 
 def test_keys_padded_and_written_transposed_copy_in_tiles():
@@ -469,7 +469,7 @@ def test_a_row_padding_of_odd_width_copies_whole_vectors_along_each_row():
     assert row_pads and all("_partition" in s and ("T.vectorized(T.int64(8))" in s or "T.vectorized(T.int64(16))" in s)
                             for s in row_pads), pads
     x = reference.random_inputs(art.inputs, seed=7)
-    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))
 
 
 def test_a_channel_shuffle_of_blocked_data_copies_each_lane_along_the_map():
@@ -492,7 +492,7 @@ def test_a_channel_shuffle_of_blocked_data_copies_each_lane_along_the_map():
     takes = [f.script() for gv, f in art.module("final").functions.items() if "take" in gv.name_hint]
     assert len(takes) == 1 and "T.vectorized" not in takes[0] and "T.parallel(T.int64(32))" in takes[0], takes
     x = reference.random_inputs(art.inputs, seed=8)
-    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))
 
 
 def test_an_epilogue_reading_one_channel_block_of_a_reduction_runs_after_it():
@@ -509,4 +509,4 @@ def test_an_epilogue_reading_one_channel_block_of_a_reduction_runs_after_it():
                               helper.make_tensor("sizes", TensorProto.INT64, [2], [8, 26])])
     art = relaxc.compile(model, tuning="off", layout_block=8)
     x = rng.standard_normal((1, 12, 25, 11)).astype(np.float32)
-    reference.assert_matches(art.run(x), reference.ort_run(model, {"x": x}))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, {"x": x}))

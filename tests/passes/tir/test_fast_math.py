@@ -112,4 +112,4 @@ def test_softplus_and_mish_match_onnxruntime_in_vector_form(op):
     logs = [f.script() for f in kernels if "T.log" in f.script()]
     assert logs and all("T.vectorized" in script for script in logs)
     x = {"x": (np.random.default_rng(4).standard_normal(shape) * 40).astype(np.float32)}
-    reference.assert_matches(art.run(x), reference.ort_run(model, x))
+    reference.assert_matches(reference.relaxc_run(art, x), reference.ort_run(model, x))
