@@ -88,16 +88,16 @@ def out_of_range(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[
     return variants
 
 
-def check(model: onnx.ModelProto, backends: str = "replay", target: str = "cpu") -> Outcome:
+def check(model: onnx.ModelProto, backends: str | None = None, target: str = "cpu") -> Outcome:
     """``compare(model, backends, target)`` with the process's peak resident memory."""
     outcome = compare(model, backends, target)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Outcome(outcome.kind, outcome.detail, round(peak, 1))
 
 
-def compare(model: onnx.ModelProto, backends: str = "replay", target: str = "cpu") -> Outcome:
+def compare(model: onnx.ModelProto, backends: str | None = None, target: str = "cpu") -> Outcome:
     """Compile ``model`` (no tuning; ``backends``: relaxc's kernels only, or with the external
-    backends too, as users compile; for ``target``, this CPU or one it runs), run it and
+    backends too; None, the default mode, $RELAXC_BACKENDS as the suite sets it; for ``target``, this CPU or one it runs), run it and
     onnxruntime on the same random inputs, compare."""
     import relaxc
     from relaxc.benchmarks import reference
@@ -153,7 +153,7 @@ def assert_quantized_matches(model: onnx.ModelProto, actual: list[np.ndarray], e
 
 
 def assert_rounding_explains(model: onnx.ModelProto, inputs: dict[str, np.ndarray], actual: list[np.ndarray],
-                             backends: str, target: str, found: str) -> None:
+                             backends: str | None, target: str, found: str) -> None:
     """Where a quantized model's outputs differ from onnxruntime's more than ``assert_quantized_matches``
     allows (``found``), whether relaxc's own quantized values explain it: relaxc's value of every
     ``QuantizeLinear`` (the model compiled again with them as outputs) as close to onnxruntime's as a
@@ -237,7 +237,7 @@ def _check_job(job: tuple[onnx.ModelProto, str, str]) -> Outcome:
     return check(*job)
 
 
-def check_in(worker: Isolated, model: onnx.ModelProto, backends: str = "replay", target: str = "cpu") -> Outcome:
+def check_in(worker: Isolated, model: onnx.ModelProto, backends: str | None = None, target: str = "cpu") -> Outcome:
     """``check`` in ``worker`` (``worker()``): a worker that dies is a ``crash``, one that gives no
     answer within ``TIMEOUT_S`` a ``hang``."""
     outcome, why = worker.call((model, backends, target), TIMEOUT_S)
