@@ -108,3 +108,28 @@ def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(nodes)
     return copy
+
+
+def ort_greedy(session, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int,
+               pairs: list[tuple[str, str]]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """onnxruntime's own greedy loop over a decoder with past (``session``: its InferenceSession;
+    ``pairs``: its (past input, present output) names): the prompt at once, then one token per step,
+    each step's presents fed back as the next step's pasts, positions counted over the mask as
+    transformers counts them. Returns the tokens [batch, prompt + new] and each step's logits."""
+    names = {i.name: i for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    ids, mask = input_ids.astype(np.int64), attention_mask.astype(np.int64)
+    shape = names[pairs[0][0]].shape
+    past = {name: np.zeros((len(ids), shape[1], 0, shape[3]), np.float32) for name, _ in pairs}
+    tokens, logits, step = ids, [], ids
+    for _ in range(new_tokens):
+        feeds = {"input_ids": step, "attention_mask": mask, **past}
+        if "position_ids" in names:
+            feeds["position_ids"] = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -step.shape[1]:]
+        produced = dict(zip(outputs, session.run(None, feeds)))
+        logits.append(produced["logits"][:, -1])
+        past = {name: produced[present] for name, present in pairs}
+        step = np.argmax(logits[-1], axis=-1).astype(np.int64)[:, None]
+        tokens = np.concatenate([tokens, step], axis=1)
+        mask = np.concatenate([mask, np.ones_like(step)], axis=1)
+    return tokens, logits

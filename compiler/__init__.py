@@ -22,6 +22,8 @@ from relaxc.support.errors import (ExportError, InputError, ModelError, ShapeErr
                                    UnsupportedOperatorError, UserError)
 
 if TYPE_CHECKING:
+    from typing import Sequence
+
     from relaxc.artifact import Artifact
     from relaxc.frontend import Constants, DimBounds, ModelLike, Shapes
     from relaxc.options import Options, TuneOptions
@@ -33,7 +35,9 @@ __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Artifact", "O
 
 
 def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,  # noqa: A001
-            constants: "Constants | None" = None, dim_bounds: "DimBounds | None" = None, **options: Any) -> "Artifact":
+            constants: "Constants | None" = None, dim_bounds: "DimBounds | None" = None,
+            max_length: int | None = None, max_batch: int | None = None, kv_inputs: "Sequence[str] | None" = None,
+            kv_outputs: "Sequence[str] | None" = None, **options: Any) -> "Artifact":
     """Compile an ONNX model for a target and return a runnable ``Artifact``.
 
     model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
@@ -46,13 +50,22 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     constants: inputs fixed at compile time, e.g. ``{"axes": np.array([1])}``: each becomes a constant
         of the model and is no longer an input of the artifact (for inputs that must be static: a
         reduction's axes, pads, a Reshape's shape).
+    max_length: compile a decoder with past (docs/generation.md) to generate up to this many tokens,
+        prompt included: the artifact gets ``generate`` and ``session``. ``max_batch`` (default 1)
+        sequences at once; ``kv_inputs`` / ``kv_outputs`` name its past inputs and present outputs in
+        pairs where they are not ``past_key_values.<i>.key/value`` and ``present.<i>.key/value``.
     options: the fields of ``relaxc.Options`` as keywords, each documented there (and in docs/api.md).
     """
     started = time.perf_counter()  # the compile's wall time: on a process's first, the compile side's import
     from relaxc.options import Options
     from relaxc.pipeline import compile_model
 
-    return compile_model(model, target, shapes, Options(**options), constants, dim_bounds, started)
+    generation = {"max_batch": max_batch, "kv_inputs": kv_inputs, "kv_outputs": kv_outputs}
+    if max_length is None and any(value is not None for value in generation.values()):
+        raise UserError(f"{', '.join(k for k, v in generation.items() if v is not None)} describe a decoder to "
+                        "generate with: give max_length too")
+    decoder = None if max_length is None else {"max_length": max_length, **generation, "max_batch": max_batch or 1}
+    return compile_model(model, target, shapes, Options(**options), constants, dim_bounds, started, decoder)
 
 
 def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,

@@ -34,7 +34,8 @@ class Artifact(Runner):
                  subgraphs: Sequence[ExternalSubgraph] = (), program_outputs: list[str] | None = None) -> None:
         device = open_device("cpu") if target.kind.name == "llvm" else None
         super().__init__(executable, device, inputs, outputs, input_high=input_high(report["inputs"]),
-                         subgraphs=subgraphs, program_outputs=program_outputs, dim_bounds=report["dim_bounds"])
+                         subgraphs=subgraphs, program_outputs=program_outputs, dim_bounds=report["dim_bounds"],
+                         empty_dims=report["empty_dims"], decoder=report.get("decoder"))
         self.executable = executable
         self.target = target
         self._report = report
@@ -72,7 +73,9 @@ class Artifact(Runner):
             raise ExportError(f"cannot export to {path}: directory {folder} is not writable")
         manifest_path = manifest_path_for(path)
         manifest = {key: self._report[key] for key in ("model", "target", "fingerprint", "versions",
-                                                         "inputs", "outputs", "dim_bounds")}
+                                                         "inputs", "outputs", "dim_bounds", "empty_dims")}
+        if "decoder" in self._report:
+            manifest["decoder"] = self._report["decoder"]
         manifest["library"] = os.path.basename(path)
         try:
             with tvm_log.captured() as said, Staging() as staging:  # renamed into place in this order: device code, library, manifest

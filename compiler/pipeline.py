@@ -68,6 +68,7 @@ from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.relax.backend.rocm import pipeline as rocm_pipeline
 
 from relaxc import backend_choice, diagnostics, external, frontend, report
+from relaxc.frontend import decoder
 from relaxc.artifact import Artifact
 from relaxc.codegen import parallel
 from relaxc.instrument import PhaseRecorder
@@ -118,6 +119,7 @@ class Source:
     shapes: frontend.Shapes | None = None
     constants: frontend.Constants | None = None
     dim_bounds: frontend.DimBounds | None = None
+    decoder: dict | None = None  # a decoder to generate with: max_length, max_batch, kv_inputs, kv_outputs
 
 
 @dataclass
@@ -169,8 +171,14 @@ def _prepare(c: Compilation) -> None:
     configure_threads()  # constant folding runs kernels: TVM's thread pool may start from here on
     fast_math.register()
     source = c.source
-    c.prepared = frontend.prepare_model(source.model, source.shapes, source.constants, c.config.backends == "off",
-                                        source.dim_bounds)
+    model, bounds, empty = source.model, source.dim_bounds, ()
+    if source.decoder is not None:  # its past may be empty: a prompt's first step
+        model = frontend.load_model(model)[0]
+        found = decoder.recognise(model, **source.decoder)
+        bounds, empty = found.bounds_with(bounds), (found.dims["past"],)
+        c.report["decoder"] = found.describe()
+    c.prepared = frontend.prepare_model(model, source.shapes, source.constants, c.config.backends == "off", bounds,
+                                        empty)
 
 
 def _choose_backends(c: Compilation) -> None:
@@ -336,11 +344,13 @@ PHASE_NAMES = tuple(phase.name for phase in _phases("import", "build")) + ("fina
 
 def compile_model(model: frontend.ModelLike, target: TargetLike = "cpu", shapes: frontend.Shapes | None = None,
                   options: Options = Options(), constants: frontend.Constants | None = None,
-                  dim_bounds: frontend.DimBounds | None = None, started: float | None = None) -> Artifact:
+                  dim_bounds: frontend.DimBounds | None = None, started: float | None = None,
+                  decoder_options: dict | None = None) -> Artifact:
     """Compile ``model`` for ``target``; see ``relaxc.compile`` for the contract. ``started``: when the
-    compile began (``time.perf_counter()``), if before this call (default: now)."""
+    compile began (``time.perf_counter()``), if before this call (default: now); ``decoder_options``:
+    a decoder to generate with (``decoder.recognise``'s keywords)."""
     recorder = PhaseRecorder(started)
-    c = Compilation(options.resolve(target), Source(model, shapes, constants, dim_bounds))
+    c = Compilation(options.resolve(target), Source(model, shapes, constants, dim_bounds, decoder_options))
     recorder.until_now("startup")  # the compile side imported (a process's first compile), options resolved
     with tvm_log.captured() as said:
         _run(c, recorder, _phases("prepare", "backends"))

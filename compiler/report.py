@@ -202,6 +202,7 @@ def assemble(compilation: "Compilation", snapshots: "dict[str, tvm.IRModule]") -
         "inputs": [spec_json(s, model.input_high.get(s[0])) for s in model.inputs],
         "outputs": [spec_json(s) for s in model.outputs],
         "dim_bounds": model.dim_bounds,
+        "empty_dims": list(compilation.prepared.empty_dims),
         "ops": model.ops,
         **compilation.report,
     }

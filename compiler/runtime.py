@@ -25,6 +25,7 @@ from tvm.runtime.vm import VirtualMachine
 
 from relaxc import diagnostics, external
 from relaxc.codegen import device_code, launcher
+from relaxc.generation import Generates
 from relaxc.support import index_checks, tvm_log
 from relaxc.support.errors import ExportError, InputError, TargetError, UserError, message
 from relaxc.support.subgraphs import ExternalSubgraph
@@ -115,7 +116,7 @@ def _in_usable_thread(call: Callable[[], Any]) -> Any:
     return _after_fork.submit(call).result()
 
 
-class Runner:
+class Runner(Generates):
     """Validates inputs against the compiled signature and runs ``main``, from any number of threads.
 
     Thread safety: ``run`` may be called from many threads at once; each concurrent call runs on its
@@ -126,7 +127,8 @@ class Runner:
     def __init__(self, program: Any, device: tvm.runtime.Device | None, inputs: list[TensorSpec],
                  outputs: list[TensorSpec], concurrency: int | None = None,
                  input_high: dict[str, int] | None = None, subgraphs: Sequence[ExternalSubgraph] = (),
-                 program_outputs: list[str] | None = None, dim_bounds: dict[str, int] | None = None) -> None:
+                 program_outputs: list[str] | None = None, dim_bounds: dict[str, int] | None = None,
+                 empty_dims: Sequence[str] = (), decoder: dict | None = None) -> None:
         # external subgraphs first: the program calls them by name
         sessions = [external.open_subgraph(sub, pool_threads()) for sub in subgraphs] if device else []
         self._sessions = sessions  # held here: the process keeps them only while a runner does
@@ -149,6 +151,8 @@ class Runner:
         self._names = [name for name, _, _ in inputs]
         self._expected = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in inputs]
         self.dim_bounds = dict(dim_bounds or {})  # each dynamic dim's largest size
+        self.empty_dims = frozenset(empty_dims)  # dims that may be 0 (a decoder's past), the others at least 1
+        self.decoder = decoder  # a decoder compiled with max_length: what generate() and session() read
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
@@ -215,9 +219,10 @@ class Runner:
             for axis, (dim, size) in enumerate(zip(shape, array.shape)):
                 if not isinstance(dim, str):
                     continue
-                if not 1 <= size <= self.dim_bounds[dim]:
+                low = int(dim not in self.empty_dims)
+                if not low <= size <= self.dim_bounds[dim]:
                     raise InputError(f"input {name!r} dim {axis} ({dim!r}) is {size}, outside its bound "
-                                     f"1..{self.dim_bounds[dim]} (dim_bounds at compile time)")
+                                     f"{low}..{self.dim_bounds[dim]} (dim_bounds at compile time)")
                 seen = sizes.setdefault(dim, (size, name))
                 if seen[0] != size:
                     raise InputError(f"input {name!r} dim {axis} ({dim!r}) is {size}, but input {seen[1]!r} "
@@ -300,7 +305,7 @@ class Deployed(Runner):
         super().__init__(self.executable, dev, [spec_from_json(t) for t in manifest["inputs"]],
                          [spec_from_json(t) for t in manifest["outputs"]], concurrency, input_high(manifest["inputs"]),
                          _subgraphs(folder or os.path.dirname(library), manifest), manifest.get("program_outputs"),
-                         manifest.get("dim_bounds"))
+                         manifest.get("dim_bounds"), manifest.get("empty_dims", ()), manifest.get("decoder"))
         self.manifest = manifest
 
     @property

@@ -167,6 +167,13 @@ def main_bounds(mod: tvm.IRModule) -> dict[str, int]:
     return upper_bounds(main) if main is not None else {}
 
 
+def main_empty_dims(mod: tvm.IRModule) -> set[str]:
+    """The dynamic dims of ``mod``'s ``main`` that may be 0 (a ``tir_var_lower_bound`` of 0)."""
+    main = next((f for gv, f in mod.functions_items() if gv.name_hint == "main"), None)
+    lows = (main.attrs or {}).get("tir_var_lower_bound", {}) if main is not None else {}
+    return {str(name) for name, low in lows.items() if int(low) == 0}
+
+
 def bytes_at_bounds(shape: relax.Expr, dtype: str, bounds: dict[str, int]) -> int | None:
     """Bytes of a tensor of ``shape``, its dynamic dims at the most their bounds allow (None for a
     shape that is no expression of them: one computed at run time)."""

@@ -93,6 +93,7 @@ class Prepared:
     ops: dict[str, int]
     inputs: list[TensorSpec]
     bounds: dict[str, int] = dataclasses.field(default_factory=dict)  # each dynamic dim's largest size
+    empty_dims: tuple[str, ...] = ()  # dynamic dims that may be 0 (a decoder's past), the others at least 1
 
 
 def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
@@ -350,10 +351,12 @@ def _index_readers(graph: onnx.GraphProto) -> dict[str, str]:
 
 
 def prepare_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None,
-                  strict: bool = True, dim_bounds: DimBounds | None = None) -> Prepared:
+                  strict: bool = True, dim_bounds: DimBounds | None = None,
+                  empty_dims: Sequence[str] = ()) -> Prepared:
     """Validate the model, bind its shapes and fold what they decide; ``strict``: refuse operators
     TVM's importer does not convert here, rather than leave them to an external backend;
-    ``dim_bounds``: the largest size of each dynamic dim kept dynamic."""
+    ``dim_bounds``: the largest size of each dynamic dim kept dynamic; ``empty_dims``: those of
+    them that may be 0."""
     proto, name, path = load_model(model)
     check_model(proto, path)
     ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
@@ -372,7 +375,7 @@ def prepare_model(model: ModelLike, shapes: Shapes | None = None, constants: Con
     bound = {name: shape for name, shape, _ in inputs}
     proto = rewrites.rewrite(prepare.fold_shape_computations(proto, bound), bound)
     proto = decompose.decompose(proto, bound)
-    return Prepared(proto, name, dict(sorted(ops.items())), inputs, dict(dim_bounds or {}))
+    return Prepared(proto, name, dict(sorted(ops.items())), inputs, dict(dim_bounds or {}), tuple(empty_dims))
 
 
 def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None,
@@ -413,7 +416,7 @@ def _convert(prepared: Prepared, partitioning: Partitioning) -> ImportedModel:
                 return _convert_partitioned(prepared, plan)
     check_operators(proto.graph)
     exactness.refuse_inexact(proto, inputs, nodes, facts)
-    module, names = _from_onnx(proto, inputs, prepared.bounds)
+    module, names = _from_onnx(proto, inputs, prepared.bounds, prepared.empty_dims)
     outputs = _output_specs([value.name for value in proto.graph.output], module)
     return ImportedModel(prepared.name, module, inputs, outputs, prepared.ops,
                          {new: old for old, new in names.items() if new != old}, models.input_high(proto),
@@ -424,7 +427,7 @@ def _convert(prepared: Prepared, partitioning: Partitioning) -> ImportedModel:
 def _convert_partitioned(prepared: Prepared, plan: partition.Plan) -> ImportedModel:
     proto, inputs = prepared.proto, prepared.inputs
     part = plan.relaxc
-    module, names = _from_onnx(part, plan.relaxc_inputs, prepared.bounds)
+    module, names = _from_onnx(part, plan.relaxc_inputs, prepared.bounds, prepared.empty_dims)
     calls = [splice.Call(sub.function, sub.inputs, sub.outputs) for sub in plan.subgraphs if not sub.tail]
     results = [value.name for value in part.graph.output]
     module = splice.splice(module, [n for n, _, _ in plan.relaxc_inputs], results, plan.program_outputs, calls)
@@ -440,9 +443,10 @@ def _convert_partitioned(prepared: Prepared, plan: partition.Plan) -> ImportedMo
 
 
 def _from_onnx(proto: onnx.ModelProto, inputs: list[TensorSpec],
-               bounds: Mapping[str, int]) -> tuple[IRModule, dict[str, str]]:
+               bounds: Mapping[str, int], empty: Sequence[str] = ()) -> tuple[IRModule, dict[str, str]]:
     """TVM's import of ``proto`` with these input shapes, and the inputs' Relax names; ``main``
-    carries each dynamic dim's bound (``tir_var_upper_bound``, as TVM's memory planning reads it)."""
+    carries each dynamic dim's bounds (``tir_var_upper_bound``, as TVM's memory planning reads it;
+    a lower bound of 0 for the ``empty`` dims, else 1)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
         try:
@@ -457,5 +461,5 @@ def _from_onnx(proto: onnx.ModelProto, inputs: list[TensorSpec],
                                 f"{type(err).__name__}: {message(err)}") from err
     if dims:
         module["main"] = module["main"].with_attrs({"tir_var_upper_bound": {d: bounds[d] for d in dims},
-                                                    "tir_var_lower_bound": {d: 1 for d in dims}})
+                                                    "tir_var_lower_bound": {d: int(d not in empty) for d in dims}})
     return module, names

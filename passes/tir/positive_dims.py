@@ -6,7 +6,8 @@ register tile by offsets computed at run time (a tile LLVM keeps in memory, not 
 integer division keeps its sign corrections. Inside the root block, each dim is bound to
 ``max(dim, 1)``, which the analyzer bounds below by 1, and its uses read that instead: BERT's
 masked attention product took LLVM 4.0 s to build, and 0.12 s so. Run-time checks hold every dim
-within 1..bound (``runtime.Runner``), so the value is the dim's own.
+within 1..bound (``runtime.Runner``), so the value is the dim's own. A dim that may be 0 (a
+decoder's past length: ``tir_var_lower_bound`` 0) keeps its own value.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from relaxc.passes.memory import main_bounds
+from relaxc.passes.memory import main_bounds, main_empty_dims
 
 
 def _dim_vars(func: tirx.PrimFunc, names: set[str]) -> list[tirx.Var]:
@@ -52,7 +53,7 @@ class PositiveDims:
     ``at_least_one``; a static module is returned as it is."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        names = set(main_bounds(mod))
+        names = set(main_bounds(mod)) - main_empty_dims(mod)  # a dim that may be 0 is read as it is
         if not names:
             return mod
         new = mod.clone()

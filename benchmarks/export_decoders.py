@@ -1,0 +1,120 @@
+"""Export decoders "with past", as serving tools export them, and commit their light forms.
+
+    pip install -e '.[export]'            # torch, transformers: never for make test
+    python -m relaxc.benchmarks.export_decoders [NAME ...] [--out compiler/frontend/zoo]
+
+One step of a Hugging Face causal language model with random weights, exported by
+``torch.onnx.export`` (TorchScript, opset 17) with the optimum / transformers naming:
+``input_ids [batch, sequence]``, ``attention_mask [batch, past + sequence]``, ``position_ids`` where
+the model reads them, ``past_key_values.{i}.key/.value [batch, kv_heads, past, head_dim]`` in;
+``logits [batch, sequence, vocab]`` and ``present.{i}.key/.value [batch, kv_heads, past + sequence,
+head_dim]`` out; every dim but the heads' symbolic. The light form (``models.make_light``) is what
+``zoo:<name>`` loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+import onnx
+
+from relaxc.benchmarks.export_models import drop_provenance
+from relaxc.frontend import models
+
+SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=512,
+             max_position_embeddings=256)  # the tiny decoders make test compiles
+
+
+@dataclass(frozen=True)
+class Decoder:
+    config_class: str
+    model_class: str
+    config: dict = field(default_factory=dict)
+    positions: bool = True  # whether the model takes position_ids
+
+
+DECODERS: dict[str, Decoder] = {
+    "gpt2_past": Decoder("GPT2Config", "GPT2LMHeadModel", dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512,
+                                                               n_positions=256), positions=False),
+    "llama_past": Decoder("LlamaConfig", "LlamaForCausalLM", dict(SMALL, num_key_value_heads=2)),  # grouped queries
+}
+
+
+def _step(model, layers: int, positions: bool):
+    """``model`` as one step over flat past keys and values, returning logits and flat presents."""
+    import torch
+    from transformers import DynamicCache
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, *rest):
+            position_ids, past = (rest[0], rest[1:]) if positions else (None, rest)
+            cache = DynamicCache()
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            extra = {"position_ids": position_ids} if positions else {}
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                             use_cache=True, **extra)
+            return (out.logits, *(t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)))
+
+    return Step()
+
+
+def export(name: str, out_dir: str, seed: int = 0) -> str:
+    """Export ``name`` and write its light form to ``out_dir``; returns the path."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    spec = DECODERS[name]
+    config = getattr(transformers, spec.config_class)(**spec.config)
+    model = getattr(transformers, spec.model_class)(config).eval()
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    batch, sequence, past = 2, 3, 5  # an example batch of 1 would be specialised to 1
+    kv = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    inputs = ["input_ids", "attention_mask", *(["position_ids"] if spec.positions else []), *kv]
+    outputs = ["logits", *(name.replace("past_key_values", "present") for name in kv)]
+    args = (torch.randint(0, config.vocab_size, (batch, sequence)),
+            torch.ones(batch, past + sequence, dtype=torch.int64),
+            *([torch.arange(past, past + sequence).repeat(batch, 1)] if spec.positions else []),
+            *(torch.randn(batch, kv_heads, past, head_dim) for _ in kv))
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total"},
+            "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"},
+            **{n: {0: "batch", 2: "past"} for n in kv}, **{n: {0: "batch", 2: "total"} for n in outputs[1:]}}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        path = os.path.join(tmp, f"{name}.onnx")
+        torch.onnx.export(_step(model, layers, spec.positions), args, path, dynamo=False, opset_version=17,
+                          input_names=inputs, output_names=outputs, dynamic_axes=axes)
+        full = onnx.load(path)
+    drop_provenance(full)
+    light = models.make_light(full, source=f"{spec.model_class} with past exported by TorchScript (opset 17), "
+                              f"torch {torch.__version__}, transformers {transformers.__version__}",
+                              input_high={"input_ids": config.vocab_size, "attention_mask": 2})
+    target = os.path.join(out_dir, f"{name}.onnx")
+    onnx.save(light, target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", default=list(DECODERS), help=f"decoders (default: {' '.join(DECODERS)})")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(models.__file__), "zoo"))
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    for name in args.names:
+        path = export(name, args.out)
+        print(f"wrote {path} ({os.path.getsize(path) / 1e3:.0f} kB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

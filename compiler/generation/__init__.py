@@ -1,0 +1,38 @@
+"""Text generation over a decoder compiled with ``max_length`` (docs/generation.md): sessions that
+keep the cache between calls (``session.py``), the choice of each next token (``sampling.py``) and
+the ``generate`` loop (``loop.py``). Runtime only: a loaded artifact generates without the compile
+side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from relaxc.generation.loop import generate
+from relaxc.generation.session import Session
+from relaxc.support.errors import UserError
+
+
+class Generates:
+    """``session()`` and ``generate()`` for a runner whose ``decoder`` is set (a decoder compiled
+    with ``max_length``: its ``report()["decoder"]``)."""
+
+    decoder: dict | None = None
+
+    def session(self) -> Session:
+        """A new, empty session: ``append(ids)``, ``step(token)``, ``reset()``. One per thread."""
+        if self.decoder is None:
+            raise UserError("this model was compiled without max_length: compile a decoder with past with "
+                            "max_length=N to generate with it")
+        return Session(self, self.decoder)
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, **settings: Any) -> np.ndarray:
+        """``input_ids`` [batch, prompt] and its continuation, int64 [batch, prompt + new], in a
+        session of its own. ``settings``: transformers' ``max_new_tokens``, ``do_sample``,
+        ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``eos_token_id``,
+        ``pad_token_id``, ``streamer``, and ``seed`` (``relaxc.generation.loop.generate``)."""
+        return generate(self.session(), input_ids, attention_mask, **settings)
+
+
+__all__ = ["Generates", "Session", "generate"]

@@ -1,0 +1,105 @@
+"""A session: one conversation's cache over a decoder artifact, kept between calls.
+
+``append(ids)`` runs the prompt (or a user's next turn) through the model at once and returns the
+logits of its last position; ``step(tokens)`` runs one token per row; ``reset()`` empties the cache.
+The cache is the model's past keys and values, handed back in as each step's past; every row of a
+batch is cached to the same length, rows shorter than others padded on the left with a mask.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from relaxc.support.errors import InputError, UserError
+
+
+class Session:
+    """One conversation (``batch`` rows) over ``runner``, a decoder compiled with ``max_length``:
+    ``decoder`` is its ``report()["decoder"]``. Not for two threads at once: give each its own."""
+
+    def __init__(self, runner: Any, decoder: dict) -> None:
+        self._runner = runner
+        self.decoder = decoder
+        self.max_length, self.max_batch, self.vocab = decoder["max_length"], decoder["max_batch"], decoder["vocab"]
+        self._outputs = [name for name, _, _ in runner.outputs]
+        self._busy = threading.Lock()
+        self.reset()
+
+    @property
+    def length(self) -> int:
+        """Tokens cached, padding included: what the next step's keys and values extend."""
+        return self._mask.shape[1]
+
+    @property
+    def batch(self) -> int | None:
+        """Rows of this session: set by its first ``append``, None before."""
+        return None if self._past is None else self._mask.shape[0]
+
+    def reset(self) -> None:
+        """Empty the cache: the next ``append`` starts a new conversation, of any batch."""
+        self._past: list[np.ndarray] | None = None
+        self._mask = np.zeros((0, 0), np.int64)
+
+    def append(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """Run ``input_ids`` [batch, n] (a 1-D sequence is one row) after what is cached; returns the
+        logits of the last position [batch, vocab]. ``attention_mask`` (0 for left padding) defaults
+        to every token."""
+        ids = self.check_ids(input_ids)
+        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, np.int64)
+        if mask.shape != ids.shape:
+            raise InputError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: one entry per token")
+        if self._past is None:
+            if ids.shape[0] > self.max_batch:
+                raise UserError(f"a batch of {ids.shape[0]} rows is more than max_batch={self.max_batch} "
+                                "(compile with a larger max_batch)")
+            shape = (ids.shape[0], *self.decoder["cache_shape"][:1], 0, self.decoder["cache_shape"][1])
+            self._past = [np.zeros(shape, np.float32) for _ in self.decoder["pairs"]]
+            self._mask = np.zeros((ids.shape[0], 0), np.int64)
+        elif ids.shape[0] != self.batch:
+            raise InputError(f"this session has {self.batch} rows; input_ids has {ids.shape[0]} (reset() first)")
+        self.check_room(ids.shape[1])
+        return self._run(ids, mask)
+
+    def step(self, tokens: Any) -> np.ndarray:
+        """Run one token per row (int64 [batch]); returns the next logits [batch, vocab]."""
+        if self._past is None:
+            raise UserError("a session's first call is append(input_ids): there is nothing to step from")
+        ids = self.check_ids(np.asarray(tokens).reshape(-1, 1))
+        if ids.shape[0] != self.batch:
+            raise InputError(f"step takes one token per row: {self.batch}, not {ids.shape[0]}")
+        self.check_room(1)
+        return self._run(ids, np.ones_like(ids))
+
+    def check_ids(self, input_ids: Any) -> np.ndarray:
+        """``input_ids`` as int64 [batch, n], every id in the vocabulary; an InputError otherwise."""
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[1] == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"input_ids must be whole numbers [batch, tokens], at least one token; got "
+                             f"{ids.dtype} {ids.shape}")
+        outside = ids[(ids < 0) | (ids >= self.vocab)]
+        if outside.size:
+            raise InputError(f"token id {int(outside[0])} is outside the vocabulary 0..{self.vocab - 1}")
+        return ids.astype(np.int64)
+
+    def check_room(self, tokens: int) -> None:
+        """A UserError, before any work, where ``tokens`` more would not fit in ``max_length``."""
+        if self.length + tokens > self.max_length:
+            raise UserError(f"{self.length} tokens cached and {tokens} more is over max_length={self.max_length} "
+                            "(compile with a larger max_length, or reset())")
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with self._busy:
+            full = np.concatenate([self._mask, mask], axis=1)
+            feeds = {"input_ids": ids, "attention_mask": full}
+            if self.decoder["positions"]:  # transformers' positions: each token's count of real ones before it
+                feeds["position_ids"] = np.maximum(np.cumsum(full, axis=1) - 1, 0)[:, -ids.shape[1]:]
+            feeds.update({past: array for (past, _), array in zip(self.decoder["pairs"], self._past)})
+            produced = dict(zip(self._outputs, self._runner.run(feeds)))
+            self._past = [produced[present] for _, present in self.decoder["pairs"]]
+            self._mask = full
+            return produced["logits"][:, -1]

@@ -1,0 +1,257 @@
+"""Text generation from decoders with past (zoo:gpt2_past, zoo:llama_past: two layers, exported by
+benchmarks/export_decoders.py): recognition and its refusals, greedy decoding equal to onnxruntime's
+own loop over the same export, sessions, streaming, export and load, seeded sampling, errors."""
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import relaxc
+from relaxc.frontend import decoder, models
+from relaxc.generation import sampling
+from tests import reference
+
+DECODERS = ("gpt2_past", "llama_past")  # learned positions, no position_ids; rotary, grouped queries
+MAX_LENGTH, MAX_BATCH, PROMPT = 64, 4, 32
+
+
+@pytest.fixture(scope="module", params=DECODERS)
+def compiled(request):
+    art = relaxc.compile(f"zoo:{request.param}", tuning="off", max_length=MAX_LENGTH, max_batch=MAX_BATCH)
+    proto = models.fill_light(onnx.load(models.bundled_path(f"zoo:{request.param}")))
+    return art, reference.ort_session(proto)
+
+
+def _prompts(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``batch`` prompts of up to PROMPT tokens, left-padded to PROMPT with a mask."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 512, (batch, PROMPT))
+    mask = np.ones_like(ids)
+    for row in range(1, batch):
+        mask[row, :3 * row] = 0
+    return ids, mask
+
+
+def _ort_tokens(art, session, ids, mask, new):
+    return reference.ort_greedy(session, ids, mask, new, [tuple(pair) for pair in art.decoder["pairs"]])
+
+
+def _agrees(got: np.ndarray, want: np.ndarray, logits: list[np.ndarray]) -> None:
+    """Equal tokens, or a first difference where onnxruntime's own top two logits tie within 1e-4 of
+    max|logit| (a choice either runtime may make)."""
+    if np.array_equal(got, want):
+        return
+    row, column = (int(i[0]) for i in np.nonzero(got != want))
+    step = logits[column - (want.shape[1] - len(logits))][row]
+    top = np.sort(step)[-2:]
+    assert top[1] - top[0] <= 1e-4 * np.abs(step).max(), f"row {row} differs at token {column}"
+
+
+@pytest.mark.parametrize("batch", [1, MAX_BATCH])
+def test_greedy_decoding_equals_onnxruntimes_loop(compiled, batch):
+    art, session = compiled
+    ids, mask = _prompts(batch)
+    got = art.generate(ids, mask, max_new_tokens=MAX_LENGTH - PROMPT)
+    assert got.dtype == np.int64 and got.shape == (batch, MAX_LENGTH)
+    assert np.array_equal(got[:, :PROMPT], ids)
+    _agrees(got, *_ort_tokens(art, session, ids, mask, MAX_LENGTH - PROMPT))
+    reference.assert_relaxc_ran(art)
+
+
+def test_the_report_describes_the_decoder(compiled):
+    art, _ = compiled
+    report = art.report()
+    assert report["decoder"]["max_length"] == MAX_LENGTH and report["decoder"]["max_batch"] == MAX_BATCH
+    assert report["empty_dims"] == [report["decoder"]["dims"]["past"]]
+    assert len(report["decoder"]["pairs"]) == 4 and report["decoder"]["vocab"] == 512
+
+
+def test_a_session_keeps_its_cache_between_calls(compiled):
+    art, _ = compiled
+    ids, _ = _prompts(1)
+    whole = art.generate(ids, max_new_tokens=8)
+    s = art.session()
+    logits = s.append(ids[:, :20])
+    logits = s.append(ids[:, 20:])  # a second turn extends the first
+    tokens = []
+    for _ in range(8):
+        tokens.append(int(np.argmax(logits[0])))
+        logits = s.step([tokens[-1]]) if len(tokens) < 8 else logits
+    assert tokens == whole[0, PROMPT:].tolist() and s.length == PROMPT + 7
+    s.reset()
+    assert s.length == 0 and s.batch is None
+    assert np.array_equal(s.append(ids), art.session().append(ids))
+
+
+def test_two_threads_generate_on_one_artifact_each_in_its_own_session(compiled):
+    art, _ = compiled
+    prompts = [_prompts(1, seed)[0] for seed in (1, 2)]
+    alone = [art.generate(p, max_new_tokens=12) for p in prompts]
+    together = [None, None]
+
+    def run(index):
+        together[index] = art.generate(prompts[index], max_new_tokens=12)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(a, b) for a, b in zip(alone, together))
+
+
+class Recorder:
+    """transformers' streamer protocol: ``put`` the prompt, then each step's tokens; ``end()``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def put(self, value):
+        self.calls.append(np.asarray(value).tolist())
+
+    def end(self):
+        self.calls.append("end")
+
+
+def test_a_streamer_gets_the_prompt_then_each_token_then_end(compiled):
+    art, _ = compiled
+    ids, _ = _prompts(1)
+    streamer = Recorder()
+    got = art.generate(ids, max_new_tokens=5, streamer=streamer)
+    assert streamer.calls == [ids.tolist(), *([t] for t in got[0, PROMPT:].tolist()), "end"]
+
+
+def test_a_row_that_draws_eos_stops_and_is_padded(compiled):
+    art, _ = compiled
+    ids, mask = _prompts(2)
+    free = art.generate(ids, mask, max_new_tokens=10)
+    eos = int(free[0, PROMPT + 2])  # row 0's third new token
+    got = art.generate(ids, mask, max_new_tokens=10, eos_token_id=eos, pad_token_id=511)
+    first = PROMPT + list(free[0, PROMPT:]).index(eos)
+    assert np.array_equal(got[0, :first + 1], free[0, :first + 1]) and (got[0, first + 1:] == 511).all()
+    stops = [i for i, t in enumerate(free[1, PROMPT:]) if t == eos]
+    end = PROMPT + (stops[0] + 1 if stops else 10)
+    assert np.array_equal(got[1, :end], free[1, :end])
+
+
+def test_export_and_load_give_the_same_tokens(compiled, tmp_path):
+    art, _ = compiled
+    ids, mask = _prompts(2)
+    path = tmp_path / "decoder.so"
+    art.export(path)
+    loaded = relaxc.load(path)
+    assert np.array_equal(loaded.generate(ids, mask, max_new_tokens=16), art.generate(ids, mask, max_new_tokens=16))
+
+
+def test_sampling_with_a_seed_repeats_its_tokens(compiled):
+    art, _ = compiled
+    ids, _ = _prompts(1)
+    settings = dict(max_new_tokens=16, do_sample=True, temperature=1.5, top_k=50, top_p=0.9, seed=7)
+    first, again = art.generate(ids, **settings), art.generate(ids, **settings)
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, art.generate(ids, **{**settings, "seed": 8}))
+
+
+def test_generation_errors_are_named_before_any_work(compiled):
+    art, _ = compiled
+    ids, _ = _prompts(1)
+    with pytest.raises(relaxc.InputError, match="token id 512 is outside the vocabulary 0..511"):
+        art.generate(np.array([[1, 512]]))
+    with pytest.raises(relaxc.UserError, match="max_new_tokens must be 1..32"):
+        art.generate(ids, max_new_tokens=33)
+    with pytest.raises(relaxc.UserError, match="more than max_batch=4"):
+        art.generate(np.zeros((5, 3), np.int64), max_new_tokens=1)
+    with pytest.raises(relaxc.UserError, match="over max_length=64"):
+        art.session().append(np.zeros((1, 65), np.int64))
+    with pytest.raises(relaxc.UserError, match="temperature must be positive"):
+        art.generate(ids, do_sample=True, temperature=0)
+
+
+def test_a_model_compiled_without_max_length_does_not_generate():
+    art = relaxc.compile("zoo:gpt2_past", tuning="off", dim_bounds={"batch": 1, "sequence": 8, "past": 8, "total": 16})
+    with pytest.raises(relaxc.UserError, match="compiled without max_length"):
+        art.generate(np.array([[1, 2]]))
+
+
+def _proto(name: str) -> onnx.ModelProto:
+    return onnx.load(models.bundled_path(f"zoo:{name}"))
+
+
+def test_what_is_not_a_decoder_with_past_is_refused_naming_what_is_missing():
+    with pytest.raises(relaxc.UserError, match="not a decoder with past: no input_ids, attention_mask, logits"):
+        relaxc.compile("onnx:squeezenet", max_length=16)
+    with pytest.raises(relaxc.UserError, match="no input is named past_key_values"):
+        relaxc.compile(_without_past(), max_length=16)
+    with pytest.raises(relaxc.UserError, match="give max_length too"):
+        relaxc.compile("zoo:gpt2_past", max_batch=2)
+    with pytest.raises(relaxc.UserError, match="give both"):
+        decoder.recognise(_proto("gpt2_past"), 16, kv_inputs=["past_key_values.0.key"])
+    with pytest.raises(relaxc.UserError, match="max_length must be a whole number of at least 2"):
+        decoder.recognise(_proto("gpt2_past"), 1)
+    with pytest.raises(relaxc.UserError, match="dim_bounds bounds batch"):
+        relaxc.compile("zoo:gpt2_past", max_length=16, dim_bounds={"batch": 2})
+
+
+def _without_past() -> onnx.ModelProto:
+    """zoo:gpt2_past with its pasts and presents renamed: no optimum naming to find."""
+    proto = _proto("gpt2_past")
+    renames = {v.name: v.name.replace("past_key_values", "cache_in").replace("present", "cache_out")
+               for v in [*proto.graph.input, *proto.graph.output]}
+    for value in [*proto.graph.input, *proto.graph.output]:
+        value.name = renames[value.name]
+    for node in proto.graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    return proto
+
+
+def test_pairs_named_otherwise_are_found_by_kv_inputs_and_outputs():
+    proto = _without_past()
+    pasts = [v.name for v in proto.graph.input if v.name.startswith("cache_in")]
+    found = decoder.recognise(proto, 16, kv_inputs=pasts, kv_outputs=[p.replace("cache_in", "cache_out") for p in pasts])
+    assert [p for p, _ in found.pairs] == pasts and found.bounds() == {"batch": 1, "sequence": 16, "past": 15,
+                                                                        "total": 16}
+
+
+def test_a_present_that_is_not_its_past_extended_is_refused():
+    proto = _proto("gpt2_past")
+    concat = next(n for n in proto.graph.node if "present.0.key" in n.output)
+    concat.input[0], concat.input[1] = concat.input[1], concat.input[0]  # new rows first: not an extension
+    with pytest.raises(relaxc.UserError, match="present 'present.0.key' is not its past 'past_key_values.0.key' "
+                                               "extended along the sequence axis"):
+        decoder.recognise(proto, 16)
+    concat.output[0], concat.op_type = "elsewhere", "Add"  # ... then made by an Add, through an Identity
+    proto.graph.node.append(helper.make_node("Identity", ["elsewhere"], ["present.0.key"]))
+    with pytest.raises(relaxc.UserError, match="made by Add"):
+        decoder.recognise(proto, 16)
+
+
+def test_greedy_is_the_argmax_after_the_repetition_penalty():
+    logits = np.array([[2.0, 3.0, -1.0, 2.9]])
+    seen = np.array([[False, True, True, False]])
+    rng = np.random.default_rng(0)
+    assert sampling.choose(logits, seen, sampling.Sampling(), rng).tolist() == [1]
+    assert sampling.choose(logits, seen, sampling.Sampling(repetition_penalty=1.2), rng).tolist() == [3]
+    assert sampling.penalized(logits, seen, 2.0).tolist() == [[2.0, 1.5, -2.0, 2.9]]
+
+
+def test_each_setting_draws_from_the_distribution_it_should():
+    logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    close = lambda got, want: np.testing.assert_allclose(got, [want], atol=1e-12)  # noqa: E731
+    close(sampling.distribution(logits, sampling.Sampling(do_sample=True)), [0.5, 0.2, 0.15, 0.1, 0.05])
+    close(sampling.distribution(logits, sampling.Sampling(do_sample=True, top_k=2)), [5 / 7, 2 / 7, 0, 0, 0])
+    close(sampling.distribution(logits, sampling.Sampling(do_sample=True, top_p=0.8)),
+          [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0])  # 0.5 + 0.2 < 0.8: the third is needed
+    hot = np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 0.5
+    close(sampling.distribution(logits, sampling.Sampling(do_sample=True, temperature=2.0)), hot / hot.sum())
+    # draws follow the distribution: 20,000 of them within 4 standard errors of each probability
+    settings = sampling.Sampling(do_sample=True, top_p=0.8)
+    rng = np.random.default_rng(1)
+    draws = np.concatenate([sampling.choose(np.repeat(logits, 1000, axis=0), np.zeros((1000, 5), bool), settings, rng)
+                            for _ in range(20)])
+    want = sampling.distribution(logits, settings)[0]
+    share = np.bincount(draws, minlength=5) / len(draws)
+    assert (np.abs(share - want) <= 4 * np.sqrt(want * (1 - want) / len(draws)) + 1e-12).all()
