@@ -41,6 +41,12 @@ DECODERS: dict[str, Decoder] = {
     "gpt2_past": Decoder("GPT2Config", "GPT2LMHeadModel", dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512,
                                                                n_positions=256), positions=False),
     "llama_past": Decoder("LlamaConfig", "LlamaForCausalLM", dict(SMALL, num_key_value_heads=2)),  # grouped queries
+    # the sizes the decode benchmark measures (benchmarks/generation.py): GPT-2 small, 124 M parameters, and
+    # a Llama of 12 layers, hidden 768, 4 key/value heads for 12 query heads, 32,000 tokens, 125 M
+    "gpt2_124m_past": Decoder("GPT2Config", "GPT2LMHeadModel", dict(n_positions=2048), positions=False),
+    "llama_125m_past": Decoder("LlamaConfig", "LlamaForCausalLM", dict(
+        num_hidden_layers=12, hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=4,
+        vocab_size=32000, max_position_embeddings=2048)),
 }
 
 
