@@ -193,16 +193,22 @@ class Runner(Generates):
 
     def _program(self, ordered: list[np.ndarray]) -> list[np.ndarray]:
         """relaxc's program on inputs already checked (``_checked``)."""
+        try:
+            return [tensor.numpy() for tensor in self.call(ordered)]
+        except InputError as err:  # an index check failed in the compiled code
+            named = {name: value for (name, _, _), value in zip(self.inputs, ordered)}
+            raise InputError(index_checks.with_offending_value(str(err), named)) from None
+
+    def call(self, arrays: Sequence[Any]) -> list[tvm.runtime.Tensor]:
+        """relaxc's program on ``arrays`` in input order (numpy, or tensors on this runner's device,
+        passed as they are), unchecked, its outputs left on the device: for a caller that checks its
+        own inputs and keeps tensors from one call to the next (a generation session's cache)."""
         if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
-        args = [tvm.runtime.tensor(value, self._device) for value in ordered]
+        args = [a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(a, self._device) for a in arrays]
         with self._pool.vm() as vm:
-            try:
-                return _to_numpy(_in_usable_thread(lambda: vm["main"](*args)))
-            except InputError as err:  # an index check failed in the compiled code
-                named = {name: value for (name, _, _), value in zip(self.inputs, ordered)}
-                raise InputError(index_checks.with_offending_value(str(err), named)) from None
+            return _tensors(_in_usable_thread(lambda: vm["main"](*args)))
 
     def _checked(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The inputs in order, checked against the signature."""
@@ -258,10 +264,11 @@ class Runner(Generates):
         return np.require(array, requirements="C")  # ascontiguousarray would make 0-d arrays 1-d
 
 
-def _to_numpy(result: Any) -> list[np.ndarray]:
+def _tensors(result: Any) -> list[tvm.runtime.Tensor]:
+    """The program's outputs, a nested tuple flattened."""
     if isinstance(result, tvm.runtime.Tensor):
-        return [result.numpy()]
-    return [item for part in result for item in _to_numpy(part)]
+        return [result]
+    return [item for part in result for item in _tensors(part)]
 
 
 def open_device(name: str) -> tvm.runtime.Device:
