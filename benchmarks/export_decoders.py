@@ -14,7 +14,6 @@ head_dim]`` out; every dim but the heads' symbolic. The light form (``models.mak
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from relaxc.benchmarks.export_models import drop_provenance
+from relaxc.benchmarks.export_models import drop_provenance, export_command
 from relaxc.frontend import models
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=512,
@@ -111,15 +110,7 @@ def export(name: str, out_dir: str, seed: int = 0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=list(DECODERS), help=f"decoders (default: {' '.join(DECODERS)})")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(models.__file__), "zoo"))
-    args = parser.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    for name in args.names:
-        path = export(name, args.out)
-        print(f"wrote {path} ({os.path.getsize(path) / 1e3:.0f} kB)")
-    return 0
+    return export_command(argv, __doc__.splitlines()[0], list(DECODERS), export)
 
 
 if __name__ == "__main__":

@@ -345,16 +345,23 @@ def export(name: str, out_dir: str, seed: int = 0) -> str:
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=list(EXPORTS), help=f"models (default: {' '.join(EXPORTS)})")
+def export_command(argv: list[str] | None, description: str, names: list[str],
+                   export_one: Callable[[str, str], str]) -> int:
+    """The command line of an exporter: ``names`` (default all) exported into ``--out``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("names", nargs="*", default=names, choices=names, metavar="NAME",
+                        help=f"models (default: {' '.join(names)})")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(models.__file__), "zoo"))
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     for name in args.names:
-        path = export(name, args.out)
+        path = export_one(name, args.out)
         print(f"wrote {path} ({os.path.getsize(path) / 1e3:.0f} kB)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return export_command(argv, __doc__.splitlines()[0], list(EXPORTS), export)
 
 
 if __name__ == "__main__":
