@@ -255,3 +255,19 @@ def test_each_setting_draws_from_the_distribution_it_should():
     want = sampling.distribution(logits, settings)[0]
     share = np.bincount(draws, minlength=5) / len(draws)
     assert (np.abs(share - want) <= 4 * np.sqrt(want * (1 - want) / len(draws)) + 1e-12).all()
+
+
+def test_the_command_line_streams_tokens_then_speeds(tmp_path):
+    from tests.helpers import run_cli
+
+    done = run_cli("generate", "zoo:llama_past", "--tuning", "off", "--max-length", "16", "--prompt-ids", "1,2,3",
+                   "--max-new-tokens", "4")
+    assert done.returncode == 0, done.stderr
+    tokens, speeds = done.stdout.strip().splitlines()
+    art = relaxc.compile("zoo:llama_past", tuning="off", max_length=16)
+    assert [int(t) for t in tokens.split()] == art.generate(np.array([[1, 2, 3]]), max_new_tokens=4)[0, 3:].tolist()
+    assert speeds.startswith("prefill: 3 tokens in") and "decode: 4 tokens" in speeds
+    refused = run_cli("generate", "zoo:llama_past", "--prompt", "hello")
+    assert refused.returncode == 2 and "--prompt TEXT needs --tokenizer DIR" in refused.stderr
+    refused = run_cli("generate", "zoo:llama_past", "--prompt-ids", "1")
+    assert refused.returncode == 2 and "--max-length N" in refused.stderr
