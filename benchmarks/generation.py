@@ -31,42 +31,13 @@ SPECS = ("zoo:gpt2_124m_past", "zoo:llama_125m_past")
 ROOM = 16  # tokens beyond the longest cache and the timed steps: the warm-up steps'
 
 
-class OrtLoop:
-    """onnxruntime's greedy loop over the export, one step at a time (as ``reference.ort_greedy``)."""
+class Greedy:
+    """Greedy decoding one step at a time over a session (relaxc's, or ``reference.OrtDecoder``)."""
 
-    def __init__(self, proto: onnx.ModelProto, pairs: list[tuple[str, str]], threads: int) -> None:
-        self.session = reference.ort_session(proto, threads=threads)
-        self.pairs = pairs
-        self.positions = "position_ids" in {i.name for i in self.session.get_inputs()}
-        self.outputs = [o.name for o in self.session.get_outputs()]
+    def __init__(self, session) -> None:
+        self.session = session
 
     def start(self, prompt: np.ndarray) -> None:
-        shape = next(i.shape for i in self.session.get_inputs() if i.name == self.pairs[0][0])
-        self.past = {name: np.zeros((1, shape[1], 0, shape[3]), np.float32) for name, _ in self.pairs}
-        self.mask = np.zeros((1, 0), np.int64)
-        self.token = self._run(prompt)
-
-    def step(self) -> None:
-        self.token = self._run(self.token)
-
-    def _run(self, ids: np.ndarray) -> np.ndarray:
-        self.mask = np.concatenate([self.mask, np.ones_like(ids)], axis=1)
-        feeds = {"input_ids": ids, "attention_mask": self.mask, **self.past}
-        if self.positions:
-            feeds["position_ids"] = np.arange(self.mask.shape[1] - ids.shape[1], self.mask.shape[1])[None]
-        produced = dict(zip(self.outputs, self.session.run(None, feeds)))
-        self.past = {name: produced[present] for name, present in self.pairs}
-        return np.argmax(produced["logits"][:, -1], axis=-1)[:, None].astype(np.int64)
-
-
-class RelaxcLoop:
-    """relaxc's greedy decoding in a session, one step at a time."""
-
-    def __init__(self, art) -> None:
-        self.art = art
-
-    def start(self, prompt: np.ndarray) -> None:
-        self.session = self.art.session()
         self.token = np.argmax(self.session.append(prompt), axis=-1)
 
     def step(self) -> None:
@@ -80,12 +51,12 @@ def measure(spec: str, cached: Sequence[int], steps: int, threads: int) -> list[
     started = time.perf_counter()
     art = relaxc.compile(spec, max_length=max(cached) + steps + ROOM, backends="relaxc")
     print(f"{spec}: compiled in {time.perf_counter() - started:.0f} s", flush=True)
-    ort = OrtLoop(models.fill_light(onnx.load(models.bundled_path(spec))),
-                  [tuple(pair) for pair in art.decoder["pairs"]], threads)
-    ours = RelaxcLoop(art)
+    session = reference.ort_session(models.fill_light(onnx.load(models.bundled_path(spec))), threads=threads)
+    ort = Greedy(reference.OrtDecoder(session, [tuple(pair) for pair in art.decoder["pairs"]]))
     rows = []
     for length in cached:
         prompt = np.random.default_rng(length).integers(0, art.decoder["vocab"], (1, length))
+        ours = Greedy(art.session())
         ours.start(prompt)
         ort.start(prompt)
         ms = alternate({"relaxc": ours.step, "onnxruntime": ort.step}, steps)

@@ -110,26 +110,47 @@ def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     return copy
 
 
+class OrtDecoder:
+    """onnxruntime running a decoder with past as its own loop does (``session``: its
+    InferenceSession; ``pairs``: its (past input, present output) names): each step's presents fed
+    back as the next step's pasts, positions counted over the mask as transformers counts them.
+    ``append`` and ``step`` return the last position's logits, as a relaxc session's do."""
+
+    def __init__(self, session, pairs: list[tuple[str, str]]) -> None:
+        self.session, self.pairs = session, pairs
+        self.names = {i.name: i for i in session.get_inputs()}
+        self.outputs = [o.name for o in session.get_outputs()]
+
+    def append(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
+        """The prompt at once (a fresh cache)."""
+        shape = self.names[self.pairs[0][0]].shape
+        self.past = {name: np.zeros((len(input_ids), shape[1], 0, shape[3]), np.float32) for name, _ in self.pairs}
+        self.mask = np.zeros((len(input_ids), 0), np.int64)
+        return self._run(input_ids.astype(np.int64),
+                         np.ones_like(input_ids) if attention_mask is None else attention_mask)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        ids = np.asarray(tokens, np.int64).reshape(-1, 1)
+        return self._run(ids, np.ones_like(ids))
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        self.mask = np.concatenate([self.mask, mask.astype(np.int64)], axis=1)
+        feeds = {"input_ids": ids, "attention_mask": self.mask, **self.past}
+        if "position_ids" in self.names:
+            feeds["position_ids"] = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0)[:, -ids.shape[1]:]
+        produced = dict(zip(self.outputs, self.session.run(None, feeds)))
+        self.past = {name: produced[present] for name, present in self.pairs}
+        return produced["logits"][:, -1]
+
+
 def ort_greedy(session, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int,
                pairs: list[tuple[str, str]]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """onnxruntime's own greedy loop over a decoder with past (``session``: its InferenceSession;
-    ``pairs``: its (past input, present output) names): the prompt at once, then one token per step,
-    each step's presents fed back as the next step's pasts, positions counted over the mask as
-    transformers counts them. Returns the tokens [batch, prompt + new] and each step's logits."""
-    names = {i.name: i for i in session.get_inputs()}
-    outputs = [o.name for o in session.get_outputs()]
-    ids, mask = input_ids.astype(np.int64), attention_mask.astype(np.int64)
-    shape = names[pairs[0][0]].shape
-    past = {name: np.zeros((len(ids), shape[1], 0, shape[3]), np.float32) for name, _ in pairs}
-    tokens, logits, step = ids, [], ids
-    for _ in range(new_tokens):
-        feeds = {"input_ids": step, "attention_mask": mask, **past}
-        if "position_ids" in names:
-            feeds["position_ids"] = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -step.shape[1]:]
-        produced = dict(zip(outputs, session.run(None, feeds)))
-        logits.append(produced["logits"][:, -1])
-        past = {name: produced[present] for name, present in pairs}
-        step = np.argmax(logits[-1], axis=-1).astype(np.int64)[:, None]
-        tokens = np.concatenate([tokens, step], axis=1)
-        mask = np.concatenate([mask, np.ones_like(step)], axis=1)
-    return tokens, logits
+    """onnxruntime's own greedy loop (``OrtDecoder``): the prompt at once, then one token per step.
+    Returns the tokens [batch, prompt + new] and each step's logits."""
+    decoder = OrtDecoder(session, pairs)
+    logits = [decoder.append(input_ids, attention_mask)]
+    tokens = [np.argmax(logits[-1], axis=-1)]
+    while len(tokens) < new_tokens:
+        logits.append(decoder.step(tokens[-1]))
+        tokens.append(np.argmax(logits[-1], axis=-1))
+    return np.concatenate([input_ids, np.stack(tokens, axis=1)], axis=1).astype(np.int64), logits

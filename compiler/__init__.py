@@ -60,11 +60,11 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     from relaxc.options import Options
     from relaxc.pipeline import compile_model
 
-    generation = {"max_batch": max_batch, "kv_inputs": kv_inputs, "kv_outputs": kv_outputs}
-    if max_length is None and any(value is not None for value in generation.values()):
-        raise UserError(f"{', '.join(k for k, v in generation.items() if v is not None)} describe a decoder to "
-                        "generate with: give max_length too")
-    decoder = None if max_length is None else {"max_length": max_length, **generation, "max_batch": max_batch or 1}
+    given = {"max_batch": max_batch, "kv_inputs": kv_inputs, "kv_outputs": kv_outputs}
+    generation = {name: value for name, value in given.items() if value is not None}
+    if max_length is None and generation:
+        raise UserError(f"{', '.join(generation)} describe a decoder to generate with: give max_length too")
+    decoder = None if max_length is None else {"max_length": max_length, **generation}
     return compile_model(model, target, shapes, Options(**options), constants, dim_bounds, started, decoder)
 
 

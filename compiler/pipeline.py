@@ -48,7 +48,8 @@
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
 ``Artifact.ir(phase)`` shows what it did and ``report()["phases"]`` how long it took; the report
-adds ``startup`` (options resolved, the compile side imported on a process's first compile), ``retry`` (relaxc's failed attempt before the whole model went to an external backend),
+adds ``startup`` (options resolved, the compile side imported on a process's first compile),
+``retry`` (relaxc's failed attempt before the whole model went to an external backend),
 ``report`` and ``load`` (the executable loaded to run). Passes that report write their own part of
 ``Artifact.report()`` (``support/reporting.py``). docs/pipeline.md lists every pass; docs/design.md
 says why the phases come in this order.

@@ -171,7 +171,7 @@ def test_generation_errors_are_named_before_any_work(compiled):
 
 
 def test_a_model_compiled_without_max_length_does_not_generate():
-    art = relaxc.compile("zoo:gpt2_past", tuning="off", dim_bounds={"batch": 1, "sequence": 8, "past": 8, "total": 16})
+    art = relaxc.compile(reference.small_cnn(), tuning="off")
     with pytest.raises(relaxc.UserError, match="compiled without max_length"):
         art.generate(np.array([[1, 2]]))
 
@@ -191,6 +191,8 @@ def test_what_is_not_a_decoder_with_past_is_refused_naming_what_is_missing():
         decoder.recognise(_proto("gpt2_past"), 16, kv_inputs=["past_key_values.0.key"])
     with pytest.raises(relaxc.UserError, match="max_length must be a whole number of at least 2"):
         decoder.recognise(_proto("gpt2_past"), 1)
+    with pytest.raises(relaxc.UserError, match="max_batch must be a whole number of at least 1"):
+        relaxc.compile("zoo:gpt2_past", max_length=16, max_batch=0)
     with pytest.raises(relaxc.UserError, match="dim_bounds bounds batch"):
         relaxc.compile("zoo:gpt2_past", max_length=16, dim_bounds={"batch": 2})
 
