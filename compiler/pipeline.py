@@ -76,6 +76,7 @@ from relaxc.instrument import PhaseRecorder
 from relaxc.options import Config, Options
 from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
+from relaxc.passes.kv_cache import CacheInPlace
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
 from relaxc.schedules.dispatch import Chooser, MeasuredLayoutCosts
@@ -240,7 +241,21 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
                and c.config.layouts != "rule" else None)
     attention = [PadAttentionKeys(dynamic_multiple(target))] if target.kind.name == "llvm" else []
-    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner), *attention, *packing]
+    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner), *attention,
+            *_cache(c), *packing]
+
+
+def _cache(c: Compilation) -> list[tvm.transform.Pass]:
+    """A decoder's cache in place (``passes/kv_cache.py``), where relaxc runs all of it."""
+    found = c.report.get("decoder")
+    if found is None or c.model.subgraphs:
+        return []
+    pasts = {past for past, _ in found["pairs"]}
+    multiple = dynamic_multiple(c.config.target) if c.config.target.kind.name == "llvm" else 16
+    rows = -(-found["max_length"] // multiple) * multiple
+    indices = [i for i, (name, _, _) in enumerate(c.model.inputs) if name in pasts]
+    found["cache_rows"], found["cache_dtype"] = rows, str(c.model.inputs[indices[0]][2])
+    return [CacheInPlace(indices, rows)]
 
 
 def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm.runtime.vm import VirtualMachine
 
 from relaxc import diagnostics, external
@@ -206,7 +207,8 @@ class Runner(Generates):
         if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
-        args = [a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(a, self._device) for a in arrays]
+        args = [a if isinstance(a, (tvm.runtime.Tensor, tvm_ffi.Shape)) else tvm.runtime.tensor(a, self._device)
+                for a in arrays]
         with self._pool.vm() as vm:
             return _tensors(_in_usable_thread(lambda: vm["main"](*args)))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tvm
 
 from relaxc.generation.loop import generate
 from relaxc.generation.session import Session
@@ -19,6 +20,7 @@ class Generates:
     with ``max_length``: its ``report()["decoder"]``)."""
 
     decoder: dict | None = None
+    _device: Any = None
 
     def session(self) -> Session:
         """A new, empty session: ``append(ids)``, ``step(token)``, ``reset()``. One per thread."""
@@ -26,6 +28,10 @@ class Generates:
             raise UserError("this model was compiled without max_length: compile a decoder with past with "
                             "max_length=N to generate with it")
         return Session(self, self.decoder)
+
+    def call_zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
+        """A tensor of zeros on the device ``call`` runs on: a session's cache."""
+        return tvm.runtime.tensor(np.zeros(shape, dtype), self._device)
 
     def generate(self, input_ids: Any, attention_mask: Any = None, **settings: Any) -> np.ndarray:
         """``input_ids`` [batch, prompt] and its continuation, int64 [batch, prompt + new], in a

@@ -2,10 +2,9 @@
 
 ``append(ids)`` runs the prompt (or a user's next turn) through the model at once and returns the
 logits of its last position; ``step(tokens)`` runs one token per row; ``reset()`` empties the cache.
-The cache is the model's past keys and values, kept on the device and handed back in as each
-step's past (``Runner.call``: no copy to numpy and back, which took 55 of GPT-2 small's 105 ms a
-token with 1,024 cached); every row of a batch is cached to the same length, rows shorter than
-others padded on the left with a mask.
+The cache is the model's keys and values, one tensor per past of the export allocated at the first
+``append`` for ``max_length`` rows and written in place by each step (``passes/kv_cache.py``); every
+row of a batch is cached to the same length, rows shorter than others padded on the left with a mask.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import tvm_ffi
 
 from relaxc.support.errors import InputError, UserError
 
@@ -27,7 +27,6 @@ class Session:
         self.decoder = decoder
         self.max_length, self.max_batch, self.vocab = decoder["max_length"], decoder["max_batch"], decoder["vocab"]
         self._inputs = [name for name, _, _ in runner.inputs]
-        self._outputs = [name for name, _, _ in runner.outputs]
         if runner.subgraphs:
             raise UserError("generation runs relaxc's program alone: compile the decoder with backends='relaxc' "
                             f"(here {len(runner.subgraphs)} subgraph(s) run on another runtime)")
@@ -42,11 +41,11 @@ class Session:
     @property
     def batch(self) -> int | None:
         """Rows of this session: set by its first ``append``, None before."""
-        return None if self._past is None else self._mask.shape[0]
+        return None if self._caches is None else self._mask.shape[0]
 
     def reset(self) -> None:
         """Empty the cache: the next ``append`` starts a new conversation, of any batch."""
-        self._past: list[Any] | None = None  # numpy while empty, then the device's tensors
+        self._caches: dict[str, Any] | None = None  # by past input name, on the device
         self._mask = np.zeros((0, 0), np.int64)
 
     def append(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
@@ -57,12 +56,14 @@ class Session:
         mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, np.int64)
         if mask.shape != ids.shape:
             raise InputError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: one entry per token")
-        if self._past is None:
+        if self._caches is None:
             if ids.shape[0] > self.max_batch:
                 raise UserError(f"a batch of {ids.shape[0]} rows is more than max_batch={self.max_batch} "
                                 "(compile with a larger max_batch)")
-            shape = (ids.shape[0], *self.decoder["cache_shape"][:1], 0, self.decoder["cache_shape"][1])
-            self._past = [np.zeros(shape, np.float32) for _ in self.decoder["pairs"]]
+            heads, dim = self.decoder["cache_shape"]
+            shape = (ids.shape[0], heads, self.decoder["cache_rows"], dim)
+            self._caches = {past: self._runner.call_zeros(shape, self.decoder["cache_dtype"])
+                            for past, _ in self.decoder["pairs"]}
             self._mask = np.zeros((ids.shape[0], 0), np.int64)
         elif ids.shape[0] != self.batch:
             raise InputError(f"this session has {self.batch} rows; input_ids has {ids.shape[0]} (reset() first)")
@@ -71,7 +72,7 @@ class Session:
 
     def step(self, tokens: Any) -> np.ndarray:
         """Run one token per row (int64 [batch]); returns the next logits [batch, vocab]."""
-        if self._past is None:
+        if self._caches is None:
             raise UserError("a session's first call is append(input_ids): there is nothing to step from")
         ids = self.check_ids(np.asarray(tokens).reshape(-1, 1))
         if ids.shape[0] != self.batch:
@@ -104,8 +105,7 @@ class Session:
             feeds = {"input_ids": ids, "attention_mask": full}
             if self.decoder["positions"]:  # transformers' positions: each token's count of real ones before it
                 feeds["position_ids"] = np.maximum(np.cumsum(full, axis=1) - 1, 0)[:, -ids.shape[1]:]
-            feeds.update({past: array for (past, _), array in zip(self.decoder["pairs"], self._past)})
-            produced = dict(zip(self._outputs, self._runner.call([feeds[name] for name in self._inputs])))
-            self._past = [produced[present] for _, present in self.decoder["pairs"]]
+            feeds.update(self._caches)
+            logits, = self._runner.call([feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])])
             self._mask = full
-            return produced["logits"].numpy()[:, -1]
+            return logits.numpy()[:, -1]
