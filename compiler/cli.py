@@ -146,6 +146,11 @@ def _compile(args: argparse.Namespace):
                          _constants(args), _named_sizes(args.dim_bound, "--dim-bound"), decoder_options=decoder)
 
 
+def _add_decoder_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-length", type=int, metavar="N", help="compile a decoder with past to generate with: the "
+                   "tokens a sequence may hold, prompt included (docs/generation.md)")
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     art = _compile(args)
     out = args.output or f"{art.report()['model'].replace('onnx:', '')}.so"
@@ -237,7 +242,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     art = _compile(args)
     report = art.report()
     if args.memory:
-        print(memory_summary(report["memory"]))
+        print(memory_summary(report["memory"], report.get("decoder")))
     elif args.show_dispatch:
         print(dispatch_summary(report.get("dispatch", {"choices": {}, "sources": {}, "convolutions": []})))
     elif args.plan:
@@ -363,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", parents=[common], help="compile a model and export a shared library + manifest")
     _add_model_args(p)
+    _add_decoder_arg(p)
     p.add_argument("-o", "--output", help="output .so (default: <model>.so here)")
     p.set_defaults(func=cmd_compile)
 
@@ -378,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", parents=[common], help="print the compile report and the IR after a phase")
     _add_model_args(p)
+    _add_decoder_arg(p)
     p.add_argument("--phase", help="print the IR after this phase (import, simplify, layout, ..., final)")
     p.add_argument("--memory", action="store_true",
                    help="print the memory plan (arena, lower bound, TVM's plan, biggest tensors) instead of the report")
@@ -404,8 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", parents=[common], help="generate from a decoder with past (.onnx or an "
                        "exported .so), streaming the tokens, then prefill and decode speed (docs/generation.md)")
     _add_model_args(p)
-    p.add_argument("--max-length", type=int, metavar="N", help="tokens a sequence may hold, prompt included "
-                   "(compiling an .onnx)")
+    _add_decoder_arg(p)
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", type=lambda text: [int(v) for v in text.split(",")], metavar="ID,ID,...",
                         help="the prompt as token ids")

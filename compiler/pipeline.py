@@ -62,6 +62,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
@@ -254,7 +255,10 @@ def _cache(c: Compilation) -> list[tvm.transform.Pass]:
     multiple = dynamic_multiple(c.config.target) if c.config.target.kind.name == "llvm" else 16
     rows = -(-found["max_length"] // multiple) * multiple
     indices = [i for i, (name, _, _) in enumerate(c.model.inputs) if name in pasts]
-    found["cache_rows"], found["cache_dtype"] = rows, str(c.model.inputs[indices[0]][2])
+    dtype = str(c.model.inputs[indices[0]][2])
+    heads, dim = found["cache_shape"]
+    found |= {"cache_rows": rows, "cache_dtype": dtype,
+              "cache_bytes": len(indices) * found["max_batch"] * heads * rows * dim * np.dtype(dtype).itemsize}
     return [CacheInPlace(indices, rows)]
 
 

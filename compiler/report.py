@@ -27,8 +27,9 @@ def mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
 
 
-def memory_summary(memory: dict) -> str:
-    """What the planner allocated against the bounds, and the biggest tensors with their lifetimes."""
+def memory_summary(memory: dict, decoder: dict | None = None) -> str:
+    """What the planner allocated against the bounds, and the biggest tensors with their lifetimes;
+    a decoder's cache too, which each session allocates beside the arena."""
     arena, bound = memory["arena_bytes"], memory["lower_bound_bytes"]
     lines = [
         f"planner {memory['planner']}: {mib(arena)} for {len(memory['tensors'])} intermediate tensors",
@@ -38,6 +39,11 @@ def memory_summary(memory: dict) -> str:
         f"  no reuse (every tensor its own bytes)   {mib(memory['no_reuse_bytes'])}",
         f"  outputs outside the arena: {', '.join(memory['outputs']) or 'none'}",
     ]
+    if decoder is not None and "cache_bytes" in decoder:
+        heads, dim = decoder["cache_shape"]
+        lines.append(f"  key/value cache per session, outside the arena: {mib(decoder['cache_bytes'])} at most "
+                     f"({len(decoder['pairs'])} x [{decoder['max_batch']}, {heads}, {decoder['cache_rows']}, {dim}] "
+                     f"{decoder['cache_dtype']})")
     if memory.get("unshared"):
         lines.append(f"  unshared kernels: {', '.join(memory['unshared'])}")
     biggest = sorted(memory["tensors"], key=lambda t: -t["bytes"])[:TOP]

@@ -157,6 +157,9 @@ class Runner(Generates):
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
+        if self.decoder is not None and "cache_rows" in self.decoder:
+            raise UserError("a decoder compiled with max_length keeps its cache in place: run it through "
+                            "session() or generate(), or compile it without max_length to run single steps")
         ordered = self._checked(arrays)
         served = self._serving(ordered)  # the whole model, on the backend fastest at this size
         if served is None and self.program_outputs is None:

@@ -69,6 +69,25 @@ def test_the_report_describes_the_decoder(compiled):
     assert len(report["decoder"]["pairs"]) == 4 and report["decoder"]["vocab"] == 512
 
 
+def test_each_step_writes_the_cache_in_place(compiled):
+    """The step's program takes one cache per past and writes its rows in place: no Concat copies
+    the cache and no present comes out; a session allocates its cache once, at its first append."""
+    art, _ = compiled
+    main = art.ir("fuse")[art.ir("fuse").index("def main"):]
+    d = art.decoder
+    assert main.count("R.call_tir_inplace(cls.append_rows") == len(d["pairs"]) and "past_key_values" not in main
+    assert art.report()["kv_cache"]["caches"] == len(d["pairs"]) and d["cache_rows"] >= MAX_LENGTH
+    heads, dim = d["cache_shape"]
+    assert d["cache_bytes"] == len(d["pairs"]) * MAX_BATCH * heads * d["cache_rows"] * dim * 4
+    s = art.session()
+    assert s.cache_bytes == 0
+    s.append(_prompts(2)[0])
+    allocated = s.cache_bytes
+    assert allocated == d["cache_bytes"] * 2 // MAX_BATCH
+    s.step([1, 2])
+    assert s.cache_bytes == allocated and s.length == PROMPT + 1
+
+
 def test_a_session_keeps_its_cache_between_calls(compiled):
     art, _ = compiled
     ids, _ = _prompts(1)
@@ -168,6 +187,8 @@ def test_generation_errors_are_named_before_any_work(compiled):
         art.session().append(np.zeros((1, 65), np.int64))
     with pytest.raises(relaxc.UserError, match="temperature must be positive"):
         art.generate(ids, do_sample=True, temperature=0)
+    with pytest.raises(relaxc.UserError, match="keeps its cache in place: run it through session"):
+        art.run({})
 
 
 def test_a_model_compiled_without_max_length_does_not_generate():

@@ -43,6 +43,12 @@ class Session:
         """Rows of this session: set by its first ``append``, None before."""
         return None if self._caches is None else self._mask.shape[0]
 
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of this session's cache: allocated at its first ``append`` for ``max_length`` tokens
+        of its rows, 0 before."""
+        return sum(_nbytes(cache) for cache in (self._caches or {}).values())
+
     def reset(self) -> None:
         """Empty the cache: the next ``append`` starts a new conversation, of any batch."""
         self._caches: dict[str, Any] | None = None  # by past input name, on the device
@@ -109,3 +115,7 @@ class Session:
             logits, = self._runner.call([feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])])
             self._mask = full
             return logits.numpy()[:, -1]
+
+
+def _nbytes(tensor: Any) -> int:
+    return int(np.prod(tensor.shape)) * np.dtype(str(tensor.dtype)).itemsize
