@@ -1,8 +1,7 @@
 """What runs a compiled model, here or deployed: input checks, the VM, exported artifacts.
 
-``Deployed`` is what ``compiler.load`` returns from an exported shared library and its JSON
-manifest; ``Artifact`` (``compiler/artifact.py``) builds on the same runner. This module must not
-import onnx or the compiler pipeline: deployment needs only TVM's runtime.
+``Deployed`` (what ``compiler.load`` returns from an exported library and its manifest) and ``Artifact``
+(``compiler/artifact.py``) share this runner; it imports no onnx, no pipeline: deployment needs TVM's runtime.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm.runtime.vm import VirtualMachine
 
 from relaxc import diagnostics, external
@@ -157,9 +155,7 @@ class Runner(Generates):
 
     def run(self, *arrays: Any) -> list[np.ndarray]:
         """Run on numpy arrays given in input order or as one ``{name: array}`` dict."""
-        if self.decoder is not None and "cache_rows" in self.decoder:
-            raise UserError("a decoder compiled with max_length keeps its cache in place: run it through "
-                            "session() or generate(), or compile it without max_length to run single steps")
+        self._refuse_single_steps()
         ordered = self._checked(arrays)
         served = self._serving(ordered)  # the whole model, on the backend fastest at this size
         if served is None and self.program_outputs is None:
@@ -204,14 +200,13 @@ class Runner(Generates):
             raise InputError(index_checks.with_offending_value(str(err), named)) from None
 
     def call(self, arrays: Sequence[Any]) -> list[tvm.runtime.Tensor]:
-        """relaxc's program on ``arrays`` in input order (numpy, or tensors on this runner's device,
-        passed as they are), unchecked, its outputs left on the device: for a caller that checks its
+        """relaxc's program on ``arrays`` in input order (numpy, or device tensors and shapes passed as
+        they are), unchecked, its outputs left on the device: for a caller that checks its
         own inputs and keeps tensors from one call to the next (a generation session's cache)."""
         if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
-        args = [a if isinstance(a, (tvm.runtime.Tensor, tvm_ffi.Shape)) else tvm.runtime.tensor(a, self._device)
-                for a in arrays]
+        args = [tvm.runtime.tensor(a, self._device) if isinstance(a, np.ndarray) else a for a in arrays]
         with self._pool.vm() as vm:
             return _tensors(_in_usable_thread(lambda: vm["main"](*args)))
 

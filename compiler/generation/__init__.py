@@ -29,6 +29,12 @@ class Generates:
                             "max_length=N to generate with it")
         return Session(self, self.decoder)
 
+    def _refuse_single_steps(self) -> None:
+        """A UserError for ``run`` on a decoder whose cache the program keeps in place."""
+        if self.decoder is not None and "cache_rows" in self.decoder:
+            raise UserError("a decoder compiled with max_length keeps its cache in place: run it through "
+                            "session() or generate(), or compile it without max_length to run single steps")
+
     def call_zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         """A tensor of zeros on the device ``call`` runs on: a session's cache."""
         return tvm.runtime.tensor(np.zeros(shape, dtype), self._device)
