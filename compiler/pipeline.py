@@ -259,7 +259,9 @@ def _cache(c: Compilation) -> list[tvm.transform.Pass]:
     heads, dim = found["cache_shape"]
     found |= {"cache_rows": rows, "cache_dtype": dtype,
               "cache_bytes": len(indices) * found["max_batch"] * heads * rows * dim * np.dtype(dtype).itemsize}
-    return [CacheInPlace(indices, rows)]
+    # what the attention padding replaced, dead, still reads the pasts: gone first
+    return [relax.transform.DeadCodeElimination(), CacheInPlace({i: c.model.inputs[i][0] for i in indices}, rows, found),
+            relax.transform.DeadCodeElimination()]
 
 
 def _plan_layouts(mod: tvm.IRModule, c: Compilation) -> tuple[dict, dict]:

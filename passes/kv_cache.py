@@ -15,32 +15,57 @@ are masked to -inf before the softmax, so their probabilities are exactly 0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tvm
 from tvm import relax, te, tirx
 from tvm_ffi import structural_equal
 from tvm.script import tirx as T
 
 from relaxc.passes.attention import INJECTIVE
-from relaxc.passes.ir import is_op, rewrite_emitting
+from relaxc.passes.ir import constant_array, is_op, rewrite_emitting
 
 SEQUENCE_AXIS = 2  # of a past, a present and a cache
+CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
-def append_rows(heads: int, rows: int, dim: int, dtype: str) -> tirx.PrimFunc:
-    """The kernel writing a step's ``[batch, heads, sequence, dim]`` into a cache at row ``past``."""
+def append_rows(heads: int, rows: int, dim: int, dtype: str, transposed: bool = False) -> tirx.PrimFunc:
+    """The kernel writing a step's ``[batch, heads, sequence, dim]`` into a cache at row ``past``
+    (``transposed``: a cache of keys ``[batch, heads, dim, rows]``, at column ``past``)."""
+    shape = (heads, dim, rows) if transposed else (heads, rows, dim)
 
     @T.prim_func(private=True, check_well_formed=False)
     def append(var_cache: T.handle, var_new: T.handle, past: T.int64):
         T.func_attr({"op_pattern": 8, "tirx.noalias": True})  # opaque: FuseOps leaves it alone
         batch, sequence = T.int64(), T.int64()
-        cache = T.match_buffer(var_cache, (batch, heads, rows, dim), dtype)
+        cache = T.match_buffer(var_cache, (batch, *shape), dtype)
         new = T.match_buffer(var_new, (batch, heads, sequence, dim), dtype)
         for b, h, s, d in T.grid(batch, heads, sequence, dim):
             with T.sblock("append_rows"):
                 vb, vh, vs, vd = T.axis.remap("SSSS", [b, h, s, d])
-                cache[vb, vh, past + vs, vd] = new[vb, vh, vs, vd]
+                if transposed:
+                    cache[vb, vh, vd, past + vs] = new[vb, vh, vs, vd]
+                else:
+                    cache[vb, vh, past + vs, vd] = new[vb, vh, vs, vd]
 
     return append
+
+
+def scores_from_cache(queries: te.Tensor, keys: te.Tensor, padded: tirx.PrimExpr) -> te.Tensor:
+    """``queries [batch, heads, m, dim]`` times the first ``padded`` columns of a transposed cache
+    of keys ``[batch, heads, dim, rows]``: the attention scores, read from the cache in place."""
+    d = te.reduce_axis((0, queries.shape[-1]), name="d")
+    return te.compute((*queries.shape[:-1], padded),
+                      lambda b, h, i, k: te.sum(queries[b, h, i, d] * keys[b, h, d, k], axis=d), name="matmul")
+
+
+def values_from_cache(probabilities: te.Tensor, values: te.Tensor, padded: tirx.PrimExpr) -> te.Tensor:
+    """``probabilities [batch, heads, m, padded]`` times the first ``padded`` rows of a cache of
+    values ``[batch, heads, rows, dim]``, read in place."""
+    k = te.reduce_axis((0, padded), name="k")
+    return te.compute((*probabilities.shape[:-1], values.shape[-1]),
+                      lambda b, h, i, d: te.sum(probabilities[b, h, i, k] * values[b, h, k, d], axis=k),
+                      name="matmul")
 
 
 def first_rows(cache: te.Tensor, rows: tirx.PrimExpr) -> te.Tensor:
@@ -69,56 +94,122 @@ def _past_of(value: relax.Expr, bound: dict, pasts: set) -> relax.Var | None:
     return value if isinstance(value, relax.Var) and value in pasts else None
 
 
+@dataclass
+class _Reader:
+    """How an attention product reads a cache: the product (``keys``: the scores ``Q K^T``, with
+    the scalar steps between K^T and it; else the values' ``P V``), at the padded key length, and the
+    bindings between the concatenation and it, which reading the cache in place replaces."""
+
+    product: relax.Var
+    keys: bool
+    padded: tirx.PrimExpr
+    scalings: list[relax.Call]
+    replaced: set[relax.Var]
+
+
+def _reader(concat: relax.Var, bound: dict, users: dict, output: relax.Var) -> _Reader | None:
+    """How the one attention product that reads ``concat`` (through its padding to whole vectors;
+    keys transposed, then scaled by constants) does, if nothing else reads it but the outputs."""
+    pads = users.get(concat, set()) - {output}
+    pad = next(iter(pads)) if len(pads) == 1 else None
+    value = bound.get(pad)
+    if not (isinstance(value, relax.Call) and value.op.same_as(CALL_TIR) and value.args[0].name_hint.startswith("pad_keys")):
+        return None
+    chain, scalings, transposed, at = [pad], [], False, pad
+    while len(users.get(at, ())) == 1:
+        user = next(iter(users[at]))
+        step = bound[user]
+        if is_op(step, "relax.matmul") and step.args[1].same_as(at) and len(step.ty.shape.values) == 4:
+            return _Reader(user, transposed, value.ty.shape.values[SEQUENCE_AXIS], scalings, set(chain)) \
+                if transposed or not scalings else None
+        if not transposed and is_op(step, "relax.permute_dims") and step.attrs.axes is not None \
+                and [int(a) for a in step.attrs.axes] == [0, 1, 3, 2]:
+            transposed = True
+        elif transposed and _scalar_step(step) and step.args[0].same_as(at):
+            scalings.append(step)
+        else:
+            return None
+        chain.append(user)
+        at = user
+    return None
+
+
+def _scalar_step(value: relax.Expr) -> bool:
+    """Whether ``value`` multiplies or divides its first operand by a scalar constant."""
+    return isinstance(value, relax.Call) and any(is_op(value, f"relax.{op}") for op in ("multiply", "divide")) \
+        and constant_array(value.args[1]) is not None and constant_array(value.args[1]).size == 1
+
+
 @relax.expr_functor.mutator
 class _InPlace(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, pasts: list[int], rows: int, stats: dict) -> None:
         super().__init__(mod)
         self.past_indices, self.rows, self.stats = pasts, rows, stats
+        self.transposed: set[int] = set()  # the pasts' indices whose caches hold keys transposed
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         if "global_symbol" not in (func.attrs or {}) or func.attrs["global_symbol"] != "main":
             return func
         params = list(func.params)
         pasts = [params[i] for i in self.past_indices]
-        self.caches: dict[relax.Var, relax.Var] = {}
-        for past in pasts:
-            batch, heads, _, dim = past.ty.shape.values
-            shape = relax.ShapeExpr([batch, heads, tirx.IntImm("int64", self.rows), dim])
-            self.caches[past] = relax.Var(past.name.replace("past", "cache", 1) if "past" in past.name
-                                          else f"cache_{past.name}", relax.TensorType(shape, past.ty.dtype))
         self.length = pasts[0].ty.shape.values[SEQUENCE_AXIS]
         if any(not structural_equal(p.ty.shape.values[SEQUENCE_AXIS], self.length) for p in pasts):
             return func  # pasts of different lengths: not one cache
         self.bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-        self.written: dict[relax.Var, tuple[relax.Var, relax.Expr]] = {}  # concat -> (written cache, its length)
-        self.appended = 0
+        users: dict[relax.Var, set[relax.Var]] = {}
+        for var, value in self.bound.items():
+            for used in relax.analysis.free_vars(value):
+                users.setdefault(used, set()).add(var)
+        self.output = func.body.body
+        self.readers: dict[relax.Var, _Reader] = {}  # each concatenation read in place, by its past
+        for var, value in self.bound.items():
+            past = _past_of(value.args[0].fields[0], self.bound, set(pasts)) if _concat(value, 2) else None
+            reader = _reader(var, self.bound, users, self.output) if past is not None else None
+            if reader is not None:
+                self.readers[past] = reader
+        self.caches = {past: self._cache(past) for past in pasts}
+        self.transposed = {i for i in self.past_indices if params[i] in self.readers and self.readers[params[i]].keys}
+        self.written: dict[relax.Var, relax.Var] = {}  # concatenation -> the cache written
+        self.products: dict[relax.Var, tuple[relax.Var, _Reader]] = {}  # product -> (cache, reader)
+        self.replaced = set().union(*(r.replaced for r in self.readers.values()))
         body = self.visit_expr(func.body)
-        if self.appended != len(pasts):
-            raise ValueError(f"{self.appended} of {len(pasts)} pasts are concatenated in place")
-        self.stats["caches"] = self.appended
-        bound = {b.var: b.value for block in body.blocks for b in block.bindings}
-        outputs = bound.get(body.body, body.body)
-        logits = outputs.fields[0]  # the model's first output (decoder.recognise checked it)
-        body = relax.SeqExpr(body.blocks, relax.Tuple([logits]))
+        if len(self.written) != len(pasts):
+            raise ValueError(f"{len(self.written)} of {len(pasts)} pasts are concatenated in place")
+        self.stats.update(caches=len(pasts), read_in_place=len(self.readers))
+        logits = self.visit_expr(self.bound[self.output].fields[0])  # the model's first (decoder.recognise)
         length = relax.Var("past_length", relax.ShapeType([self.length]))
         new_params = [self.caches.get(p, p) for p in params] + [length]
-        attrs = dict(func.attrs)
-        attrs["num_input"] = len(new_params)
-        return relax.Function(new_params, body, relax.TupleType([logits.ty]), func.is_pure, tvm.ir.make_node("ir.DictAttrs", **attrs))
+        attrs = dict(func.attrs) | {"num_input": len(new_params)}
+        return relax.Function(new_params, relax.SeqExpr(body.blocks, relax.Tuple([logits])),
+                              relax.TupleType([logits.ty]), func.is_pure, tvm.ir.make_node("ir.DictAttrs", **attrs))
+
+    def _cache(self, past: relax.Var) -> relax.Var:
+        """The cache parameter for ``past``: keys its attention reads in place transposed."""
+        batch, heads, _, dim = past.ty.shape.values
+        rows = tirx.IntImm("int64", self.rows)
+        reader = self.readers.get(past)
+        shape = [batch, heads, dim, rows] if reader is not None and reader.keys else [batch, heads, rows, dim]
+        name = past.name.replace("past", "cache", 1) if "past" in past.name else f"cache_{past.name}"
+        return relax.Var(name, relax.TensorType(relax.ShapeExpr(shape), past.ty.dtype))
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        value = binding.value
-        if _concat(value, 2):
-            past = _past_of(value.args[0].fields[0], self.bound, set(self.caches))
-            if past is not None:
-                return self._append(binding.var, past, self.visit_expr(value.args[0].fields[1]))
-        if isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir")) \
-                and value.args[0].name_hint.startswith("pad_keys"):
+        var, value = binding.var, binding.value
+        if var.same_as(self.output) or var in self.replaced:
+            return None  # the presents are no outputs; what a product read in place replaced
+        if var in self.products:
+            cache, reader = self.products[var]
+            operand = self.visit_expr(value.args[0])
+            product = scores_from_cache if reader.keys else values_from_cache
+            return self.set_var_remap(var, self.builder_.emit(self.builder_.call_te(
+                product, operand, cache, reader.padded, primfunc_name_hint="matmul"), name_hint=var.name))
+        past = _past_of(value.args[0].fields[0], self.bound, set(self.caches)) if _concat(value, 2) else None
+        if past is not None:
+            return self._append(var, past, self.visit_expr(value.args[0].fields[1]))
+        if isinstance(value, relax.Call) and value.op.same_as(CALL_TIR) and value.args[0].name_hint.startswith("pad_keys"):
             source = value.args[1].fields[0]
             padded = value.ty.shape.values[SEQUENCE_AXIS]
             if source in self.written and not structural_equal(padded, source.ty.shape.values[SEQUENCE_AXIS]):
-                cache, _ = self.written[source]
-                return self.set_var_remap(binding.var, self._rows(cache, padded, binding.var.name))
+                return self.set_var_remap(var, self._rows(self.written[source], padded, var.name))
         return super().visit_var_binding_(binding)
 
     def _rows(self, cache: relax.Expr, rows: tirx.PrimExpr, name: str) -> relax.Var:
@@ -127,31 +218,39 @@ class _InPlace(relax.PyExprMutator):
                                                         primfunc_attrs={"op_pattern": INJECTIVE}), name_hint=name)
 
     def _append(self, var: relax.Var, past: relax.Var, new: relax.Expr) -> None:
-        cache = self.caches[past]
-        kernel = append_rows(int(cache.ty.shape.values[1]), self.rows, int(cache.ty.shape.values[3]), cache.ty.dtype)
-        gvar = self.builder_.add_func(kernel, "append_rows")
+        cache, reader = self.caches[past], self.readers.get(past)
+        keys = reader is not None and reader.keys
+        for step in reader.scalings if keys else []:  # stored scaled: the same products of the same values
+            new = self.builder_.emit(relax.Call(step.op, [new, step.args[1]], step.attrs, step.ty_args))
+        heads, dim = int(past.ty.shape.values[1]), int(past.ty.shape.values[3])
+        gvar = self.builder_.add_func(append_rows(heads, self.rows, dim, cache.ty.dtype, keys), "append_rows")
         written = self.builder_.emit(relax.call_tir_inplace(gvar, [cache, new, relax.prim_value(self.length)], [0],
-                                                            cache.ty),
-                                     name_hint=f"{cache.name}_written")
-        total = var.ty.shape.values[SEQUENCE_AXIS]
-        self.written[var] = (written, total)
-        self.set_var_remap(var, self._rows(written, total, var.name))
-        self.appended += 1
+                                                            cache.ty), name_hint=f"{cache.name}_written")
+        self.written[var] = written
+        if reader is not None:
+            self.products[reader.product] = (written, reader)
+        else:
+            self.set_var_remap(var, self._rows(written, var.ty.shape.values[SEQUENCE_AXIS], var.name))
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.CacheInPlace")
 class CacheInPlace:
-    """``main``'s pasts (parameters ``past_indices``) become caches of ``rows`` rows written in
-    place, its presents dropped; ``summary()`` (``report()["kv_cache"]``) counts the caches."""
+    """``main``'s pasts (``pasts``: their names by parameter index) become caches of ``rows`` rows written in
+    place, its presents dropped. ``decoder`` (``report()["decoder"]``) is told which pasts are kept
+    transposed (``transposed``, by their names in ``decoder["pairs"]``): a session allocates them so;
+    ``summary()`` (``report()["kv_cache"]``) counts the caches and those attention reads in place."""
 
     report_key = "kv_cache"
 
-    def __init__(self, past_indices: list[int], rows: int) -> None:
-        self.past_indices, self.rows = past_indices, rows
-        self.stats = {"caches": 0, "rows": rows}
+    def __init__(self, pasts: dict[int, str], rows: int, decoder: dict) -> None:
+        self.pasts, self.rows, self.decoder = pasts, rows, decoder
+        self.stats = {"caches": 0, "rows": rows, "read_in_place": 0}
 
     def summary(self) -> dict:
         return dict(self.stats)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return rewrite_emitting(mod, _InPlace(mod.clone(), self.past_indices, self.rows, self.stats))
+        rewriter = _InPlace(mod.clone(), list(self.pasts), self.rows, self.stats)
+        mod = rewrite_emitting(mod, rewriter)
+        self.decoder["transposed"] = [self.pasts[i] for i in sorted(rewriter.transposed)]
+        return mod
