@@ -187,10 +187,12 @@ def _prim_funcs(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
             if isinstance(f, tirx.PrimFunc) and not (f.attrs or {}).get("tirx.is_host_func")}
 
 
-def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | None = None) -> Profile:
-    """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how); with
-    ``machine``, each kernel's distance from its roofline bound too."""
-    served = art.serving(inputs)
+def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | None = None,
+            arguments: list | None = None) -> Profile:
+    """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how), or on the
+    program's own ``arguments`` (a decoder's step: ``Session.step_arguments``); with ``machine``,
+    each kernel's distance from its roofline bound too."""
+    served = art.serving(inputs) if arguments is None else None
     if served is not None:  # at this size a library runs the whole model: one external row
         session = external.open_subgraph(served, pool_threads())  # the artifact's own: one per process
         ms = time_call(lambda: session.run([inputs[name] for name in served.inputs])) * 1e3
@@ -210,7 +212,8 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
 
     vm = relax.VirtualMachine(art.executable, device)
     vm.set_instrument(instrument)
-    args = [tvm.runtime.tensor(inputs[name], device) for name, _, _ in art.inputs]
+    args = [tvm.runtime.tensor(a, device) if isinstance(a, np.ndarray) else a for a in arguments] \
+        if arguments is not None else [tvm.runtime.tensor(inputs[name], device) for name, _, _ in art.inputs]
     vm["main"](*args)
     seconds: dict[str, float] = collections.defaultdict(float)
     counts: collections.Counter = collections.Counter()

@@ -34,19 +34,24 @@ def append_rows(heads: int, rows: int, dim: int, dtype: str, transposed: bool = 
     (``transposed``: a cache of keys ``[batch, heads, dim, rows]``, at column ``past``)."""
     shape = (heads, dim, rows) if transposed else (heads, rows, dim)
 
-    @T.prim_func(private=True, check_well_formed=False)
+    @T.prim_func(private=True, check_well_formed=False)  # the parser's check verifies lowered TIR: no blocks
     def append(var_cache: T.handle, var_new: T.handle, past: T.int64):
         T.func_attr({"op_pattern": 8, "tirx.noalias": True})  # opaque: FuseOps leaves it alone
         batch, sequence = T.int64(), T.int64()
         cache = T.match_buffer(var_cache, (batch, *shape), dtype)
         new = T.match_buffer(var_new, (batch, heads, sequence, dim), dtype)
-        for b, h, s, d in T.grid(batch, heads, sequence, dim):
-            with T.sblock("append_rows"):
-                vb, vh, vs, vd = T.axis.remap("SSSS", [b, h, s, d])
-                if transposed:
-                    cache[vb, vh, vd, past + vs] = new[vb, vh, vs, vd]
-                else:
-                    cache[vb, vh, past + vs, vd] = new[vb, vh, vs, vd]
+        with T.sblock("root"):
+            for b, h, s, d in T.grid(batch, heads, sequence, dim):
+                with T.sblock("append_rows"):
+                    vb, vh, vs, vd = T.axis.remap("SSSS", [b, h, s, d])
+                    if transposed:
+                        T.reads(new[vb, vh, vs, vd])
+                        T.writes(cache[vb, vh, vd, past + vs])
+                        cache[vb, vh, vd, past + vs] = new[vb, vh, vs, vd]
+                    else:
+                        T.reads(new[vb, vh, vs, vd])
+                        T.writes(cache[vb, vh, past + vs, vd])
+                        cache[vb, vh, past + vs, vd] = new[vb, vh, vs, vd]
 
     return append
 

@@ -106,14 +106,23 @@ class Session:
             raise UserError(f"{self.length} tokens cached and {tokens} more is over max_length={self.max_length} "
                             "(compile with a larger max_length, or reset())")
 
+    def step_arguments(self, tokens: Any) -> list[Any]:
+        """The program's arguments for ``step(tokens)``, which is not run: to profile a decode step
+        (``relaxc.profile.profile(art, {}, arguments=...)``) at this session's length."""
+        ids = self.check_ids(np.asarray(tokens).reshape(-1, 1))
+        return self._arguments(ids, np.concatenate([self._mask, np.ones_like(ids)], axis=1))
+
+    def _arguments(self, ids: np.ndarray, full: np.ndarray) -> list[Any]:
+        feeds = {"input_ids": ids, "attention_mask": full}
+        if self.decoder["positions"]:  # transformers' positions: each token's count of real ones before it
+            feeds["position_ids"] = np.maximum(np.cumsum(full, axis=1) - 1, 0)[:, -ids.shape[1]:]
+        feeds.update(self._caches)
+        return [feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])]
+
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with self._busy:
             full = np.concatenate([self._mask, mask], axis=1)
-            feeds = {"input_ids": ids, "attention_mask": full}
-            if self.decoder["positions"]:  # transformers' positions: each token's count of real ones before it
-                feeds["position_ids"] = np.maximum(np.cumsum(full, axis=1) - 1, 0)[:, -ids.shape[1]:]
-            feeds.update(self._caches)
-            logits, = self._runner.call([feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])])
+            logits, = self._runner.call(self._arguments(ids, full))
             self._mask = full
             return logits.numpy()[:, -1]
 
