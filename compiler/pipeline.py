@@ -78,6 +78,7 @@ from relaxc.options import Config, Options
 from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.kv_cache import CacheInPlace
+from relaxc.passes.decode import DecodeStep
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
 from relaxc.schedules.dispatch import Chooser, MeasuredLayoutCosts
@@ -242,8 +243,10 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
                and c.config.layouts != "rule" else None)
     attention = [PadAttentionKeys(dynamic_multiple(target))] if target.kind.name == "llvm" else []
-    return [LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner), *attention,
-            *_cache(c), *packing]
+    found = c.report.get("decoder") if not c.model.subgraphs else None
+    decode = [DecodeStep(found["dims"]["sequence"])] if found is not None else []
+    return [*decode, LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner),
+            *attention, *_cache(c), *packing]
 
 
 def _cache(c: Compilation) -> list[tvm.transform.Pass]:
@@ -257,7 +260,7 @@ def _cache(c: Compilation) -> list[tvm.transform.Pass]:
     indices = [i for i, (name, _, _) in enumerate(c.model.inputs) if name in pasts]
     dtype = str(c.model.inputs[indices[0]][2])
     heads, dim = found["cache_shape"]
-    found |= {"cache_rows": rows, "cache_dtype": dtype,
+    found |= {"cache_rows": rows, "cache_dtype": dtype, "decode": "decode",
               "cache_bytes": len(indices) * found["max_batch"] * heads * rows * dim * np.dtype(dtype).itemsize}
     # what the attention padding replaced, dead, still reads the pasts: gone first
     return [relax.transform.DeadCodeElimination(), CacheInPlace({i: c.model.inputs[i][0] for i in indices}, rows, found),

@@ -188,10 +188,10 @@ def _prim_funcs(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
 
 
 def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | None = None,
-            arguments: list | None = None) -> Profile:
-    """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how), or on the
-    program's own ``arguments`` (a decoder's step: ``Session.step_arguments``); with ``machine``,
-    each kernel's distance from its roofline bound too."""
+            arguments: list | None = None, function: str = "main") -> Profile:
+    """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how), or a call
+    of its ``function`` on its own ``arguments`` (a decoder's step: ``Session.step_arguments``);
+    with ``machine``, each kernel's distance from its roofline bound too."""
     served = art.serving(inputs) if arguments is None else None
     if served is not None:  # at this size a library runs the whole model: one external row
         session = external.open_subgraph(served, pool_threads())  # the artifact's own: one per process
@@ -214,7 +214,7 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
     vm.set_instrument(instrument)
     args = [tvm.runtime.tensor(a, device) if isinstance(a, np.ndarray) else a for a in arguments] \
         if arguments is not None else [tvm.runtime.tensor(inputs[name], device) for name, _, _ in art.inputs]
-    vm["main"](*args)
+    vm[function](*args)
     seconds: dict[str, float] = collections.defaultdict(float)
     counts: collections.Counter = collections.Counter()
     shapes: dict[str, list[tuple[int, ...]]] = {}  # each kernel's argument shapes (its first call's)
@@ -245,5 +245,5 @@ def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | Non
         end_to_end = time_call(lambda: art.run(inputs))
     else:
         plain = relax.VirtualMachine(art.executable, device)
-        end_to_end = time_call(lambda: plain["main"](*args))
+        end_to_end = time_call(lambda: plain[function](*args))
     return Profile(rows, total * 1e3, end_to_end * 1e3, machine)

@@ -199,16 +199,16 @@ class Runner(Generates):
             named = {name: value for (name, _, _), value in zip(self.inputs, ordered)}
             raise InputError(index_checks.with_offending_value(str(err), named)) from None
 
-    def call(self, arrays: Sequence[Any]) -> list[tvm.runtime.Tensor]:
-        """relaxc's program on ``arrays`` in input order (numpy, or device tensors and shapes passed as
-        they are), unchecked, its outputs left on the device: for a caller that checks its
-        own inputs and keeps tensors from one call to the next (a generation session's cache)."""
+    def call(self, arrays: Sequence[Any], function: str = "main") -> list[tvm.runtime.Tensor]:
+        """relaxc's ``function`` (or a decoder's ``decode``) on ``arrays`` in input order (numpy, or device
+        tensors and shapes passed as they are), unchecked, its outputs left on the device: for a caller that
+        checks its own inputs and keeps tensors from one call to the next (a generation session's cache)."""
         if self._pool is None:
             raise UserError("a GPU artifact runs where its GPU is: export() it, then "
                             "compiler.load(path, device=...) on that machine")
         args = [tvm.runtime.tensor(a, self._device) if isinstance(a, np.ndarray) else a for a in arrays]
         with self._pool.vm() as vm:
-            return _tensors(_in_usable_thread(lambda: vm["main"](*args)))
+            return _tensors(_in_usable_thread(lambda: vm[function](*args)))
 
     def _checked(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The inputs in order, checked against the signature."""

@@ -23,6 +23,7 @@ N (21,841 classes), its weight gets zero columns up to whole vectors and the pro
 from __future__ import annotations
 
 import math
+from typing import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,6 +220,14 @@ class _Rewriter(relax.PyExprMutator):
         self.registers = registers
         self.dot = dot
         self.stats = stats
+        self.packed: dict[tuple, relax.Expr] = {}  # each weight packed once: a decoder's two steps share it
+
+    def _shared(self, weight: relax.Expr, panel: int, pack: Callable[[], np.ndarray]) -> relax.Expr:
+        """``constant(pack())``, made once for each weight and panel width."""
+        key = (weight, panel)
+        if key not in self.packed:
+            self.packed[key] = constant(pack())
+        return self.packed[key]
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -244,11 +253,11 @@ class _Rewriter(relax.PyExprMutator):
         if depth != shape[-1] or rows == 1 or depth == 1:
             self.stats["unpacked"] += 1
             return call if depth != shape[-1] or depth == 1 else self._whole_vectors(call, w)  # one row
-        packed = pack_panels(w, panel)
+        packed = self._shared(weight, panel, lambda: pack_panels(w, panel))
         self.stats["packed"] += 1
         self.stats["padded_rows"] += padded_rows(rows, tile.rows) - rows
-        self.stats["padded_columns"] += packed.shape[0] * panel - columns
-        return self.builder_.call_te(dense_packed, data, constant(packed), columns, tile.rows,
+        self.stats["padded_columns"] += int(packed.ty.shape.values[0]) * panel - columns
+        return self.builder_.call_te(dense_packed, data, packed, columns, tile.rows,
                                      primfunc_name_hint="dense_packed")
 
     def _dynamic(self, call: relax.Call) -> relax.Expr:
@@ -263,10 +272,11 @@ class _Rewriter(relax.PyExprMutator):
                 or w is None or w.dtype != np.float32 or w.ndim != 2 or w.shape[0] != shape[-1] or 1 in w.shape:
             return call
         tile = register_tile(w.shape[1], self.lanes, self.registers)
-        packed = pack_panels(w, tile.vectors * self.lanes)
+        panel = tile.vectors * self.lanes
+        packed = self._shared(weight, panel, lambda: pack_panels(w, panel))
         self.stats["packed"] += 1
-        self.stats["padded_columns"] += packed.shape[0] * packed.shape[2] - w.shape[1]
-        return self.builder_.call_te(dense_packed, data, constant(packed), w.shape[1], tile.rows,
+        self.stats["padded_columns"] += int(packed.ty.shape.values[0]) * panel - w.shape[1]
+        return self.builder_.call_te(dense_packed, data, packed, w.shape[1], tile.rows,
                                      primfunc_name_hint="dense_packed",  # TVM reads opaque through its clamped rows
                                      primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
 

@@ -150,10 +150,10 @@ class _InPlace(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, pasts: list[int], rows: int, stats: dict) -> None:
         super().__init__(mod)
         self.past_indices, self.rows, self.stats = pasts, rows, stats
-        self.transposed: set[int] = set()  # the pasts' indices whose caches hold keys transposed
+        self.transposed: set[int] | None = None  # the pasts' indices whose caches hold keys transposed
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
-        if "global_symbol" not in (func.attrs or {}) or func.attrs["global_symbol"] != "main":
+        if (func.attrs or {}).get("global_symbol") not in ("main", "decode"):  # passes/decode.py's
             return func
         params = list(func.params)
         pasts = [params[i] for i in self.past_indices]
@@ -173,7 +173,10 @@ class _InPlace(relax.PyExprMutator):
             if reader is not None:
                 self.readers[past] = reader
         self.caches = {past: self._cache(past) for past in pasts}
-        self.transposed = {i for i in self.past_indices if params[i] in self.readers and self.readers[params[i]].keys}
+        transposed = {i for i in self.past_indices if params[i] in self.readers and self.readers[params[i]].keys}
+        if self.transposed is not None and transposed != self.transposed:  # one session's cache serves both
+            raise ValueError(f"main and decode read different caches transposed: {self.transposed}, {transposed}")
+        self.transposed = transposed
         self.written: dict[relax.Var, relax.Var] = {}  # concatenation -> the cache written
         self.products: dict[relax.Var, tuple[relax.Var, _Reader]] = {}  # product -> (cache, reader)
         self.replaced = set().union(*(r.replaced for r in self.readers.values()))
@@ -257,5 +260,5 @@ class CacheInPlace:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         rewriter = _InPlace(mod.clone(), list(self.pasts), self.rows, self.stats)
         mod = rewrite_emitting(mod, rewriter)
-        self.decoder["transposed"] = [self.pasts[i] for i in sorted(rewriter.transposed)]
+        self.decoder["transposed"] = [self.pasts[i] for i in sorted(rewriter.transposed or ())]
         return mod

@@ -85,7 +85,7 @@ class Session:
         if ids.shape[0] != self.batch:
             raise InputError(f"step takes one token per row: {self.batch}, not {ids.shape[0]}")
         self.check_room(1)
-        return self._run(ids, np.ones_like(ids))
+        return self._run(ids, np.ones_like(ids), self.decoder.get("decode", "main"))
 
     def check_ids(self, input_ids: Any) -> np.ndarray:
         """``input_ids`` as int64 [batch, n], every id in the vocabulary; an InputError otherwise."""
@@ -107,8 +107,8 @@ class Session:
                             "(compile with a larger max_length, or reset())")
 
     def step_arguments(self, tokens: Any) -> list[Any]:
-        """The program's arguments for ``step(tokens)``, which is not run: to profile a decode step
-        (``relaxc.profile.profile(art, {}, arguments=...)``) at this session's length."""
+        """The arguments of the program's ``decode`` for ``step(tokens)``, which is not run: to profile a
+        decode step (``relaxc.profile.profile(art, {}, arguments=..., function="decode")``) at this length."""
         ids = self.check_ids(np.asarray(tokens).reshape(-1, 1))
         return self._arguments(ids, np.concatenate([self._mask, np.ones_like(ids)], axis=1))
 
@@ -119,10 +119,10 @@ class Session:
         feeds.update(self._caches)
         return [feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])]
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _run(self, ids: np.ndarray, mask: np.ndarray, function: str = "main") -> np.ndarray:
         with self._busy:
             full = np.concatenate([self._mask, mask], axis=1)
-            logits, = self._runner.call(self._arguments(ids, full))
+            logits, = self._runner.call(self._arguments(ids, full), function)
             self._mask = full
             return logits.numpy()[:, -1]
 
