@@ -56,21 +56,27 @@ def append_rows(heads: int, rows: int, dim: int, dtype: str, transposed: bool = 
     return append
 
 
-def scores_from_cache(queries: te.Tensor, keys: te.Tensor, padded: tirx.PrimExpr) -> te.Tensor:
+def scores_from_cache(queries: te.Tensor, keys: te.Tensor, padded: tirx.PrimExpr, groups: int) -> te.Tensor:
     """``queries [batch, heads, m, dim]`` times the first ``padded`` columns of a transposed cache
-    of keys ``[batch, heads, dim, rows]``: the attention scores, read from the cache in place."""
+    of keys ``[batch, heads / groups, dim, rows]``: the attention scores, read from the cache in place."""
     d = te.reduce_axis((0, queries.shape[-1]), name="d")
     return te.compute((*queries.shape[:-1], padded),
-                      lambda b, h, i, k: te.sum(queries[b, h, i, d] * keys[b, h, d, k], axis=d), name="matmul")
+                      lambda b, h, i, k: te.sum(queries[b, h, i, d] * keys[b, _head(h, groups), d, k], axis=d),
+                      name="matmul")
 
 
-def values_from_cache(probabilities: te.Tensor, values: te.Tensor, padded: tirx.PrimExpr) -> te.Tensor:
+def values_from_cache(probabilities: te.Tensor, values: te.Tensor, padded: tirx.PrimExpr, groups: int) -> te.Tensor:
     """``probabilities [batch, heads, m, padded]`` times the first ``padded`` rows of a cache of
-    values ``[batch, heads, rows, dim]``, read in place."""
+    values ``[batch, heads / groups, rows, dim]``, read in place."""
     k = te.reduce_axis((0, padded), name="k")
     return te.compute((*probabilities.shape[:-1], values.shape[-1]),
-                      lambda b, h, i, d: te.sum(probabilities[b, h, i, k] * values[b, h, k, d], axis=k),
+                      lambda b, h, i, d: te.sum(probabilities[b, h, i, k] * values[b, _head(h, groups), k, d], axis=k),
                       name="matmul")
+
+
+def _head(head: tirx.PrimExpr, groups: int) -> tirx.PrimExpr:
+    """The cached head a query head reads: grouped-query attention shares one among ``groups``."""
+    return head // groups if groups > 1 else head
 
 
 def first_rows(cache: te.Tensor, rows: tirx.PrimExpr) -> te.Tensor:
@@ -110,22 +116,25 @@ class _Reader:
     padded: tirx.PrimExpr
     scalings: list[relax.Call]
     replaced: set[relax.Var]
+    groups: int = 1  # query heads per cached head (grouped-query attention)
 
 
 def _reader(concat: relax.Var, bound: dict, users: dict, output: relax.Var) -> _Reader | None:
-    """How the one attention product that reads ``concat`` (through its padding to whole vectors;
-    keys transposed, then scaled by constants) does, if nothing else reads it but the outputs."""
-    pads = users.get(concat, set()) - {output}
-    pad = next(iter(pads)) if len(pads) == 1 else None
-    value = bound.get(pad)
+    """How the one attention product that reads ``concat`` (repeated for groups of query heads, then
+    padded to whole vectors; keys transposed, then scaled by constants) does, if nothing else reads
+    it but the outputs."""
+    at = _only_user(concat, users, output)
+    repeated, groups = _repeated(at, bound, users)
+    if repeated:
+        at = _only_user(repeated[-1], users)
+    value = bound.get(at)
     if not (isinstance(value, relax.Call) and value.op.same_as(CALL_TIR) and value.args[0].name_hint.startswith("pad_keys")):
         return None
-    chain, scalings, transposed, at = [pad], [], False, pad
-    while len(users.get(at, ())) == 1:
-        user = next(iter(users[at]))
+    chain, scalings, transposed = [*repeated, at], [], False
+    while (user := _only_user(at, users)) is not None:
         step = bound[user]
         if is_op(step, "relax.matmul") and step.args[1].same_as(at) and len(step.ty.shape.values) == 4:
-            return _Reader(user, transposed, value.ty.shape.values[SEQUENCE_AXIS], scalings, set(chain)) \
+            return _Reader(user, transposed, value.ty.shape.values[SEQUENCE_AXIS], scalings, set(chain), groups) \
                 if transposed or not scalings else None
         if not transposed and is_op(step, "relax.permute_dims") and step.attrs.axes is not None \
                 and [int(a) for a in step.attrs.axes] == [0, 1, 3, 2]:
@@ -137,6 +146,26 @@ def _reader(concat: relax.Var, bound: dict, users: dict, output: relax.Var) -> _
         chain.append(user)
         at = user
     return None
+
+
+def _only_user(var: relax.Var | None, users: dict, output: relax.Var | None = None) -> relax.Var | None:
+    """The one binding that reads ``var`` (the function's output aside), else None."""
+    readers = users.get(var, set()) - {output}
+    return next(iter(readers)) if len(readers) == 1 else None
+
+
+def _repeated(var: relax.Var | None, bound: dict, users: dict) -> tuple[list[relax.Var], int]:
+    """Grouped-query attention's keys or values repeated for each group of query heads, as
+    transformers exports it: ``var`` an ``expand_dims`` at axis 2, then ``broadcast_to`` the groups,
+    then a ``reshape`` to heads x groups. Those three bindings and the groups; else none and 1."""
+    expand = var if is_op(bound.get(var), "relax.expand_dims") else None
+    broadcast = _only_user(expand, users)
+    reshape = _only_user(broadcast, users)
+    if expand is None or not is_op(bound.get(broadcast), "relax.broadcast_to") \
+            or not is_op(bound.get(reshape), "relax.reshape") or [int(a) for a in bound[expand].attrs.axis] != [2]:
+        return [], 1
+    groups = broadcast.ty.shape.values[2] if len(broadcast.ty.shape.values) == 5 else None
+    return ([expand, broadcast, reshape], int(groups)) if isinstance(groups, tirx.IntImm) else ([], 1)
 
 
 def _scalar_step(value: relax.Expr) -> bool:
@@ -209,7 +238,7 @@ class _InPlace(relax.PyExprMutator):
             operand = self.visit_expr(value.args[0])
             product = scores_from_cache if reader.keys else values_from_cache
             return self.set_var_remap(var, self.builder_.emit(self.builder_.call_te(
-                product, operand, cache, reader.padded, primfunc_name_hint="matmul"), name_hint=var.name))
+                product, operand, cache, reader.padded, reader.groups, primfunc_name_hint="matmul"), name_hint=var.name))
         past = _past_of(value.args[0].fields[0], self.bound, set(self.caches)) if _concat(value, 2) else None
         if past is not None:
             return self._append(var, past, self.visit_expr(value.args[0].fields[1]))

@@ -76,7 +76,10 @@ def test_each_step_writes_the_cache_in_place(compiled):
     main = art.ir("fuse")[art.ir("fuse").index("def main"):]
     d = art.decoder
     assert main.count("R.call_tir_inplace(cls.append_rows") == len(d["pairs"]) and "past_key_values" not in main
-    assert art.report()["kv_cache"]["caches"] == len(d["pairs"]) and d["cache_rows"] >= MAX_LENGTH
+    # GPT-2's heads and Llama's grouped ones: every attention product reads its cache, keys transposed
+    assert art.report()["kv_cache"]["caches"] == art.report()["kv_cache"]["read_in_place"] == len(d["pairs"])
+    assert sorted(d["transposed"]) == sorted(past for past, _ in d["pairs"] if past.endswith(".key"))
+    assert d["cache_rows"] >= MAX_LENGTH and "def decode(" in art.ir("fuse")
     heads, dim = d["cache_shape"]
     assert d["cache_bytes"] == len(d["pairs"]) * MAX_BATCH * heads * d["cache_rows"] * dim * 4
     s = art.session()
