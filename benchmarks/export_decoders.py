@@ -40,11 +40,20 @@ DECODERS: dict[str, Decoder] = {
     "gpt2_past": Decoder("GPT2Config", "GPT2LMHeadModel", dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512,
                                                                n_positions=256), positions=False),
     "llama_past": Decoder("LlamaConfig", "LlamaForCausalLM", dict(SMALL, num_key_value_heads=2)),  # grouped queries
-    # the sizes the decode benchmark measures (benchmarks/generation.py): GPT-2 small, 124 M parameters, and
-    # a Llama of 12 layers, hidden 768, 4 key/value heads for 12 query heads, 32,000 tokens, 125 M
+    "qwen2_past": Decoder("Qwen2Config", "Qwen2ForCausalLM", dict(SMALL, num_key_value_heads=2)),  # q/k/v biases
+    "phi3_past": Decoder("Phi3Config", "Phi3ForCausalLM", dict(SMALL, num_key_value_heads=4, pad_token_id=0)),  # fused qkv
+    "opt_past": Decoder("OPTConfig", "OPTForCausalLM", dict(  # learned positions from the mask, queries scaled first
+        num_hidden_layers=2, hidden_size=64, ffn_dim=128, num_attention_heads=4, vocab_size=512,
+        max_position_embeddings=256, word_embed_proj_dim=64), positions=False),
+    # the sizes the decode benchmark measures (benchmarks/generation.py): GPT-2 small, 124 M parameters; a Llama
+    # of 12 layers, hidden 768, 4 key/value heads for 12 query heads, 32,000 tokens, 125 M; a Qwen2 as the Llama
+    # with 2 key/value heads and biased projections, 122 M
     "gpt2_124m_past": Decoder("GPT2Config", "GPT2LMHeadModel", dict(n_positions=2048), positions=False),
     "llama_125m_past": Decoder("LlamaConfig", "LlamaForCausalLM", dict(
         num_hidden_layers=12, hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=4,
+        vocab_size=32000, max_position_embeddings=2048)),
+    "qwen2_122m_past": Decoder("Qwen2Config", "Qwen2ForCausalLM", dict(
+        num_hidden_layers=12, hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=2,
         vocab_size=32000, max_position_embeddings=2048)),
 }
 

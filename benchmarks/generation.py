@@ -2,7 +2,7 @@
 
     .venv/bin/python -m relaxc.benchmarks.generation [SPEC ...] [--cached 128 1024] [--threads 2]
 
-For each decoder with past (default: zoo:gpt2_124m_past and zoo:llama_125m_past, exported by
+For each decoder with past (default: zoo:gpt2_124m_past, zoo:llama_125m_past and zoo:qwen2_122m_past, exported by
 ``benchmarks/export_decoders.py``) and each cache length: both runtimes run the same random prompt
 of that many tokens, then decode greedily, one token per step, taking turns in blocks of steps
 (``support.turns.alternate``: four blocks each, each after a pause and a warm-up step), so the
@@ -27,7 +27,7 @@ from relaxc.benchmarks.bench import this_cpu
 from relaxc.frontend import models
 from relaxc.support.turns import alternate
 
-SPECS = ("zoo:gpt2_124m_past", "zoo:llama_125m_past")
+SPECS = ("zoo:gpt2_124m_past", "zoo:llama_125m_past", "zoo:qwen2_122m_past")
 ROOM = 16  # tokens beyond the longest cache and the timed steps: the warm-up steps'
 
 

@@ -24,9 +24,12 @@
               passes/check_indices.py        CheckIndices: gather and scatter indices checked
               passes/cse.py                  EliminateCommonSubexpr, TVM's CanonicalizeBindings and
                                              DeadCodeElimination
-    layout    passes/layout.py               LayoutPass: NCHW convs to blocked NCHW{b}c, channels padded
+    layout    passes/decode.py               DecodeStep: a decoder's one-token step beside main;
+                                             LastPositionLogits: main's logits for the last position
+              passes/layout.py               LayoutPass: NCHW convs to blocked NCHW{b}c, channels padded
                                              (layouts="measure"/"replay": each op's, passes/layout_choice.py)
               passes/attention.py            PadAttentionKeys: a dynamic key length padded to whole vectors
+              passes/kv_cache.py             CacheInPlace: a decoder's cache written and read in place
               passes/dense.py                PackDenseWeights: constant matmul weights in column panels
     dispatch  passes/dispatch.py             Dispatch: each 3x3 conv direct or Winograd, as measured
     legalize  passes/legalize.py             LegalizeOps (blocked convs: ours), TVM's AnnotateTIROpPattern,
@@ -78,7 +81,7 @@ from relaxc.options import Config, Options
 from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.kv_cache import CacheInPlace
-from relaxc.passes.decode import DecodeStep
+from relaxc.passes.decode import DecodeStep, LastPositionLogits
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
 from relaxc.schedules.dispatch import Chooser, MeasuredLayoutCosts
@@ -244,7 +247,7 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
                and c.config.layouts != "rule" else None)
     attention = [PadAttentionKeys(dynamic_multiple(target))] if target.kind.name == "llvm" else []
     found = c.report.get("decoder") if not c.model.subgraphs else None
-    decode = [DecodeStep(found["dims"]["sequence"])] if found is not None else []
+    decode = [DecodeStep(found["dims"]["sequence"]), LastPositionLogits()] if found is not None else []
     return [*decode, LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner),
             *attention, *_cache(c), *packing]
 
@@ -263,7 +266,8 @@ def _cache(c: Compilation) -> list[tvm.transform.Pass]:
     found |= {"cache_rows": rows, "cache_dtype": dtype, "decode": "decode",
               "cache_bytes": len(indices) * found["max_batch"] * heads * rows * dim * np.dtype(dtype).itemsize}
     # what the attention padding replaced, dead, still reads the pasts: gone first
-    return [relax.transform.DeadCodeElimination(), CacheInPlace({i: c.model.inputs[i][0] for i in indices}, rows, found),
+    names = {i: c.model.inputs[i][0] for i in indices}
+    return [relax.transform.DeadCodeElimination(), CacheInPlace(names, rows, found),
             relax.transform.DeadCodeElimination()]
 
 

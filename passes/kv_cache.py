@@ -1,18 +1,22 @@
 """A decoder's key/value cache kept in place: each step writes its new rows into a cache allocated
-once (a pass of the layout phase, for a decoder compiled with ``max_length``).
+once, and attention reads it there (a pass of the layout phase, for a decoder compiled with
+``max_length``).
 
 As exported, a decoder step takes each layer's past keys and values ``[batch, heads, past, dim]``
 and returns them extended, ``Concat(past, new)``: every step copies the whole cache into a newly
-allocated present (GPT-2 small with 1,024 tokens cached: 72 MB a step). Here ``main`` takes one
-cache per past instead, ``[batch, heads, rows, dim]`` with ``rows`` the longest sequence rounded up
-to whole vectors, and the number of tokens it holds (a shape argument, ``past``); the step writes
-its new rows at ``past`` in place (``call_tir_inplace``) and returns the logits alone. What read the
-concatenation reads the cache's first ``past + sequence`` rows, and an attention's keys padded to
-whole vectors (``passes/attention.py``) read its first rows up to that padding: rows written by no
-step of this conversation are zeros or an earlier one's keys, finite either way, and padded keys
-are masked to -inf before the softmax, so their probabilities are exactly 0.
+allocated present (GPT-2 small with 1,024 tokens cached: 72 MB a step), and attention's padding
+(``passes/attention.py``), transposes and grouped-query repeats copied it again. Here ``main`` and
+``decode`` take one cache per past instead, ``[batch, heads, rows, dim]`` with ``rows`` the longest
+sequence rounded up to whole vectors, and the number of tokens it holds (a shape argument,
+``past``); the step writes its new rows at ``past`` in place (``call_tir_inplace``) and returns the
+logits alone. Where one attention product alone reads a past's concatenation (through the
+grouped-query repeat, the padding, for keys a transpose and constant scalings), that product reads
+the cache itself up to the padded length; the keys' cache is then ``[batch, heads, dim, rows]``,
+written transposed and scaled (the same products of the same values). Other readers read the
+cache's first ``past + sequence`` rows. Rows written by no step of this conversation are zeros or an
+earlier one's, finite either way, and padded keys are masked to -inf before the softmax, so their
+probabilities are exactly 0.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -128,7 +132,7 @@ def _reader(concat: relax.Var, bound: dict, users: dict, output: relax.Var) -> _
     if repeated:
         at = _only_user(repeated[-1], users)
     value = bound.get(at)
-    if not (isinstance(value, relax.Call) and value.op.same_as(CALL_TIR) and value.args[0].name_hint.startswith("pad_keys")):
+    if not _pads_keys(value):
         return None
     chain, scalings, transposed = [*repeated, at], [], False
     while (user := _only_user(at, users)) is not None:
@@ -146,6 +150,11 @@ def _reader(concat: relax.Var, bound: dict, users: dict, output: relax.Var) -> _
         chain.append(user)
         at = user
     return None
+
+
+def _pads_keys(value: relax.Expr | None) -> bool:
+    """Whether ``value`` calls ``passes/attention.py``'s padding of keys to whole vectors."""
+    return isinstance(value, relax.Call) and value.op.same_as(CALL_TIR) and value.args[0].name_hint.startswith("pad_keys")
 
 
 def _only_user(var: relax.Var | None, users: dict, output: relax.Var | None = None) -> relax.Var | None:
@@ -237,12 +246,12 @@ class _InPlace(relax.PyExprMutator):
             cache, reader = self.products[var]
             operand = self.visit_expr(value.args[0])
             product = scores_from_cache if reader.keys else values_from_cache
-            return self.set_var_remap(var, self.builder_.emit(self.builder_.call_te(
-                product, operand, cache, reader.padded, reader.groups, primfunc_name_hint="matmul"), name_hint=var.name))
+            call = self.builder_.call_te(product, operand, cache, reader.padded, reader.groups, primfunc_name_hint="matmul")
+            return self.set_var_remap(var, self.builder_.emit(call, name_hint=var.name))
         past = _past_of(value.args[0].fields[0], self.bound, set(self.caches)) if _concat(value, 2) else None
         if past is not None:
             return self._append(var, past, self.visit_expr(value.args[0].fields[1]))
-        if isinstance(value, relax.Call) and value.op.same_as(CALL_TIR) and value.args[0].name_hint.startswith("pad_keys"):
+        if _pads_keys(value):
             source = value.args[1].fields[0]
             padded = value.ty.shape.values[SEQUENCE_AXIS]
             if source in self.written and not structural_equal(padded, source.ty.shape.values[SEQUENCE_AXIS]):
@@ -272,9 +281,9 @@ class _InPlace(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.CacheInPlace")
 class CacheInPlace:
-    """``main``'s pasts (``pasts``: their names by parameter index) become caches of ``rows`` rows written in
-    place, its presents dropped. ``decoder`` (``report()["decoder"]``) is told which pasts are kept
-    transposed (``transposed``, by their names in ``decoder["pairs"]``): a session allocates them so;
+    """The pasts of ``main`` and ``decode`` (``pasts``: their names by parameter index) become caches of
+    ``rows`` rows written and read in place, the presents dropped. ``decoder`` (``report()["decoder"]``)
+    is told which pasts are kept transposed (``transposed``, by their names in ``decoder["pairs"]``): a session allocates them so;
     ``summary()`` (``report()["kv_cache"]``) counts the caches and those attention reads in place."""
 
     report_key = "kv_cache"

@@ -1,5 +1,5 @@
-"""Text generation from decoders with past (zoo:gpt2_past, zoo:llama_past: two layers, exported by
-benchmarks/export_decoders.py): recognition and its refusals, greedy decoding equal to onnxruntime's
+"""Text generation from decoders with past (zoo:gpt2_past, zoo:llama_past, zoo:qwen2_past: two layers,
+exported by benchmarks/export_decoders.py): recognition and its refusals, greedy decoding equal to onnxruntime's
 own loop over the same export, sessions, streaming, export and load, seeded sampling, errors."""
 
 import threading
@@ -80,6 +80,7 @@ def test_each_step_writes_the_cache_in_place(compiled):
     assert art.report()["kv_cache"]["caches"] == art.report()["kv_cache"]["read_in_place"] == len(d["pairs"])
     assert sorted(d["transposed"]) == sorted(past for past, _ in d["pairs"] if past.endswith(".key"))
     assert d["cache_rows"] >= MAX_LENGTH and "def decode(" in art.ir("fuse")
+    assert main.split("\n")[0].endswith("-> R.Tuple(R.Tensor((batch, 1, 512), dtype=\"float32\")):")  # the last position
     heads, dim = d["cache_shape"]
     assert d["cache_bytes"] == len(d["pairs"]) * MAX_BATCH * heads * d["cache_rows"] * dim * 4
     s = art.session()
@@ -192,6 +193,16 @@ def test_generation_errors_are_named_before_any_work(compiled):
         art.generate(ids, do_sample=True, temperature=0)
     with pytest.raises(relaxc.UserError, match="keeps its cache in place: run it through session"):
         art.run({})
+
+
+@pytest.mark.parametrize("name", ["qwen2_past"])  # biases on the query, key and value projections
+def test_other_families_decode_as_onnxruntimes_loop_reading_the_cache_in_place(name):
+    art = relaxc.compile(f"zoo:{name}", tuning="off", max_length=MAX_LENGTH, max_batch=2)
+    ids, mask = _prompts(2)
+    got = art.generate(ids, mask, max_new_tokens=MAX_LENGTH - PROMPT)
+    session = reference.ort_session(models.fill_light(onnx.load(models.bundled_path(f"zoo:{name}"))))
+    _agrees(got, *_ort_tokens(art, session, ids, mask, MAX_LENGTH - PROMPT))
+    assert art.report()["kv_cache"]["read_in_place"] == len(art.decoder["pairs"])
 
 
 def test_a_model_compiled_without_max_length_does_not_generate():

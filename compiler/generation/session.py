@@ -67,10 +67,11 @@ class Session:
                 raise UserError(f"a batch of {ids.shape[0]} rows is more than max_batch={self.max_batch} "
                                 "(compile with a larger max_batch)")
             heads, dim = self.decoder["cache_shape"]
-            rows, transposed = self.decoder["cache_rows"], set(self.decoder["transposed"])
-            self._caches = {past: self._runner.call_zeros(
-                (ids.shape[0], heads, *((dim, rows) if past in transposed else (rows, dim))), self.decoder["cache_dtype"])
-                for past, _ in self.decoder["pairs"]}
+            rows, transposed = self.decoder["cache_rows"], set(self.decoder["transposed"])  # keys: [dim, rows]
+            shapes = {past: (ids.shape[0], heads, *((dim, rows) if past in transposed else (rows, dim)))
+                      for past, _ in self.decoder["pairs"]}
+            self._caches = {past: self._runner.call_zeros(shape, self.decoder["cache_dtype"])
+                            for past, shape in shapes.items()}
             self._mask = np.zeros((ids.shape[0], 0), np.int64)
         elif ids.shape[0] != self.batch:
             raise InputError(f"this session has {self.batch} rows; input_ids has {ids.shape[0]} (reset() first)")
