@@ -16,12 +16,12 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from relaxc import diagnostics
+from relaxc import diagnostics, weight_file
 from relaxc.codegen import device_code, launcher
-from relaxc.runtime import Runner, file_sha256, input_high, manifest_path_for, open_device, spec_json
+from relaxc.runtime import Runner, input_high, manifest_path_for, open_device, spec_json
 from relaxc.support.errors import ExportError, UserError
 from relaxc.support import tvm_log
-from relaxc.support.files import Staging
+from relaxc.support.files import Staging, file_sha256
 from relaxc.support.subgraphs import ExternalSubgraph
 from relaxc.support.tensors import TensorSpec
 
@@ -31,11 +31,13 @@ class Artifact(Runner):
 
     def __init__(self, executable: relax.VMExecutable, target: Target, inputs: list[TensorSpec],
                  outputs: list[TensorSpec], report: dict, snapshots: dict[str, tvm.IRModule],
-                 subgraphs: Sequence[ExternalSubgraph] = (), program_outputs: list[str] | None = None) -> None:
+                 subgraphs: Sequence[ExternalSubgraph] = (), program_outputs: list[str] | None = None,
+                 weights: list[tvm.runtime.Tensor] | None = None) -> None:
         device = open_device("cpu") if target.kind.name == "llvm" else None
         super().__init__(executable, device, inputs, outputs, input_high=input_high(report["inputs"]),
                          subgraphs=subgraphs, program_outputs=program_outputs, dim_bounds=report["dim_bounds"],
                          empty_dims=report["empty_dims"], decoder=report.get("decoder"))
+        self.weights = weights  # a decoder's, lifted out of the program (passes/weights.py): every call's last argument
         self.executable = executable
         self.target = target
         self._report = report
@@ -93,6 +95,8 @@ class Artifact(Runner):
                     self.executable.export_library(library)
                 os.chmod(library, 0o755)
                 manifest["library_sha256"] = file_sha256(library)
+                if self.weights:
+                    manifest["weights"] = [weight_file.write(self.weights, path, staging)]
                 with open(staging.path(manifest_path), "w") as f:
                     json.dump(manifest, f, indent=2)
                     f.flush()

@@ -39,7 +39,8 @@
                                              MetaSchedule tunes the kernels without one first (tune)
     schedule  schedules/default.py           DefaultSchedules: default rules for every kernel without a record
               passes/tir/positive_dims.py    PositiveDims: kernels told a dynamic dim is at least 1
-    lower     TVM_PIPELINES                  TVM's dataflow lowering of the target
+    lower     passes/weights.py              LiftWeights: a decoder's weights as its programs' argument
+              TVM_PIPELINES                  TVM's dataflow lowering of the target
               passes/memory.py               ArenaPlan: arena storage planning on the final shapes
               TVM_PIPELINES                  TVM's finalizing passes of the target (VM lowering)
               passes/shape_reuse.py          ReuseShapes: a dynamic model's shapes built once per call
@@ -81,6 +82,7 @@ from relaxc.options import Config, Options
 from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.kv_cache import CacheInPlace
+from relaxc.passes.weights import LiftWeights
 from relaxc.passes.decode import DecodeStep, LastPositionLogits
 from relaxc.passes.dense import PackDenseWeights
 from relaxc.passes.dispatch import Dispatch
@@ -146,6 +148,7 @@ class Compilation:
     executable: relax.VMExecutable | None = None
     report: dict = field(default_factory=dict)
     sessions: list[external.Session] = field(default_factory=list)
+    lifted: LiftWeights | None = None  # a decoder's weights, lifted out of its programs
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,7 @@ def _cache(c: Compilation) -> list[tvm.transform.Pass]:
               "cache_bytes": len(indices) * found["max_batch"] * heads * rows * dim * np.dtype(dtype).itemsize}
     # what the attention padding replaced, dead, still reads the pasts: gone first
     names = {i: c.model.inputs[i][0] for i in indices}
+    c.lifted = LiftWeights()  # at the lower phase: the weights the kernels read
     return [relax.transform.DeadCodeElimination(), CacheInPlace(names, rows, found),
             relax.transform.DeadCodeElimination()]
 
@@ -337,7 +341,8 @@ def _lower(c: Compilation) -> list[tvm.transform.Pass]:
     tvm_pipeline = TVM_PIPELINES[target.kind.name]
     arena = ArenaPlan(c.config.memory_planner, c.config.unshared, c.config.validate_memory,
                       padding_bytes=c.report.get("layout", {}).get("padding_bytes", 0))  # none: a dispatch candidate
-    return (tvm_pipeline.dataflow_lower_passes(target) + [arena] + tvm_pipeline.finalize_passes(target)
+    lifted = [c.lifted] if c.lifted is not None else []
+    return (lifted + tvm_pipeline.dataflow_lower_passes(target) + [arena] + tvm_pipeline.finalize_passes(target)
             + [ReuseShapes()])
 
 
@@ -417,6 +422,7 @@ def _artifact(c: Compilation, recorder: PhaseRecorder,
     summary = recorder.run("report", report.assemble, c, recorder.snapshots)
     model = c.model
     artifact = recorder.run("load", Artifact, c.executable, c.config.target, model.inputs, model.outputs, summary,
-                            recorder.snapshots, model.subgraphs, model.program_outputs)
+                            recorder.snapshots, model.subgraphs, model.program_outputs,
+                            c.lifted.weights if c.lifted is not None else None)
     summary |= {"phases": recorder.timings, "compile_seconds": recorder.seconds}  # the artifact's report
     return artifact

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -22,10 +21,11 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
-from relaxc import diagnostics, external
+from relaxc import diagnostics, external, weight_file
 from relaxc.codegen import device_code, launcher
 from relaxc.generation import Generates
 from relaxc.support import index_checks, tvm_log
+from relaxc.support.files import file_sha256
 from relaxc.support.errors import ExportError, InputError, TargetError, UserError, message
 from relaxc.support.subgraphs import ExternalSubgraph
 from relaxc.support.tensors import TensorSpec
@@ -314,6 +314,8 @@ class Deployed(Runner):
                          _subgraphs(folder or os.path.dirname(library), manifest), manifest.get("program_outputs"),
                          manifest.get("dim_bounds"), manifest.get("empty_dims", ()), manifest.get("decoder"))
         self.manifest = manifest
+        self.weights = weight_file.read(os.path.dirname(library), manifest["weights"][0], dev) \
+            if manifest.get("weights") else None
 
     @property
     def fingerprint(self) -> str:
@@ -360,14 +362,6 @@ def input_high(specs: list[dict]) -> dict[str, int]:
 MANIFEST_KEYS = {"target": dict, "inputs": list, "outputs": list, "fingerprint": str, "library": str}
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _read_manifest(path: str) -> dict:
     """The manifest beside ``path``, checked: a broken one is an ExportError, never a crash."""
     manifest_path = manifest_path_for(path)
@@ -392,7 +386,7 @@ def _verify_files(path: str, manifest: dict) -> None:
     folder = os.path.dirname(path)
     files = [(path, manifest.get("library_sha256"))]
     files += [(os.path.join(folder, entry.get("file", "")), entry.get("sha256"))
-              for entry in manifest.get("device_code", []) + manifest.get("external", [])]
+              for entry in manifest.get("device_code", []) + manifest.get("external", []) + manifest.get("weights", [])]
     for file, expected in files:
         if expected is None:
             continue  # exported before relaxc recorded digests

@@ -7,6 +7,7 @@ failure the temporaries are removed and the old files, if any, stay as they were
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 
@@ -55,3 +56,12 @@ def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 of a file's bytes, as manifests record them."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -167,6 +167,23 @@ def test_export_and_load_give_the_same_tokens(compiled, tmp_path):
     art.export(path)
     loaded = relaxc.load(path)
     assert np.array_equal(loaded.generate(ids, mask, max_new_tokens=16), art.generate(ids, mask, max_new_tokens=16))
+    lifted = [w.numpy().nbytes for w in art.weights]  # the embedding table among them: 512 tokens x 64
+    assert max(lifted) >= 512 * 64 * 4 and (tmp_path / "decoder.weights").stat().st_size >= sum(lifted)
+
+
+def test_a_damaged_or_missing_weights_file_is_an_export_error(compiled, tmp_path):
+    art, _ = compiled
+    path = tmp_path / "decoder.so"
+    art.export(path)
+    weights = tmp_path / "decoder.weights"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(relaxc.ExportError, match="decoder.weights"):
+        relaxc.load(path)
+    weights.unlink()
+    with pytest.raises(relaxc.ExportError, match="decoder.weights is missing"):
+        relaxc.load(path)
 
 
 def test_sampling_with_a_seed_repeats_its_tokens(compiled):

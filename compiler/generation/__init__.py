@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from relaxc import weight_file
 from relaxc.generation.loop import generate
 from relaxc.generation.session import Session
 from relaxc.support.errors import UserError
@@ -20,7 +21,9 @@ class Generates:
     with ``max_length``: its ``report()["decoder"]``)."""
 
     decoder: dict | None = None
+    weights: list | None = None  # a decoder's, lifted out of its programs (passes/weights.py)
     _device: Any = None
+    _weight_argument: Any = None
 
     def session(self) -> Session:
         """A new, empty session: ``append(ids)``, ``step(token)``, ``reset()``. One per thread."""
@@ -34,6 +37,12 @@ class Generates:
         if self.decoder is not None and "cache_rows" in self.decoder:
             raise UserError("a decoder compiled with max_length keeps its cache in place: run it through "
                             "session() or generate(), or compile it without max_length to run single steps")
+
+    def weight_argument(self) -> list:
+        """The programs' last arguments: the weights as one tuple, where they take them (else none)."""
+        if self.weights and self._weight_argument is None:
+            self._weight_argument = weight_file.as_argument(self.weights)
+        return [self._weight_argument] if self.weights else []
 
     def call_zeros(self, shape: tuple[int, ...], dtype: str) -> Any:
         """A tensor of zeros on the device ``call`` runs on: a session's cache."""

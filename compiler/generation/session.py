@@ -118,7 +118,7 @@ class Session:
         if self.decoder["positions"]:  # transformers' positions: each token's count of real ones before it
             feeds["position_ids"] = np.maximum(np.cumsum(full, axis=1) - 1, 0)[:, -ids.shape[1]:]
         feeds.update(self._caches)
-        return [feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])]
+        return [feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])] + self._runner.weight_argument()
 
     def _run(self, ids: np.ndarray, mask: np.ndarray, function: str = "main") -> np.ndarray:
         with self._busy:
