@@ -67,7 +67,9 @@ def test_the_machine_is_measured_once_and_kept_in_the_store(tmp_path, monkeypatc
     assert measured.peak_gflops > 1
     sizes = [size for size, _ in measured.bandwidth]
     assert sizes == sorted(sizes) and len(sizes) == 4
-    assert measured.bandwidth[0][1] > measured.bandwidth[-1][1]  # a cache is faster than memory on any CPU
+    # a cache is faster than memory on any CPU: the fastest cache level, as a core shared with another process
+    # (CI's) slows the shortest runs, the smallest working set's, most
+    assert max(gbps for _, gbps in measured.bandwidth[:-1]) > measured.bandwidth[-1][1]
 
     def measure_again(*_args):
         raise AssertionError("measured again although the store has the numbers")
