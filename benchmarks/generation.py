@@ -1,6 +1,6 @@
 """Decode speed: relaxc's generation against onnxruntime's own greedy loop over the same export.
 
-    .venv/bin/python -m relaxc.benchmarks.generation [SPEC ...] [--cached 128 1024] [--threads 2]
+    .venv/bin/python -m relaxc.benchmarks.generation [SPEC ...] [--cached 128 1024] [--threads 2] [--batch 1]
 
 For each decoder with past (default: zoo:gpt2_124m_past, zoo:llama_125m_past and zoo:qwen2_122m_past, exported by
 ``benchmarks/export_decoders.py``) and each cache length: both runtimes run the same random prompt
@@ -8,7 +8,7 @@ of that many tokens, then decode greedily, one token per step, taking turns in b
 (``support.turns.alternate``: four blocks each, each after a pause and a warm-up step), so the
 cache grows by the same tokens in both while they are timed. Prints the median milliseconds per token, their
 ratio, and relaxc's time at the longest cache over its time at the shortest (a step that copied the
-cache would grow with it), with the CPU and target named. Batch 1, fp32.
+cache would grow with it), with the CPU and target named. Batch 1 unless ``--batch``, fp32.
 """
 
 from __future__ import annotations
@@ -44,18 +44,19 @@ class Greedy:
         self.token = np.argmax(self.session.step(self.token), axis=-1)
 
 
-def measure(spec: str, cached: Sequence[int], steps: int, threads: int) -> list[tuple[int, float, float]]:
-    """(cache length, relaxc ms, onnxruntime ms) per token for ``spec`` at each ``cached``."""
+def measure(spec: str, cached: Sequence[int], steps: int, threads: int,
+            batch: int = 1) -> list[tuple[int, float, float]]:
+    """(cache length, relaxc ms, onnxruntime ms) per step of ``batch`` rows for ``spec`` at each ``cached``."""
     import relaxc
 
     started = time.perf_counter()
-    art = relaxc.compile(spec, max_length=max(cached) + steps + ROOM, backends="relaxc")
+    art = relaxc.compile(spec, max_length=max(cached) + steps + ROOM, max_batch=batch, backends="relaxc")
     print(f"{spec}: compiled in {time.perf_counter() - started:.0f} s", flush=True)
     session = reference.ort_session(models.fill_light(onnx.load(models.bundled_path(spec))), threads=threads)
     ort = Greedy(reference.OrtDecoder(session, [tuple(pair) for pair in art.decoder["pairs"]]))
     rows = []
     for length in cached:
-        prompt = np.random.default_rng(length).integers(0, art.decoder["vocab"], (1, length))
+        prompt = np.random.default_rng(length).integers(0, art.decoder["vocab"], (batch, length))
         ours = Greedy(art.session())
         ours.start(prompt)
         ort.start(prompt)
@@ -70,15 +71,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cached", type=int, nargs="+", default=[128, 1024], help="cache lengths (default 128 1024)")
     parser.add_argument("--steps", type=int, default=32, help="timed decode steps per runtime (default 32)")
     parser.add_argument("--threads", type=int, default=2, help="threads for both runtimes (default 2)")
+    parser.add_argument("--batch", type=int, default=1, help="rows decoded together (default 1)")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when TVM's thread pool starts
-    print(f"# {this_cpu('cpu')}, target cpu, {args.threads} threads each, batch 1, fp32, onnxruntime "
-          f"{reference.onnxruntime().__version__}: greedy decode, median ms per token of {args.steps} steps"
+    print(f"# {this_cpu('cpu')}, target cpu, {args.threads} threads each, batch {args.batch}, fp32, onnxruntime "
+          f"{reference.onnxruntime().__version__}: greedy decode, median ms per step of {args.steps} steps"
           f"\n\n| model | cached | relaxc (ms) | onnxruntime (ms) | ratio |\n| --- | ---: | ---: | ---: | ---: |",
           flush=True)
     growth = []
     for spec in args.specs:
-        rows = measure(spec, args.cached, args.steps, args.threads)
+        rows = measure(spec, args.cached, args.steps, args.threads, args.batch)
         for length, ours, theirs in rows:
             print(f"| {spec} | {length} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |", flush=True)
         growth.append(f"{spec} {rows[-1][1] / rows[0][1]:.2f}x")
