@@ -249,16 +249,22 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
                and c.config.layouts != "rule" else None)
     attention = [PadAttentionKeys(dynamic_multiple(target))] if target.kind.name == "llvm" else []
-    found = c.report.get("decoder") if not c.model.subgraphs else None
+    found = _decoder(c)
     decode = [DecodeStep(found["dims"]["sequence"]), LastPositionLogits()] if found is not None else []
     return [*decode, LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner),
             *attention, *_cache(c), *packing]
 
 
+def _decoder(c: Compilation) -> dict | None:
+    """``report()["decoder"]`` of a decoder compiled with ``max_length`` whose program relaxc runs
+    whole, which its generation passes rewrite (cache, decode step, weights); else None."""
+    return c.report.get("decoder") if c.model is not None and not c.model.subgraphs else None
+
+
 def _cache(c: Compilation) -> list[tvm.transform.Pass]:
-    """A decoder's cache in place (``passes/kv_cache.py``), where relaxc runs all of it."""
-    found = c.report.get("decoder")
-    if found is None or c.model.subgraphs:
+    """A decoder's cache in place (``passes/kv_cache.py``)."""
+    found = _decoder(c)
+    if found is None:
         return []
     pasts = {past for past, _ in found["pairs"]}
     multiple = dynamic_multiple(c.config.target) if c.config.target.kind.name == "llvm" else 16
@@ -266,11 +272,10 @@ def _cache(c: Compilation) -> list[tvm.transform.Pass]:
     indices = [i for i, (name, _, _) in enumerate(c.model.inputs) if name in pasts]
     dtype = str(c.model.inputs[indices[0]][2])
     heads, dim = found["cache_shape"]
-    found |= {"cache_rows": rows, "cache_dtype": dtype, "decode": "decode",
+    found |= {"cache_rows": rows, "cache_dtype": dtype,
               "cache_bytes": len(indices) * found["max_batch"] * heads * rows * dim * np.dtype(dtype).itemsize}
     # what the attention padding replaced, dead, still reads the pasts: gone first
     names = {i: c.model.inputs[i][0] for i in indices}
-    c.lifted = LiftWeights()  # at the lower phase: the weights the kernels read
     return [relax.transform.DeadCodeElimination(), CacheInPlace(names, rows, found),
             relax.transform.DeadCodeElimination()]
 
@@ -341,6 +346,8 @@ def _lower(c: Compilation) -> list[tvm.transform.Pass]:
     tvm_pipeline = TVM_PIPELINES[target.kind.name]
     arena = ArenaPlan(c.config.memory_planner, c.config.unshared, c.config.validate_memory,
                       padding_bytes=c.report.get("layout", {}).get("padding_bytes", 0))  # none: a dispatch candidate
+    if _decoder(c) is not None:
+        c.lifted = LiftWeights()  # the weights the kernels read, once every pass before has made them
     lifted = [c.lifted] if c.lifted is not None else []
     return (lifted + tvm_pipeline.dataflow_lower_passes(target) + [arena] + tvm_pipeline.finalize_passes(target)
             + [ReuseShapes()])

@@ -32,7 +32,7 @@ def write(tensors: list[tvm.runtime.Tensor], library: str, staging: Staging) -> 
             f.write(b"\0" * (-offset % ALIGNMENT))
             offset += -offset % ALIGNMENT
             arrays.append({"offset": offset, "shape": list(array.shape), "dtype": str(array.dtype)})
-            f.write(np.ascontiguousarray(array).tobytes())
+            array.tofile(f)  # C-contiguous, as numpy() makes it
             offset += array.nbytes
     return {"file": name, "sha256": file_sha256(staged), "bytes": offset, "arrays": arrays}
 

@@ -292,11 +292,12 @@ class _Rewriter(relax.PyExprMutator):
         depth, columns = w.shape
         lanes = self.dot.lanes
         tile = byte_tile(rows, -(-columns // lanes), self.registers)
-        packed = pack_bytes(w, self.dot, tile.vectors * lanes)
+        panel = tile.vectors * lanes
+        packed = self._shared(call.args[1], panel, lambda: pack_bytes(w, self.dot, panel))
         self.stats["packed"] += 1
         self.stats["padded_rows"] += padded_rows(rows, tile.rows) - rows
-        self.stats["padded_columns"] += packed.shape[0] * packed.shape[2] - columns
-        return self.builder_.call_te(dense_packed, call.args[0], constant(packed), columns, tile.rows,
+        self.stats["padded_columns"] += int(packed.ty.shape.values[0]) * panel - columns
+        return self.builder_.call_te(dense_packed, call.args[0], packed, columns, tile.rows,
                                      primfunc_name_hint="dense_packed")
 
     def _whole_vectors(self, call: relax.Call, w: np.ndarray) -> relax.Expr:

@@ -197,19 +197,18 @@ class _InPlace(relax.PyExprMutator):
         pasts = [params[i] for i in self.past_indices]
         self.length = pasts[0].ty.shape.values[SEQUENCE_AXIS]
         if any(not structural_equal(p.ty.shape.values[SEQUENCE_AXIS], self.length) for p in pasts):
-            return func  # pasts of different lengths: not one cache
+            raise ValueError("the pasts differ in length: decoder.recognise checks they share one dim")
         self.bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
         users: dict[relax.Var, set[relax.Var]] = {}
         for var, value in self.bound.items():
             for used in relax.analysis.free_vars(value):
                 users.setdefault(used, set()).add(var)
         self.output = func.body.body
-        self.readers: dict[relax.Var, _Reader] = {}  # each concatenation read in place, by its past
-        for var, value in self.bound.items():
-            past = _past_of(value.args[0].fields[0], self.bound, set(pasts)) if _concat(value, 2) else None
-            reader = _reader(var, self.bound, users, self.output) if past is not None else None
-            if reader is not None:
-                self.readers[past] = reader
+        extended = {var: _past_of(value.args[0].fields[0], self.bound, set(pasts))
+                    for var, value in self.bound.items() if _concat(value, 2)}
+        self.concats = {var: past for var, past in extended.items() if past is not None}  # each past's, extended
+        self.readers = {past: reader for var, past in self.concats.items()  # those read in place, by past
+                        if (reader := _reader(var, self.bound, users, self.output)) is not None}
         self.caches = {past: self._cache(past) for past in pasts}
         transposed = {i for i in self.past_indices if params[i] in self.readers and self.readers[params[i]].keys}
         if self.transposed is not None and transposed != self.transposed:  # one session's cache serves both
@@ -248,9 +247,8 @@ class _InPlace(relax.PyExprMutator):
             product = scores_from_cache if reader.keys else values_from_cache
             call = self.builder_.call_te(product, operand, cache, reader.padded, reader.groups, primfunc_name_hint="matmul")
             return self.set_var_remap(var, self.builder_.emit(call, name_hint=var.name))
-        past = _past_of(value.args[0].fields[0], self.bound, set(self.caches)) if _concat(value, 2) else None
-        if past is not None:
-            return self._append(var, past, self.visit_expr(value.args[0].fields[1]))
+        if var in self.concats:
+            return self._append(var, self.concats[var], self.visit_expr(value.args[0].fields[1]))
         if _pads_keys(value):
             source = value.args[1].fields[0]
             padded = value.ty.shape.values[SEQUENCE_AXIS]

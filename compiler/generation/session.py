@@ -86,7 +86,7 @@ class Session:
         if ids.shape[0] != self.batch:
             raise InputError(f"step takes one token per row: {self.batch}, not {ids.shape[0]}")
         self.check_room(1)
-        return self._run(ids, np.ones_like(ids), self.decoder.get("decode", "main"))
+        return self._run(ids, np.ones_like(ids), "decode")  # passes/decode.py's one-token program
 
     def check_ids(self, input_ids: Any) -> np.ndarray:
         """``input_ids`` as int64 [batch, n], every id in the vocabulary; an InputError otherwise."""
