@@ -19,7 +19,7 @@
               passes/conv_taps.py            DropPaddingTaps: convolution taps that read only padding
               passes/canonicalize/           SumOfStackToAdd, SplitAlongChannelsToSlices, ChannelShuffleToTake,
                                              ClipFromTIR, DropoutToIdentity, DivideByConstantToMultiply,
-                                             MatmulOfFlattenedRows
+                                             MatmulOfFlattenedRows, EmptyConcatOperands
               passes/channels_last.py        ChannelsLastToNCHW: channels-last stretches back into NCHW
               passes/check_indices.py        CheckIndices: gather and scatter indices checked
               passes/cse.py                  EliminateCommonSubexpr, TVM's CanonicalizeBindings and
@@ -31,6 +31,7 @@
               passes/attention.py            PadAttentionKeys: a dynamic key length padded to whole vectors
               passes/kv_cache.py             CacheInPlace: a decoder's cache written and read in place
               passes/dense.py                PackDenseWeights: constant matmul weights in column panels
+              passes/tied.py                 TiedEmbeddings: a tied embedding read from those panels
     dispatch  passes/dispatch.py             Dispatch: each 3x3 conv direct or Winograd, as measured
     legalize  passes/legalize.py             LegalizeOps (blocked convs: ours), TVM's AnnotateTIROpPattern,
                                              FoldConstant
@@ -85,6 +86,7 @@ from relaxc.passes.kv_cache import CacheInPlace
 from relaxc.passes.weights import LiftWeights
 from relaxc.passes.decode import DecodeStep, LastPositionLogits
 from relaxc.passes.dense import PackDenseWeights
+from relaxc.passes.tied import TiedEmbeddings
 from relaxc.passes.dispatch import Dispatch
 from relaxc.schedules.dispatch import Chooser, MeasuredLayoutCosts
 from relaxc.passes.channels_last import ChannelsLastToNCHW
@@ -92,6 +94,7 @@ from relaxc.passes.canonicalize.channels import ChannelShuffleToTake, SplitAlong
 from relaxc.passes.canonicalize.convolutions import Conv1dAsConv2d, DepthwisePointwiseToMultiply
 from relaxc.passes.canonicalize.elementwise import (ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                                     SumOfStackToAdd)
+from relaxc.passes.canonicalize.empty import EmptyConcatOperands
 from relaxc.passes.canonicalize.matmuls import MatmulOfFlattenedRows
 from relaxc.passes.canonicalize.reductions import GroupNormAsRows, WholeReductionsInSlabs
 from relaxc.passes.check_indices import CheckIndices
@@ -181,14 +184,15 @@ def _prepare(c: Compilation) -> None:
     configure_threads()  # constant folding runs kernels: TVM's thread pool may start from here on
     fast_math.register()
     source = c.source
-    model, bounds, empty = source.model, source.dim_bounds, ()
+    model, bounds, empty, sums = source.model, source.dim_bounds, (), {}
     if source.decoder is not None:  # its past may be empty: a prompt's first step
         model = frontend.load_model(model)[0]
         found = decoder.recognise(model, **source.decoder)
-        bounds, empty = found.bounds_with(bounds), (found.dims["past"],)
+        dims = found.dims
+        bounds, empty, sums = found.bounds_with(bounds), (dims["past"],), {dims["total"]: (dims["past"], dims["sequence"])}
         c.report["decoder"] = found.describe()
     c.prepared = frontend.prepare_model(model, source.shapes, source.constants, c.config.backends == "off", bounds,
-                                        empty)
+                                        empty, sums)
 
 
 def _choose_backends(c: Compilation) -> None:
@@ -202,6 +206,10 @@ def _choose_backends(c: Compilation) -> None:
 def _import(c: Compilation) -> tvm.IRModule:
     """relaxc's part of the model in Relax, its external subgraphs' sessions opened."""
     c.model = frontend.convert(c.prepared, c.partitioning)
+    if "decoder" in c.report and c.model.subgraphs:  # its cache lives in relaxc's program
+        elsewhere = "; ".join(f"{sub.backend} would run {', '.join(sorted(sub.ops))} ({sub.why})"
+                              for sub in c.model.subgraphs)
+        raise UserError(f"a decoder compiled with max_length runs on relaxc alone: {elsewhere}")
     c.sessions = [external.open_subgraph(sub, pool_threads()) for sub in c.model.subgraphs]
     c.report["backends"] = backend_choice.describe(c.model, c.partitioning, c.config) | c.choice
     c.mod = c.model.module
@@ -233,6 +241,7 @@ def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
         DropoutToIdentity(),
         DivideByConstantToMultiply(),
         MatmulOfFlattenedRows(),
+        EmptyConcatOperands(),
         ChannelsLastToNCHW(),
         CheckIndices(c.config.target.kind.name == "llvm", c.model.index_readers, c.model.onnx_names),
         EliminateCommonSubexpr(),  # TVM's, without hashing every weight's bytes
@@ -244,7 +253,7 @@ def _simplify(c: Compilation) -> list[tvm.transform.Pass]:
 def _layout(c: Compilation) -> list[tvm.transform.Pass]:
     target = c.config.target
     packing = ([PackDenseWeights(vector_lanes(target), vector_registers(target),
-                                 byte_dot(target))]
+                                 byte_dot(target)), TiedEmbeddings()]
                if target.kind.name == "llvm" else [])  # GPUs: dlight's matmul rules
     planner = ((lambda mod: _plan_layouts(mod, c)) if target.kind.name == "llvm" and c.config.layout_block >= 4
                and c.config.layouts != "rule" else None)
@@ -256,9 +265,9 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
 
 
 def _decoder(c: Compilation) -> dict | None:
-    """``report()["decoder"]`` of a decoder compiled with ``max_length`` whose program relaxc runs
-    whole, which its generation passes rewrite (cache, decode step, weights); else None."""
-    return c.report.get("decoder") if c.model is not None and not c.model.subgraphs else None
+    """``report()["decoder"]`` of a decoder compiled with ``max_length`` (relaxc runs all of it),
+    which its generation passes rewrite (cache, decode step, weights); else None."""
+    return c.report.get("decoder")
 
 
 def _cache(c: Compilation) -> list[tvm.transform.Pass]:
@@ -415,7 +424,7 @@ def _artifact(c: Compilation, recorder: PhaseRecorder,
         try:
             _run(c, recorder, _phases("import"))
         except UserError as err:  # what TVM's importer cannot convert goes to an external backend
-            whole = backend_choice.whole_model(c.prepared, c.partitioning, err)
+            whole = None if "decoder" in c.report else backend_choice.whole_model(c.prepared, c.partitioning, err)
             if whole is None:
                 raise
             recorder.retried("import", "retry")

@@ -80,7 +80,8 @@ def _scaled(value: relax.Expr) -> bool:
 
 
 def _same(a: tirx.PrimExpr | None, b: tirx.PrimExpr | None) -> bool:
-    return a is not None and b is not None and tvm_ffi.structural_equal(a, b)
+    """Whether two dims are equal for every size (``past + sequence - past`` is ``sequence``)."""
+    return a is not None and b is not None and (tvm_ffi.structural_equal(a, b) or Analyzer().can_prove_equal(a, b))
 
 
 @relax.expr_functor.mutator

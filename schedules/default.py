@@ -101,8 +101,13 @@ class _Labelled(dl.ScheduleRule):
 def replayed(rule: dl.ScheduleRule, func: tirx.PrimFunc, target: Target, sizes: dict[str, int]) -> s_tir.Schedule | None:
     """``func`` (of dynamic extents) scheduled as ``rule`` schedules it with each dynamic dim at its
     size in ``sizes``, its trace applied exactly (``dynamic.on_dynamic``); None if the rule takes
-    no such kernel or its trace does not apply."""
-    static = rule.apply(at_sizes(func, sizes), target, False)
+    no such kernel, its trace does not apply, or a buffer is empty at ``sizes`` (a dim that is the
+    difference of two others)."""
+    fixed = at_sizes(func, sizes)
+    if any(isinstance(d, tirx.IntImm) and int(d) <= 0 for param in fixed.params
+           if isinstance(param.ty, tirx.BufferType) for d in param.ty.shape):
+        return None
+    static = rule.apply(fixed, target, False)
     if static is None:
         return None
     try:

@@ -28,13 +28,13 @@ def model_file(tmp_path_factory):
 @pytest.fixture
 def importer_refusing_every_graph(monkeypatch):
     """TVM's ONNX importer raising on every graph with a node (an empty remainder still imports)."""
-    from relaxc import frontend
+    from relaxc.frontend import relax_import
 
-    real = frontend.from_onnx
+    real = relax_import.from_onnx
 
     def refusing(model, *args, **kwargs):
         if len(model.graph.node):
             raise NotImplementedError("refused on purpose by the test")
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(frontend, "from_onnx", refusing)
+    monkeypatch.setattr(relax_import, "from_onnx", refusing)

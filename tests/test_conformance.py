@@ -32,8 +32,6 @@ KNOWN = [  # (case name pattern, outcome): the first that matches; every other c
     (r"test_resize_(up|down)sample_sizes_nearest($|_axes|_not_)", "unsupported"),  # ties on a rounding boundary
     (r"test_identity_(opt|sequence)", "unsupported"),  # optional and sequence inputs and outputs
     # Crashes inside TVM, reported as errors (not wrong answers):
-    (r"test_rotary_embedding(_3d_input|_interleaved|_no_position_ids|_no_position_ids_interleaved|)_expanded$",
-     "error"),  # division by zero in TVM's arithmetic simplifier
     (r"test_split_zero_size_splits", "error"),  # zero-size splits
 ]
 

@@ -1,6 +1,7 @@
-"""Text generation from decoders with past (zoo:gpt2_past, zoo:llama_past, zoo:qwen2_past: two layers,
-exported by benchmarks/export_decoders.py): recognition and its refusals, greedy decoding equal to onnxruntime's
-own loop over the same export, sessions, streaming, export and load, seeded sampling, errors."""
+"""Text generation from decoders with past (zoo:gpt2_past, zoo:llama_past and five more: two layers, exported by
+benchmarks/export_decoders.py with TorchScript and with optimum): recognition and its refusals, greedy decoding
+equal to onnxruntime's own loop over the same export, sessions, streaming, export and load, seeded sampling,
+errors."""
 
 import threading
 
@@ -212,7 +213,12 @@ def test_generation_errors_are_named_before_any_work(compiled):
         art.run({})
 
 
-@pytest.mark.parametrize("name", ["qwen2_past"])  # biases on the query, key and value projections
+@pytest.mark.parametrize("name", [
+    "qwen2_past",  # biases on the query, key and value projections
+    "phi3_past",  # fused projections split by computed bounds, a rotary embedding of every dim (an empty part)
+    "opt_past",  # positions from the mask's cumulative sum sliced "to the end" from the past length
+    "gpt2_optimum", "llama_optimum",  # optimum's exporter: its masks built from ranges of dynamic starts
+])
 def test_other_families_decode_as_onnxruntimes_loop_reading_the_cache_in_place(name):
     art = relaxc.compile(f"zoo:{name}", tuning="off", max_length=MAX_LENGTH, max_batch=2)
     ids, mask = _prompts(2)
@@ -220,6 +226,14 @@ def test_other_families_decode_as_onnxruntimes_loop_reading_the_cache_in_place(n
     session = reference.ort_session(models.fill_light(onnx.load(models.bundled_path(f"zoo:{name}"))))
     _agrees(got, *_ort_tokens(art, session, ids, mask, MAX_LENGTH - PROMPT))
     assert art.report()["kv_cache"]["read_in_place"] == len(art.decoder["pairs"])
+    # optimum ties GPT-2's embedding to its output layer: main's and decode's gathers read the packed panels
+    assert art.report()["tied"]["tied_embeddings"] == (2 if name == "gpt2_optimum" else 0)
+
+
+def test_a_decoder_the_importer_refuses_is_an_error_not_a_model_onnxruntime_runs(importer_refusing_every_graph):
+    """Its cache lives in relaxc's program: the whole-model fallback of other models would generate nothing."""
+    with pytest.raises(relaxc.UserError, match="TVM's ONNX importer cannot convert"):
+        relaxc.compile("zoo:gpt2_past", tuning="off", max_length=MAX_LENGTH)
 
 
 def test_a_model_compiled_without_max_length_does_not_generate():

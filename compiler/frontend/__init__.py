@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import re
 import os
-import warnings
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence, Union
+from typing import Mapping, Sequence, Union
 
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-import tvm
 from tvm import IRModule
-from tvm.relax.frontend.onnx import from_onnx
 
-from relaxc.frontend import decompose, exactness, functions, models, partition, prepare, qoperators, rewrites, splice
+from relaxc.frontend import (decompose, exactness, functions, models, partition, prepare, qoperators, relax_import,
+                             rewrites, splice)
 from relaxc.support.tensors import TensorSpec
 from relaxc.support import tvm_internals
-from relaxc.support.errors import (DynamicOutputError, ImportFailure, InputError, ModelError, ShapeError,
+from relaxc.support.errors import (InputError, ModelError, ShapeError,
                                    UnsupportedOperatorError, message)
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
@@ -43,7 +40,7 @@ _ONNX_DOMAINS = {"", "ai.onnx"}
 @dataclass
 class ImportedModel:
     """A validated model and its Relax module; inputs/outputs keep the ONNX names, ``onnx_names``
-    maps the Relax parameters that had to be renamed (see ``_identifier_inputs``) back to them."""
+    maps the Relax parameters that had to be renamed (see ``relax_import.identifier_inputs``) back to them."""
 
     name: str
     module: IRModule
@@ -94,6 +91,7 @@ class Prepared:
     inputs: list[TensorSpec]
     bounds: dict[str, int] = dataclasses.field(default_factory=dict)  # each dynamic dim's largest size
     empty_dims: tuple[str, ...] = ()  # dynamic dims that may be 0 (a decoder's past), the others at least 1
+    sums: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # a dim that is others' sum
 
 
 def load_model(model: ModelLike) -> tuple[onnx.ModelProto, str, str | None]:
@@ -148,16 +146,6 @@ def check_model(proto: onnx.ModelProto, path: str | None) -> None:
         raise ModelError(f"model fails the ONNX checker: {message(err)}") from None
 
 
-def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g)
-            for sub in attr.graphs:
-                yield from _all_nodes(sub)
-
-
 def converted_operators() -> set[str]:
     """The ONNX op types TVM's importer converts."""
     return tvm_internals.onnx_converters() | _BUILTIN_OPS
@@ -168,7 +156,7 @@ def check_operators(graph: onnx.GraphProto, decomposable: frozenset[str] = froze
     in ``decomposable`` pass (``decompose`` writes them out later, when their form allows)."""
     supported = converted_operators() | decomposable
     missing: dict[str, list[str]] = collections.defaultdict(list)
-    for index, node in enumerate(_all_nodes(graph)):
+    for index, node in enumerate(prepare.all_nodes(graph)):
         key = node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}::{node.op_type}"
         if node.domain not in _ONNX_DOMAINS or node.op_type not in supported:
             missing[key].append(node.name or f"#{index}")
@@ -271,64 +259,6 @@ def bind_shapes(graph: onnx.GraphProto, shapes: Shapes | None, dim_bounds: DimBo
     return specs
 
 
-def _output_specs(names: list[str], module: IRModule) -> list[TensorSpec]:
-    ret = module["main"].ret_ty
-    fields = list(ret.fields) if hasattr(ret, "fields") else [ret]
-    dims = {str(v) for p in module["main"].params for v in tvm.relax.analysis.tir_vars_in_type(p.ty)}
-    shapes = [_shape_of(ty, dims) for ty in fields]
-    dynamic = [name for name, shape in zip(names, shapes) if shape is None]
-    if dynamic:
-        raise DynamicOutputError(f"output(s) {dynamic} have no static shape after import: their shape depends "
-                                 f"on input values (NonZero, Unique, Compress, or a shape computed from an "
-                                 f"input); relaxc compiles shapes that inputs' shapes decide only (constants= "
-                                 f"fixes shape-deciding inputs)")
-    return [(name, shape, str(ty.dtype)) for name, shape, ty in zip(names, shapes, fields)]
-
-
-def _shape_of(ty, dims: set[str]) -> tuple[int | str, ...] | None:
-    """A tensor type's shape: sizes, and expressions of the inputs' dynamic dims (None where a dim
-    is neither)."""
-    values = getattr(getattr(ty, "shape", None), "values", None)
-    if values is None:
-        return None
-    shape: list[int | str] = []
-    for d in values:
-        if isinstance(d, tvm.tirx.IntImm):
-            shape.append(int(d))
-        elif {str(v) for v in tvm.tirx.analysis.undefined_vars(d)} <= dims:
-            shape.append(str(d))
-        else:
-            return None
-    return tuple(shape)
-
-
-def _identifier_inputs(proto: onnx.ModelProto, names: list[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """A copy whose graph inputs are C identifiers, and the renaming. The importer names kernel
-    parameters after them, and CUDA C cannot declare ``gpu_0/data_0_ptr`` (ResNet-50's input).
-    Names do not enter structural hashes, so fingerprints and tuning records are unaffected."""
-    taken = {n for node in _all_nodes(proto.graph) for n in list(node.input) + list(node.output)} | set(names)
-    renames = {}
-    for name in names:
-        if name.isidentifier():
-            continue
-        new = re.sub(r"\W", "_", name)
-        new = new if new[:1].isalpha() or new[:1] == "_" else f"_{new}"
-        while new in taken:
-            new += "_"
-        taken.add(new)
-        renames[name] = new
-    mapping = {name: renames.get(name, name) for name in names}
-    if not renames:
-        return proto, mapping
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    for value in list(copy.graph.input) + list(copy.graph.output):
-        value.name = renames.get(value.name, value.name)
-    for node in _all_nodes(copy.graph):
-        node.input[:] = [renames.get(n, n) for n in node.input]
-    return copy, mapping
-
-
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QGemm"}
 INDEX_OPS = ("Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND", "Scatter")
 VALUE_KEEPING_OPS = ("Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
@@ -352,14 +282,15 @@ def _index_readers(graph: onnx.GraphProto) -> dict[str, str]:
 
 def prepare_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None,
                   strict: bool = True, dim_bounds: DimBounds | None = None,
-                  empty_dims: Sequence[str] = ()) -> Prepared:
+                  empty_dims: Sequence[str] = (), sums: Mapping[str, Sequence[str]] | None = None) -> Prepared:
     """Validate the model, bind its shapes and fold what they decide; ``strict``: refuse operators
     TVM's importer does not convert here, rather than leave them to an external backend;
     ``dim_bounds``: the largest size of each dynamic dim kept dynamic; ``empty_dims``: those of
-    them that may be 0."""
+    them that may be 0; ``sums``: dims that are the sum of others (a decoder's mask covers
+    ``past + sequence``), imported as that sum so that shapes computed either way agree."""
     proto, name, path = load_model(model)
     check_model(proto, path)
-    ops = collections.Counter(node.op_type for node in _all_nodes(proto.graph))  # as the user's model has them
+    ops = collections.Counter(node.op_type for node in prepare.all_nodes(proto.graph))  # as the user's model has them
     proto = qoperators.to_qdq(functions.expand(proto, converted_operators()))
     if strict:
         check_operators(proto.graph, decompose.OPERATORS)
@@ -375,7 +306,8 @@ def prepare_model(model: ModelLike, shapes: Shapes | None = None, constants: Con
     bound = {name: shape for name, shape, _ in inputs}
     proto = rewrites.rewrite(prepare.fold_shape_computations(proto, bound), bound)
     proto = decompose.decompose(proto, bound)
-    return Prepared(proto, name, dict(sorted(ops.items())), inputs, dict(dim_bounds or {}), tuple(empty_dims))
+    return Prepared(proto, name, dict(sorted(ops.items())), inputs, dict(dim_bounds or {}), tuple(empty_dims),
+                    {dim: tuple(parts) for dim, parts in (sums or {}).items()})
 
 
 def import_model(model: ModelLike, shapes: Shapes | None = None, constants: Constants | None = None,
@@ -400,7 +332,7 @@ def convert(prepared: Prepared, partitioning: Partitioning = Partitioning()) -> 
 
 def _convert(prepared: Prepared, partitioning: Partitioning) -> ImportedModel:
     proto, inputs = prepared.proto, prepared.inputs
-    nodes = list(_all_nodes(proto.graph))
+    nodes = list(prepare.all_nodes(proto.graph))
     facts = exactness.Facts(proto, inputs, nodes)  # shapes inferred once, when a rule first asks
     if partitioning.external:
         refused = partition.refused_nodes(proto, facts, converted_operators())
@@ -416,8 +348,8 @@ def _convert(prepared: Prepared, partitioning: Partitioning) -> ImportedModel:
                 return _convert_partitioned(prepared, plan)
     check_operators(proto.graph)
     exactness.refuse_inexact(proto, inputs, nodes, facts)
-    module, names = _from_onnx(proto, inputs, prepared.bounds, prepared.empty_dims)
-    outputs = _output_specs([value.name for value in proto.graph.output], module)
+    module, names = relax_import.from_onnx_model(proto, inputs, prepared.bounds, prepared.empty_dims, prepared.sums)
+    outputs = relax_import.output_specs([value.name for value in proto.graph.output], module)
     return ImportedModel(prepared.name, module, inputs, outputs, prepared.ops,
                          {new: old for old, new in names.items() if new != old}, models.input_high(proto),
                          {names[n]: nodes for n, nodes in _index_readers(proto.graph).items() if n in names},
@@ -427,12 +359,13 @@ def _convert(prepared: Prepared, partitioning: Partitioning) -> ImportedModel:
 def _convert_partitioned(prepared: Prepared, plan: partition.Plan) -> ImportedModel:
     proto, inputs = prepared.proto, prepared.inputs
     part = plan.relaxc
-    module, names = _from_onnx(part, plan.relaxc_inputs, prepared.bounds, prepared.empty_dims)
+    module, names = relax_import.from_onnx_model(part, plan.relaxc_inputs, prepared.bounds, prepared.empty_dims,
+                                                 prepared.sums)
     calls = [splice.Call(sub.function, sub.inputs, sub.outputs) for sub in plan.subgraphs if not sub.tail]
     results = [value.name for value in part.graph.output]
     module = splice.splice(module, [n for n, _, _ in plan.relaxc_inputs], results, plan.program_outputs, calls)
     tail = next((sub for sub in plan.subgraphs if sub.tail), None)
-    made = {spec[0]: spec for spec in _output_specs(plan.program_outputs, module) + (tail.outputs if tail else [])}
+    made = {spec[0]: spec for spec in relax_import.output_specs(plan.program_outputs, module) + (tail.outputs if tail else [])}
     outputs = [made[value.name] for value in proto.graph.output]
     real = [n for n, _, _ in inputs]
     return ImportedModel(prepared.name, module, inputs, outputs, prepared.ops,
@@ -440,26 +373,3 @@ def _convert_partitioned(prepared: Prepared, plan: partition.Plan) -> ImportedMo
                          models.input_high(proto),
                          {names[n]: nodes for n, nodes in _index_readers(part.graph).items() if n in real},
                          plan.subgraphs, plan.program_outputs, prepared.bounds)
-
-
-def _from_onnx(proto: onnx.ModelProto, inputs: list[TensorSpec],
-               bounds: Mapping[str, int], empty: Sequence[str] = ()) -> tuple[IRModule, dict[str, str]]:
-    """TVM's import of ``proto`` with these input shapes, and the inputs' Relax names; ``main``
-    carries each dynamic dim's bounds (``tir_var_upper_bound``, as TVM's memory planning reads it;
-    a lower bound of 0 for the ``empty`` dims, else 1)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the importer re-runs the checker and warns on IR v3 quirks
-        try:
-            renamed, names = _identifier_inputs(proto, [n for n, _, _ in inputs])
-            dims: dict[str, tvm.tirx.Var] = {}  # one variable per dynamic dim, whichever inputs have it
-            shape_dict = {names[n]: [dims.setdefault(d, tvm.tirx.Var(d, "int64")) if isinstance(d, str) else d
-                                     for d in s] for n, s, _ in inputs}
-            module = from_onnx(renamed, shape_dict=shape_dict, dtype_dict={names[n]: d for n, _, d in inputs},
-                               keep_params_in_input=False)
-        except Exception as err:  # the importer raises bare Python errors for unconvertible nodes
-            raise ImportFailure(f"TVM's ONNX importer cannot convert this model: "
-                                f"{type(err).__name__}: {message(err)}") from err
-    if dims:
-        module["main"] = module["main"].with_attrs({"tir_var_upper_bound": {d: bounds[d] for d in dims},
-                                                    "tir_var_lower_bound": {d: int(d not in empty) for d in dims}})
-    return module, names

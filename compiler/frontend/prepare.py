@@ -4,7 +4,8 @@ Exporters compute shapes at run time (``Shape -> Gather -> Unsqueeze -> Concat -
 ``ConstantOfShape`` of a computed shape, masks built from ``Range`` and ``Equal``), even when every
 shape is static. TVM's importer follows some of these chains and trips on others (a 0-d
 ``ConstantOfShape`` broke transformers' BERT export). Here ONNX's own shape inference gives each
-value its static shape, ``Shape`` of a statically shaped value becomes a constant, and any node whose
+value its static shape, ``Shape`` of a statically shaped value becomes a constant (an element read from
+the shape of a value with dynamic dims too, where that dim is static), and any node whose
 inputs are all constants is evaluated by ONNX's reference evaluator, the independent implementation
 of the ONNX semantics, so the importer sees constants instead of computations.
 
@@ -17,7 +18,7 @@ whose folding stays with the simplify phase (a model's large constants are not d
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -30,14 +31,23 @@ _NEVER_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUni
                  "DequantizeLinear"}  # int8 weights stay int8: passes/quantized/products.py reads them
 
 
+Dims = tuple[int | None, ...]  # a shape with None for each dim that is not static
+
+
 def static_shapes(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> dict[str, tuple[int, ...]]:
     """Every value's static shape that ONNX shape inference finds, the inputs bound to ``inputs``
     (a dynamic dim by its name)."""
-    return {name: shape for name, (shape, _) in _inferred(model, inputs).items() if shape is not None}
+    return {name: dims for name, dims in known_dims(model, inputs).items() if None not in dims}  # type: ignore[misc]
 
 
-def _inferred(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> dict[str, tuple[tuple[int, ...] | None, int]]:
-    """Every value's static shape (None where it has none) and element type, by ONNX shape inference.
+def known_dims(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> dict[str, Dims]:
+    """Every value's shape of known rank that ONNX shape inference finds, None for each dim it
+    cannot size statically."""
+    return {name: dims for name, (dims, _) in _inferred(model, inputs).items() if dims is not None}
+
+
+def _inferred(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> dict[str, tuple[Dims | None, int]]:
+    """Every value's dims (None where its rank is unknown) and element type, by ONNX shape inference.
 
     Inference runs on the graph without its large initializers (declared as inputs of their shape
     instead): their values never decide a shape, and copying and serialising ViT's 344 MB of
@@ -63,8 +73,8 @@ def _inferred(model: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) 
     for value in list(graph.value_info) + list(graph.input) + list(graph.output):
         tensor = value.type.tensor_type
         dims = tensor.shape.dim if tensor.HasField("shape") else None
-        static = dims is not None and all(d.HasField("dim_value") for d in dims)
-        found[value.name] = (tuple(d.dim_value for d in dims) if static else None, tensor.elem_type)
+        found[value.name] = (None if dims is None else tuple(d.dim_value if d.HasField("dim_value") else None
+                                                             for d in dims), tensor.elem_type)
     return found
 
 
@@ -105,15 +115,22 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def _fold(node: onnx.NodeProto, constants: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
-          opset: int) -> list[np.ndarray] | None:
-    """The node's outputs if it can be computed now, else None."""
-    if node.op_type == "Shape" and node.input[0] in shapes:
+def _fold(node: onnx.NodeProto, constants: dict[str, np.ndarray], dims: dict[str, Dims],
+          shape_of: dict[str, Dims], opset: int) -> list[np.ndarray] | None:
+    """The node's outputs if it can be computed now, else None. ``shape_of`` has the dims of each
+    ``Shape`` output: an element of it read by a constant index folds where that dim is static
+    (``chunk`` halving a dynamic tensor's static last dim)."""
+    if node.op_type == "Shape" and node.input[0] in dims:
         attrs = {a.name: a.i for a in node.attribute}
-        shape = shapes[node.input[0]]
-        return [np.array(shape[attrs.get("start", 0):attrs.get("end", len(shape))], dtype=np.int64)]
-    if node.op_type == "Size" and node.input[0] in shapes:
-        return [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
+        shape = dims[node.input[0]]
+        shape_of[node.output[0]] = shape = shape[attrs.get("start", 0):attrs.get("end", len(shape))]
+        return None if None in shape else [np.array(shape, dtype=np.int64)]
+    if node.op_type == "Gather" and node.input[0] in shape_of and node.input[1] in constants:
+        picked = np.asarray(np.take(np.array(shape_of[node.input[0]], dtype=object), constants[node.input[1]]),
+                            dtype=object)
+        return None if None in picked.ravel() else [picked.astype(np.int64)]
+    if node.op_type == "Size" and None not in dims.get(node.input[0], (None,)):
+        return [np.array(int(np.prod(dims[node.input[0]])), dtype=np.int64)]
     if node.op_type in _NEVER_FOLDED or node.domain not in ("", "ai.onnx"):
         return None
     inputs = [name for name in node.input if name]
@@ -146,7 +163,7 @@ def _fold_round(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> o
     """One round of ``fold_shape_computations``: ``model`` itself if nothing folds."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-    shapes = static_shapes(model, inputs)
+    dims, shape_of = known_dims(model, inputs), {}
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer if _small(init)}
     outputs = {value.name for value in graph.output}
     folded: dict[str, np.ndarray] = {}
@@ -160,7 +177,7 @@ def _fold_round(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> o
             else:  # value_float(s), value_int(s): an initializer, which the importer reads
                 folded[node.output[0]] = value
             continue
-        results = _fold(node, constants, shapes, opset)
+        results = _fold(node, constants, dims, shape_of, opset)
         if results is None or any(name in outputs for name in node.output) \
                 or any(np.asarray(r).size > MAX_FOLDED_ELEMENTS for r in results):
             kept.append(node)
@@ -210,3 +227,14 @@ def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
                 names.update(inner.input)
                 names.update(subgraph_inputs(inner))
     return names
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph``, those of its branches and loop bodies too, at any depth."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from all_nodes(sub)

@@ -15,8 +15,10 @@ And shape computations over dynamic dims into the forms whose values the importe
 expressions of the dims (a shape's element it reads as ``sequence``, an Add of it as
 ``sequence + 1``): where it met a ``Cast`` to the type a value already has, or a ``Reshape`` of a
 scalar to one element, it made a run-time tensor of the value, and a ``Range`` of that one a fresh
-size nothing bounds. In a model with dynamic dims those become ``Identity`` and ``Unsqueeze``; an integer ``Range`` whose limit
-is such a value (its start and step constants) becomes ``start + step (CumSum(ones) - 1)``, the
+size nothing bounds; a ``Slice`` from a dynamic start "to the end" (an end of ``INT64_MAX``) it sized
+``INT64_MAX - start``. In a model with dynamic dims those become ``Identity`` and ``Unsqueeze``, the
+end the dim read from the data's shape; an integer ``Range`` whose limit
+or start is such a value (its step a constant) becomes ``start + step (CumSum(ones) - 1)``, the
 ones a ``ConstantOfShape`` of the count ``(limit - start + step - 1) / step``, which the importer
 sizes by the expression.
 """
@@ -39,7 +41,8 @@ def rewrite(proto: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) ->
     """A copy of ``proto`` with every rewritable node of its main graph rewritten (``proto``
     itself when there is none); ``inputs`` are the bound input shapes. Shape inference runs only
     when a rule first asks for shapes."""
-    shapes = functools.cache(lambda: prepare.static_shapes(proto, inputs))
+    dims = functools.cache(lambda: prepare.known_dims(proto, inputs))
+    shapes = functools.cache(lambda: {name: d for name, d in dims().items() if None not in d})
     types = functools.cache(lambda: prepare.element_types(proto, inputs))
     dynamic = any(isinstance(d, str) for shape in inputs.values() for d in shape)
     rules = {**_RULES, **(_DYNAMIC_RULES if dynamic else {})}
@@ -48,6 +51,8 @@ def rewrite(proto: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) ->
         rule = rules.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         if node.op_type == "Cast" and dynamic and node.domain in ("", "ai.onnx"):
             replacement = _cast_to_own_type(node, types)
+        elif node.op_type == "Slice" and dynamic and node.domain in ("", "ai.onnx"):
+            replacement = _slice_to_the_end(node, proto, dims)
         else:
             replacement = rule(node, proto, shapes) if rule else None
         nodes.extend(replacement if replacement is not None else [node])
@@ -147,6 +152,39 @@ def _scalar_to_one_element(node: onnx.NodeProto, _proto: onnx.ModelProto,
             helper.make_node("Unsqueeze", [node.input[0], f"{name}__axes"], [node.output[0]], name=name)]
 
 
+TO_THE_END = 2 ** 31 - 1  # a Slice end at least this large means "to the end" (exporters write INT64_MAX)
+
+
+def _slice_to_the_end(node: onnx.NodeProto, proto: onnx.ModelProto,
+                      dims: Callable[[], dict[str, prepare.Dims]]) -> list[onnx.NodeProto] | None:
+    if len(node.input) < 3 or _constant(proto, node.input[1]) is not None:
+        return None  # constant starts: the importer clamps a large end to the dim itself
+    ends = _constant(proto, node.input[2])
+    axes = _constant(proto, node.input[3]) if len(node.input) > 3 and node.input[3] else None
+    steps = _constant(proto, node.input[4]) if len(node.input) > 4 and node.input[4] else None
+    rank = len(dims().get(node.input[0], ()))
+    if ends is None or rank == 0 or (len(node.input) > 3 and node.input[3] and axes is None) \
+            or (len(node.input) > 4 and node.input[4] and (steps is None or (steps != 1).any())) \
+            or not (ends >= TO_THE_END).any():
+        return None
+    axes = np.arange(len(ends)) if axes is None else axes % rank
+    name = node.name or node.output[0]
+    const = lambda suffix, value: helper.make_node(  # noqa: E731
+        "Constant", [], [f"{name}__{suffix}"], value=numpy_helper.from_array(np.array(value, np.int64)))
+    made, parts = [const("axes0", [0]), helper.make_node("Shape", [node.input[0]], [f"{name}__shape_of"])], []
+    for i, (end, axis) in enumerate(zip(ends.tolist(), axes.tolist())):
+        if end < TO_THE_END:
+            made.append(const(f"end{i}", [end]))
+        else:  # as exporters read a dim (Gather of a scalar index, Unsqueeze): the importer follows it as the dim
+            made += [const(f"axis{i}", axis),
+                     helper.make_node("Gather", [f"{name}__shape_of", f"{name}__axis{i}"], [f"{name}__dim{i}"]),
+                     helper.make_node("Unsqueeze", [f"{name}__dim{i}", f"{name}__axes0"], [f"{name}__end{i}"])]
+        parts.append(f"{name}__end{i}")
+    made.append(helper.make_node("Concat", parts, [f"{name}__ends"], axis=0))
+    inputs = [node.input[0], node.input[1], f"{name}__ends", *node.input[3:]]
+    return [*made, helper.make_node("Slice", inputs, [node.output[0]], name=name)]
+
+
 def _constant(proto: onnx.ModelProto, name: str) -> np.ndarray | None:
     """The value of an initializer or ``Constant`` node output ``name``, if it is one."""
     for init in proto.graph.initializer:
@@ -159,21 +197,22 @@ def _constant(proto: onnx.ModelProto, name: str) -> np.ndarray | None:
 def _range_of_dynamic_length(node: onnx.NodeProto, proto: onnx.ModelProto,
                              _shapes: Shapes) -> list[onnx.NodeProto] | None:
     start, limit, step = (_constant(proto, name) for name in node.input)
-    if limit is not None or start is None or step is None or start.dtype.kind != "i" or int(step) <= 0:
+    if (limit is not None and start is not None) or step is None or step.dtype.kind != "i" or int(step) <= 0:
         return None
     name, out = node.name or node.output[0], node.output[0]
     emit = lambda op, inputs, suffix, **attrs: helper.make_node(  # noqa: E731
         op, inputs, [f"{name}__{suffix}"], name=f"{name}__{suffix}", **attrs)
     const = lambda suffix, value: helper.make_node(  # noqa: E731
-        "Constant", [], [f"{name}__{suffix}"], value=numpy_helper.from_array(np.array(value, start.dtype)))
-    return [const("start", start), const("step", step), const("rounding", int(step) - 1),
+        "Constant", [], [f"{name}__{suffix}"], value=numpy_helper.from_array(np.array(value, step.dtype)))
+    first = [const("start", start)] if start is not None else [emit("Identity", [node.input[0]], "start")]
+    return [*first, const("step", step), const("rounding", int(step) - 1),
             const("one", [1]),
             helper.make_node("Constant", [], [f"{name}__axes"], value=numpy_helper.from_array(np.array([0], np.int64))),
             emit("Sub", [node.input[1], f"{name}__start"], "span"),
             emit("Add", [f"{name}__span", f"{name}__rounding"], "rounded"),
             emit("Div", [f"{name}__rounded", f"{name}__step"], "count"),
             emit("Unsqueeze", [f"{name}__count", f"{name}__axes"], "shape"),
-            emit("ConstantOfShape", [f"{name}__shape"], "ones", value=numpy_helper.from_array(np.array([1], start.dtype))),
+            emit("ConstantOfShape", [f"{name}__shape"], "ones", value=numpy_helper.from_array(np.array([1], step.dtype))),
             emit("CumSum", [f"{name}__ones", f"{name}__axes"], "counted"),
             emit("Sub", [f"{name}__counted", f"{name}__one"], "index"),
             emit("Mul", [f"{name}__index", f"{name}__step"], "scaled"),

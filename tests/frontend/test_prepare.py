@@ -97,3 +97,21 @@ def test_constants_in_every_numeric_form_reach_the_importer_as_values():
     art = relaxc.compile(model, target="cpu", tuning="off")
     x = np.arange(12, dtype=np.float32)
     np.testing.assert_array_equal(art.run(x)[0], (x * 0.5).reshape(3, 4))
+
+
+def test_an_element_of_a_shape_whose_dim_is_static_folds_beside_dynamic_dims():
+    """``chunk(2, dim=-1)`` of a tensor with a dynamic batch: its bounds come from the static last dim."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "last"], ["width"]),
+             helper.make_node("Div", ["width", "two"], ["half"]),
+             helper.make_node("Unsqueeze", ["half", "axes"], ["end"]),
+             helper.make_node("Slice", ["x", "zero", "end", "axes1"], ["out"])]
+    model = reference._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+                             [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 3])],
+                             [i64("last", -1), i64("two", 2), i64("axes", [0]), i64("zero", [0]), i64("axes1", [1])])
+    prepared = prepare.fold_shape_computations(model, {"x": ("n", 6)})
+    assert [n.op_type for n in prepared.graph.node] == ["Slice"]
+    art = relaxc.compile(model, target="cpu", tuning="off", dim_bounds={"n": 8})
+    x = np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32)
+    np.testing.assert_array_equal(art.run(x)[0], x[:, :3])

@@ -44,3 +44,41 @@ def test_space_to_depth_crd():
     x = np.arange(72, dtype=np.float32).reshape(1, 3, 4, 6)
     art = relaxc.compile(model, target="cpu", tuning="off")
     np.testing.assert_array_equal(art.run(x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+def _model_with_dynamic_dims(nodes, inputs, outputs, initializers):
+    value = lambda name, elem, shape: helper.make_tensor_value_info(name, elem, shape)  # noqa: E731
+    return reference._model(nodes, [value(*i) for i in inputs], [value(*o) for o in outputs], initializers)
+
+
+def test_a_slice_to_the_end_from_a_dynamic_start_ends_at_the_dim():
+    """OPT's positions: ``cumsum(mask)[:, past:]``, its end INT64_MAX; the importer sized it ``INT64_MAX - past``."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["past"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["length"]),
+             helper.make_node("Unsqueeze", ["length", "axes"], ["start"]),
+             helper.make_node("Slice", ["x", "start", "end", "axes1"], ["y"])]
+    model = _model_with_dynamic_dims(
+        nodes, [("x", TensorProto.FLOAT, ["batch", "total"]), ("past", TensorProto.FLOAT, ["batch", "cached"])],
+        [("y", TensorProto.FLOAT, ["batch", "new"])],
+        [i64("one", 1), i64("axes", [0]), i64("end", [2 ** 63 - 1]), i64("axes1", [1])])
+    art = relaxc.compile(model, target="cpu", tuning="off", dim_bounds={"batch": 2, "total": 16, "cached": 15})
+    assert art.outputs[0][1] == ("batch", "total - cached")
+    x, past = np.arange(20, dtype=np.float32).reshape(2, 10), np.zeros((2, 7), np.float32)
+    np.testing.assert_array_equal(art.run(x, past)[0], x[:, 7:])
+
+
+def test_a_range_from_a_dynamic_start_has_its_length_as_an_expression():
+    """optimum's ``arange(past, past + sequence)``: the importer made its length a fresh size."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["past"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["start"]),
+             helper.make_node("Shape", ["ids"], ["t"]), helper.make_node("Gather", ["t", "zero"], ["count"]),
+             helper.make_node("Add", ["start", "count"], ["limit"]),
+             helper.make_node("Range", ["start", "limit", "step"], ["positions"]),
+             helper.make_node("Add", ["positions", "ids"], ["y"])]
+    model = _model_with_dynamic_dims(
+        nodes, [("past", TensorProto.FLOAT, ["cached"]), ("ids", TensorProto.INT64, ["sequence"])],
+        [("y", TensorProto.INT64, ["sequence"])], [i64("zero", 0), i64("step", 1)])
+    art = relaxc.compile(model, target="cpu", tuning="off", dim_bounds={"cached": 15, "sequence": 16})
+    assert art.outputs[0][1] == ("sequence",)
+    np.testing.assert_array_equal(art.run(np.zeros(5, np.float32), np.array([10, 20, 30]))[0], [15, 26, 37])

@@ -7,6 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 from relaxc import frontend
 from relaxc.passes.canonicalize.channels import ChannelShuffleToTake
 from relaxc.passes.canonicalize.convolutions import DepthwisePointwiseToMultiply
+from relaxc.passes.canonicalize.empty import EmptyConcatOperands
 from relaxc.passes.canonicalize.elementwise import (ClipFromTIR, DivideByConstantToMultiply, DropoutToIdentity,
                                                     SumOfStackToAdd)
 from relaxc.passes.canonicalize.matmuls import MatmulOfFlattenedRows
@@ -210,3 +211,22 @@ def test_a_matmul_of_dynamic_rows_flattened_and_viewed_back_takes_the_rows_as_th
 def test_a_static_flattened_matmul_is_left_alone():
     mod, _, _ = _flattened_linear(static=True)
     assert relax_ops(_rewritten(MatmulOfFlattenedRows(), mod)) == relax_ops(mod)
+
+
+def test_a_concatenations_empty_operand_is_dropped():
+    """A rotary embedding of the whole head concatenates an empty pass-through slice (Phi-3's exports)."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Slice", ["x", "four", "end", "one"], ["rest"]),  # [2, 0]
+             helper.make_node("Slice", ["x", "zero", "four", "one"], ["head"]),
+             helper.make_node("Neg", ["head"], ["turned"]),
+             helper.make_node("Concat", ["turned", "rest"], ["y"], axis=1)]
+    mod = _imported(nodes, [("x", [2, 4])], [2, 4], [i64("zero", [0]), i64("four", [4]), i64("one", [1]),
+                                                      i64("end", [2 ** 63 - 1])])
+    assert "relax.concat" in relax_ops(mod)
+    ops = relax_ops(_rewritten(EmptyConcatOperands(), mod))
+    assert "relax.concat" not in ops and "relax.negative" in ops
+
+
+def test_a_concatenation_of_operands_with_extent_keeps_them_all():
+    mod = _imported([helper.make_node("Concat", ["a", "b"], ["y"], axis=1)], [("a", [2, 1]), ("b", [2, 3])], [2, 4])
+    assert relax_ops(_rewritten(EmptyConcatOperands(), mod)).count("relax.concat") == 1
