@@ -54,6 +54,8 @@ DECODERS: dict[str, Decoder] = {
     "gpt2_optimum": Decoder("GPT2Config", "GPT2LMHeadModel", dict(  # tied head: larger layers, or it repeats a token
         n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=256, initializer_range=0.2), exporter="optimum"),
     "llama_optimum": Decoder("LlamaConfig", "LlamaForCausalLM", dict(SMALL, num_key_value_heads=2), exporter="optimum"),
+    "mistral_optimum": Decoder("MistralConfig", "MistralForCausalLM", dict(  # a window shorter than test prompts
+        SMALL, num_key_value_heads=2, sliding_window=16), exporter="optimum"),
     # the sizes the decode benchmark measures (benchmarks/generation.py): GPT-2 small, 124 M parameters; a Llama
     # of 12 layers, hidden 768, 4 key/value heads for 12 query heads, 32,000 tokens, 125 M; a Qwen2 as the Llama
     # with 2 key/value heads and biased projections, 122 M

@@ -2,13 +2,13 @@
 
     .venv/bin/python -m relaxc.benchmarks.generation [SPEC ...] [--cached 128 1024] [--threads 2] [--batch 1]
 
-For each decoder with past (default: zoo:gpt2_124m_past, zoo:llama_125m_past and zoo:qwen2_122m_past, exported by
-``benchmarks/export_decoders.py``) and each cache length: both runtimes run the same random prompt
-of that many tokens, then decode greedily, one token per step, taking turns in blocks of steps
-(``support.turns.alternate``: four blocks each, each after a pause and a warm-up step), so the
-cache grows by the same tokens in both while they are timed. Prints the median milliseconds per token, their
-ratio, and relaxc's time at the longest cache over its time at the shortest (a step that copied the
-cache would grow with it), with the CPU and target named. Batch 1 unless ``--batch``, fp32.
+For each decoder with past (default: ``SPECS``, GPT-2, Llama and Qwen2 exported by TorchScript, and those with
+Phi-3 and OPT by optimum, 122 to 126 M parameters: ``benchmarks/export_decoders.py``) and each cache length: both
+runtimes run the same random prompt of that many tokens, then decode greedily, one token per step, taking turns in
+blocks of steps (``support.turns.alternate``: four blocks each, each after a pause and a warm-up step), so the cache
+grows by the same tokens in both while they are timed. Prints the median milliseconds per token, their ratio, and
+relaxc's time at the longest cache over its time at the shortest (a step that copied the cache would grow with
+it), with the CPU and target named. Batch 1 unless ``--batch``, fp32.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from relaxc.benchmarks.bench import this_cpu
 from relaxc.frontend import models
 from relaxc.support.turns import alternate
 
-SPECS = ("zoo:gpt2_124m_past", "zoo:llama_125m_past", "zoo:qwen2_122m_past")
+SPECS = ("zoo:gpt2_124m_past", "zoo:llama_125m_past", "zoo:qwen2_122m_past",  # TorchScript
+         "zoo:gpt2_124m_optimum", "zoo:llama_125m_optimum", "zoo:qwen2_122m_optimum", "zoo:phi3_126m_optimum",
+         "zoo:opt_125m_optimum")  # optimum's exporter
 ROOM = 16  # tokens beyond the longest cache and the timed steps: the warm-up steps'
 
 

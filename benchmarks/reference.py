@@ -114,24 +114,27 @@ class OrtDecoder:
     """onnxruntime running a decoder with past as its own loop does (``session``: its
     InferenceSession; ``pairs``: its (past input, present output) names): each step's presents fed
     back as the next step's pasts, positions counted over the mask as transformers counts them.
-    ``append`` and ``step`` return the last position's logits, as a relaxc session's do."""
+    ``append`` and ``step`` return the last position's logits (``append``: every position's if
+    ``all_positions``), as a relaxc session's do."""
 
     def __init__(self, session, pairs: list[tuple[str, str]]) -> None:
         self.session, self.pairs = session, pairs
         self.names = {i.name: i for i in session.get_inputs()}
         self.outputs = [o.name for o in session.get_outputs()]
 
-    def append(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
+    def append(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
+               all_positions: bool = False) -> np.ndarray:
         """The prompt at once (a fresh cache)."""
         shape = self.names[self.pairs[0][0]].shape
         self.past = {name: np.zeros((len(input_ids), shape[1], 0, shape[3]), np.float32) for name, _ in self.pairs}
         self.mask = np.zeros((len(input_ids), 0), np.int64)
-        return self._run(input_ids.astype(np.int64),
-                         np.ones_like(input_ids) if attention_mask is None else attention_mask)
+        logits = self._run(input_ids.astype(np.int64),
+                           np.ones_like(input_ids) if attention_mask is None else attention_mask)
+        return logits if all_positions else logits[:, -1]
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         ids = np.asarray(tokens, np.int64).reshape(-1, 1)
-        return self._run(ids, np.ones_like(ids))
+        return self._run(ids, np.ones_like(ids))[:, -1]
 
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         self.mask = np.concatenate([self.mask, mask.astype(np.int64)], axis=1)
@@ -140,7 +143,7 @@ class OrtDecoder:
             feeds["position_ids"] = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0)[:, -ids.shape[1]:]
         produced = dict(zip(self.outputs, self.session.run(None, feeds)))
         self.past = {name: produced[present] for name, present in self.pairs}
-        return produced["logits"][:, -1]
+        return produced["logits"]
 
 
 def ort_greedy(session, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int,

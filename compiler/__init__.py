@@ -37,7 +37,7 @@ __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Artifact", "O
 def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | None" = None,  # noqa: A001
             constants: "Constants | None" = None, dim_bounds: "DimBounds | None" = None,
             max_length: int | None = None, max_batch: int | None = None, kv_inputs: "Sequence[str] | None" = None,
-            kv_outputs: "Sequence[str] | None" = None, **options: Any) -> "Artifact":
+            kv_outputs: "Sequence[str] | None" = None, all_logits: bool = False, **options: Any) -> "Artifact":
     """Compile an ONNX model for a target and return a runnable ``Artifact``.
 
     model: path to ``.onnx``, ``bytes``, ``onnx.ModelProto``, or ``"onnx:<name>"`` (bundled).
@@ -53,14 +53,16 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     max_length: compile a decoder with past (docs/generation.md) to generate up to this many tokens,
         prompt included: the artifact gets ``generate`` and ``session``. ``max_batch`` (default 1)
         sequences at once; ``kv_inputs`` / ``kv_outputs`` name its past inputs and present outputs in
-        pairs where they are not ``past_key_values.<i>.key/value`` and ``present.<i>.key/value``.
+        pairs where they are not ``past_key_values.<i>.key/value`` and ``present.<i>.key/value``;
+        ``all_logits`` keeps every prompt position's logits (``session().append(ids, all_positions=True)``),
+        where generation needs the last position's alone.
     options: the fields of ``relaxc.Options`` as keywords, each documented there (and in docs/api.md).
     """
     started = time.perf_counter()  # the compile's wall time: on a process's first, the compile side's import
     from relaxc.options import Options
     from relaxc.pipeline import compile_model
 
-    given = {"max_batch": max_batch, "kv_inputs": kv_inputs, "kv_outputs": kv_outputs}
+    given = {"max_batch": max_batch, "kv_inputs": kv_inputs, "kv_outputs": kv_outputs, "all_logits": all_logits or None}
     generation = {name: value for name, value in given.items() if value is not None}
     if max_length is None and generation:
         raise UserError(f"{', '.join(generation)} describe a decoder to generate with: give max_length too")

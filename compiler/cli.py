@@ -141,14 +141,18 @@ def _load(path: str, what: str) -> np.ndarray:
 def _compile(args: argparse.Namespace):
     from relaxc.pipeline import compile_model
 
-    decoder = {"max_length": args.max_length} if getattr(args, "max_length", None) is not None else None
+    decoder = ({"max_length": args.max_length, "all_logits": getattr(args, "all_logits", False)}
+               if getattr(args, "max_length", None) is not None else None)
     return compile_model(args.model, args.target, _shapes(args), Options(**option_values(args, Options)),
                          _constants(args), _named_sizes(args.dim_bound, "--dim-bound"), decoder_options=decoder)
 
 
-def _add_decoder_arg(p: argparse.ArgumentParser) -> None:
+def _add_decoder_arg(p: argparse.ArgumentParser, all_logits: bool = True) -> None:
     p.add_argument("--max-length", type=int, metavar="N", help="compile a decoder with past to generate with: the "
                    "tokens a sequence may hold, prompt included (docs/generation.md)")
+    if all_logits:
+        p.add_argument("--all-logits", action="store_true", help="with --max-length: keep every prompt position's "
+                       "logits, not the last position's alone")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -411,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", parents=[common], help="generate from a decoder with past (.onnx or an "
                        "exported .so), streaming the tokens, then prefill and decode speed (docs/generation.md)")
     _add_model_args(p)
-    _add_decoder_arg(p)
+    _add_decoder_arg(p, all_logits=False)  # generation reads the last position alone
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", type=lambda text: [int(v) for v in text.split(",")], metavar="ID,ID,...",
                         help="the prompt as token ids")

@@ -259,7 +259,8 @@ def _layout(c: Compilation) -> list[tvm.transform.Pass]:
                and c.config.layouts != "rule" else None)
     attention = [PadAttentionKeys(dynamic_multiple(target))] if target.kind.name == "llvm" else []
     found = _decoder(c)
-    decode = [DecodeStep(found["dims"]["sequence"]), LastPositionLogits()] if found is not None else []
+    decode = ([DecodeStep(found["dims"]["sequence"]), *([] if found["all_logits"] else [LastPositionLogits()])]
+              if found is not None else [])
     return [*decode, LayoutPass(c.config.layout_block, c.config.layout_why, c.model.onnx_names, planner),
             *attention, *_cache(c), *packing]
 

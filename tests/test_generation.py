@@ -1,4 +1,4 @@
-"""Text generation from decoders with past (zoo:gpt2_past, zoo:llama_past and five more: two layers, exported by
+"""Text generation from decoders with past (zoo:gpt2_past, zoo:llama_past and six more: two layers, exported by
 benchmarks/export_decoders.py with TorchScript and with optimum): recognition and its refusals, greedy decoding
 equal to onnxruntime's own loop over the same export, sessions, streaming, export and load, seeded sampling,
 errors."""
@@ -218,6 +218,7 @@ def test_generation_errors_are_named_before_any_work(compiled):
     "phi3_past",  # fused projections split by computed bounds, a rotary embedding of every dim (an empty part)
     "opt_past",  # positions from the mask's cumulative sum sliced "to the end" from the past length
     "gpt2_optimum", "llama_optimum",  # optimum's exporter: its masks built from ranges of dynamic starts
+    "mistral_optimum",  # attention within a sliding window of 16 tokens
 ])
 def test_other_families_decode_as_onnxruntimes_loop_reading_the_cache_in_place(name):
     art = relaxc.compile(f"zoo:{name}", tuning="off", max_length=MAX_LENGTH, max_batch=2)
@@ -234,6 +235,19 @@ def test_a_decoder_the_importer_refuses_is_an_error_not_a_model_onnxruntime_runs
     """Its cache lives in relaxc's program: the whole-model fallback of other models would generate nothing."""
     with pytest.raises(relaxc.UserError, match="TVM's ONNX importer cannot convert"):
         relaxc.compile("zoo:gpt2_past", tuning="off", max_length=MAX_LENGTH)
+
+
+def test_every_positions_logits_when_compiled_to_keep_them(compiled):
+    art = relaxc.compile("zoo:llama_past", tuning="off", max_length=MAX_LENGTH, max_batch=2, all_logits=True)
+    ids, mask = _prompts(2)
+    got = art.session().append(ids, mask, all_positions=True)
+    session = reference.ort_session(models.fill_light(onnx.load(models.bundled_path("zoo:llama_past"))))
+    want = reference.OrtDecoder(session, [tuple(pair) for pair in art.decoder["pairs"]]).append(ids, mask, True)
+    assert got.shape == (2, PROMPT, 512)
+    reference.assert_matches([got[mask == 1]], [want[mask == 1]])  # padded positions' logits mean nothing
+    np.testing.assert_array_equal(art.session().append(ids, mask), got[:, -1])
+    with pytest.raises(relaxc.UserError, match="compile it with all_logits=True"):
+        compiled[0].session().append(ids, mask, all_positions=True)
 
 
 def test_a_model_compiled_without_max_length_does_not_generate():

@@ -365,7 +365,8 @@ def _convert_partitioned(prepared: Prepared, plan: partition.Plan) -> ImportedMo
     results = [value.name for value in part.graph.output]
     module = splice.splice(module, [n for n, _, _ in plan.relaxc_inputs], results, plan.program_outputs, calls)
     tail = next((sub for sub in plan.subgraphs if sub.tail), None)
-    made = {spec[0]: spec for spec in relax_import.output_specs(plan.program_outputs, module) + (tail.outputs if tail else [])}
+    specs = relax_import.output_specs(plan.program_outputs, module) + (tail.outputs if tail else [])
+    made = {spec[0]: spec for spec in specs}
     outputs = [made[value.name] for value in proto.graph.output]
     real = [n for n, _, _ in inputs]
     return ImportedModel(prepared.name, module, inputs, outputs, prepared.ops,

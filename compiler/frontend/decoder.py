@@ -37,6 +37,7 @@ class Decoder:
     vocab: int
     max_length: int
     max_batch: int
+    all_logits: bool = False  # main keeps every position's logits, not the last position's alone
 
     def bounds(self) -> dict[str, int]:
         """The dynamic dims' bounds: a step sees at most ``max_length`` tokens, ``max_length - 1``
@@ -59,13 +60,14 @@ class Decoder:
         """``report()["decoder"]``: everything above, as JSON."""
         return {"pairs": [list(pair) for pair in self.pairs], "cache_shape": list(self.cache_shape),
                 "positions": self.positions, "dims": dict(self.dims), "vocab": self.vocab,
-                "max_length": self.max_length, "max_batch": self.max_batch}
+                "max_length": self.max_length, "max_batch": self.max_batch, "all_logits": self.all_logits}
 
 
 def recognise(proto: onnx.ModelProto, max_length: int, max_batch: int = 1, kv_inputs: Sequence[str] | None = None,
-              kv_outputs: Sequence[str] | None = None) -> Decoder:
-    """The decoder ``proto`` is, compiled for ``max_length`` tokens and ``max_batch`` sequences; a
-    UserError naming what is missing where it is not a decoder with past."""
+              kv_outputs: Sequence[str] | None = None, all_logits: bool = False) -> Decoder:
+    """The decoder ``proto`` is, compiled for ``max_length`` tokens and ``max_batch`` sequences (every
+    position's logits kept if ``all_logits``); a UserError naming what is missing where it is not a
+    decoder with past."""
     for name, value in (("max_length", max_length), ("max_batch", max_batch)):
         if not isinstance(value, int) or isinstance(value, bool) or value < (2 if name == "max_length" else 1):
             raise UserError(f"{name} must be a whole number of at least {2 if name == 'max_length' else 1}, "
@@ -99,7 +101,8 @@ def recognise(proto: onnx.ModelProto, max_length: int, max_batch: int = 1, kv_in
     vocab = _dim(outputs[LOGITS], 2) if _rank(outputs[LOGITS]) == 3 else None
     if not isinstance(vocab, int):
         raise UserError(f"logits must be [batch, sequence, vocab] with a fixed vocab; it is {_dims(outputs[LOGITS])}")
-    return Decoder(tuple(pairs), next(iter(shapes)), POSITIONS in inputs, dims, vocab, max_length, max_batch)
+    return Decoder(tuple(pairs), next(iter(shapes)), POSITIONS in inputs, dims, vocab, max_length, max_batch,
+                   bool(all_logits))
 
 
 def _pairs(inputs: dict, outputs: dict, kv_inputs: Sequence[str] | None,

@@ -54,10 +54,14 @@ class Session:
         self._caches: dict[str, Any] | None = None  # by past input name, on the device
         self._mask = np.zeros((0, 0), np.int64)
 
-    def append(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+    def append(self, input_ids: Any, attention_mask: Any = None, all_positions: bool = False) -> np.ndarray:
         """Run ``input_ids`` [batch, n] (a 1-D sequence is one row) after what is cached; returns the
-        logits of the last position [batch, vocab]. ``attention_mask`` (0 for left padding) defaults
-        to every token."""
+        logits of the last position [batch, vocab] (of every position [batch, n, vocab] if
+        ``all_positions``, for a decoder compiled with ``all_logits=True``). ``attention_mask`` (0 for
+        left padding) defaults to every token."""
+        if all_positions and not self.decoder.get("all_logits"):
+            raise UserError("this decoder keeps the last position's logits alone: compile it with all_logits=True "
+                            "for every position's")
         ids = self.check_ids(input_ids)
         mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, np.int64)
         if mask.shape != ids.shape:
@@ -76,7 +80,8 @@ class Session:
         elif ids.shape[0] != self.batch:
             raise InputError(f"this session has {self.batch} rows; input_ids has {ids.shape[0]} (reset() first)")
         self.check_room(ids.shape[1])
-        return self._run(ids, mask)
+        logits = self._run(ids, mask)
+        return logits if all_positions else logits[:, -1]
 
     def step(self, tokens: Any) -> np.ndarray:
         """Run one token per row (int64 [batch]); returns the next logits [batch, vocab]."""
@@ -86,7 +91,7 @@ class Session:
         if ids.shape[0] != self.batch:
             raise InputError(f"step takes one token per row: {self.batch}, not {ids.shape[0]}")
         self.check_room(1)
-        return self._run(ids, np.ones_like(ids), "decode")  # passes/decode.py's one-token program
+        return self._run(ids, np.ones_like(ids), "decode")[:, -1]  # passes/decode.py's one-token program
 
     def check_ids(self, input_ids: Any) -> np.ndarray:
         """``input_ids`` as int64 [batch, n], every id in the vocabulary; an InputError otherwise."""
@@ -125,7 +130,7 @@ class Session:
             full = np.concatenate([self._mask, mask], axis=1)
             logits, = self._runner.call(self._arguments(ids, full), function)
             self._mask = full
-            return logits.numpy()[:, -1]
+            return logits.numpy()
 
 
 def _nbytes(tensor: Any) -> int:
