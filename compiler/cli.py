@@ -267,12 +267,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     art = _compile(args)
     machine = roofline.machine(art.target, args.cache_dir, remeasure=args.measure_machine,
                                strict=args.tuning == "strict")
-    result = profile.profile(art, _inputs_for(art, given, args.seed, args.dim), machine)
+    if art.decoder is not None:
+        result, what = profile.decode_step(art, args.cached, machine, args.seed), f"one decode step with " \
+            f"{args.cached} tokens cached"
+    else:
+        result, what = profile.profile(art, _inputs_for(art, given, args.seed, args.dim), machine), "one inference"
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
         order = "by time lost against the roofline" if args.worst else "by time"
-        print(f"{art.report()['model']} on {json.dumps(art.report()['target'])}, one inference, kernels timed alone, {order}:")
+        print(f"{art.report()['model']} on {json.dumps(art.report()['target'])}, {what}, kernels timed alone, {order}:")
         print(result.table(args.top, worst=args.worst))
     return 0
 
@@ -404,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time each kernel of one inference: sorted, with share, schedule and kind")
     _add_model_args(p)
     _add_input_args(p)
+    _add_decoder_arg(p, all_logits=False)
+    p.add_argument("--cached", type=int, default=128, metavar="N",
+                   help="with --max-length: the tokens cached before the decode step profiled (default 128)")
     p.add_argument("--top", type=int, default=25, help="kernels to list (default 25; 0: all)")
     p.add_argument("--worst", action="store_true",
                    help="sort by time lost against each kernel's roofline bound instead of by time")

@@ -187,6 +187,15 @@ def _prim_funcs(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
             if isinstance(f, tirx.PrimFunc) and not (f.attrs or {}).get("tirx.is_host_func")}
 
 
+def decode_step(art: Artifact, cached: int, machine: Machine | None = None, seed: int = 0) -> Profile:
+    """``profile`` of one decode step (its ``decode`` program) of a decoder compiled with
+    ``max_length``, after a prompt of ``cached`` random tokens (batch 1)."""
+    session = art.session()
+    prompt = np.random.default_rng(seed).integers(0, art.decoder["vocab"], (1, cached))
+    token = int(np.argmax(session.append(prompt)[0]))
+    return profile(art, {}, machine, arguments=session.step_arguments([token]), function="decode")
+
+
 def profile(art: Artifact, inputs: dict[str, np.ndarray], machine: Machine | None = None,
             arguments: list | None = None, function: str = "main") -> Profile:
     """Profile one inference of ``art`` on ``inputs`` (see the module docstring for how), or a call

@@ -353,3 +353,12 @@ def test_the_command_line_streams_tokens_then_speeds(tmp_path):
     assert refused.returncode == 2 and "--prompt TEXT needs --tokenizer DIR" in refused.stderr
     refused = run_cli("generate", "zoo:llama_past", "--prompt-ids", "1")
     assert refused.returncode == 2 and "--max-length N" in refused.stderr
+
+
+def test_the_command_line_profiles_a_decode_step():
+    from tests.helpers import run_cli
+
+    done = run_cli("profile", "zoo:gpt2_past", "--tuning", "off", "--max-length", "64", "--cached", "40", "--top", "0")
+    assert done.returncode == 0, done.stderr
+    assert "one decode step with 40 tokens cached" in done.stdout
+    assert "append_rows" in done.stdout and "dense_packed" in done.stdout  # the decode program's kernels
