@@ -4,10 +4,11 @@
 
 For each decoder with past (default: ``SPECS``, GPT-2, Llama and Qwen2 exported by TorchScript, and those with
 Phi-3 and OPT by optimum, 122 to 126 M parameters: ``benchmarks/export_decoders.py``) and each cache length: both
-runtimes run the same random prompt of that many tokens, then decode greedily, one token per step, taking turns in
-blocks of steps (``support.turns.alternate``: four blocks each, each after a pause and a warm-up step), so the cache
-grows by the same tokens in both while they are timed. Prints the median milliseconds per token, their ratio, and
-relaxc's time at the longest cache over its time at the shortest (a step that copied the cache would grow with
+runtimes run the same random prompt of that many tokens, each in a session of its own, then every session decodes
+greedily, one token per step, all of them taking turns in blocks of steps (``support.turns.paired``: six rounds of
+blocks, each after a pause and a warm-up step, each time as its ratio to the first session's in the same round), so
+a neighbour's burst slows every length alike. Prints the median milliseconds per token, their ratio, and relaxc's
+time at the longest cache over its time at the shortest (a step that copied the cache would grow with
 it), with the CPU and target named. Batch 1 unless ``--batch``, fp32.
 """
 
@@ -25,7 +26,7 @@ import onnx
 from relaxc.benchmarks import reference
 from relaxc.benchmarks.bench import this_cpu
 from relaxc.frontend import models
-from relaxc.support.turns import alternate
+from relaxc.support.turns import paired
 
 SPECS = ("zoo:gpt2_124m_past", "zoo:llama_125m_past", "zoo:qwen2_122m_past",  # TorchScript
          "zoo:gpt2_124m_optimum", "zoo:llama_125m_optimum", "zoo:qwen2_122m_optimum", "zoo:phi3_126m_optimum",
@@ -55,16 +56,15 @@ def measure(spec: str, cached: Sequence[int], steps: int, threads: int,
     art = relaxc.compile(spec, max_length=max(cached) + steps + ROOM, max_batch=batch, backends="relaxc")
     print(f"{spec}: compiled in {time.perf_counter() - started:.0f} s", flush=True)
     session = reference.ort_session(models.fill_light(onnx.load(models.bundled_path(spec))), threads=threads)
-    ort = Greedy(reference.OrtDecoder(session, [tuple(pair) for pair in art.decoder["pairs"]]))
-    rows = []
+    runs = {}
     for length in cached:
         prompt = np.random.default_rng(length).integers(0, art.decoder["vocab"], (batch, length))
-        ours = Greedy(art.session())
-        ours.start(prompt)
-        ort.start(prompt)
-        ms = alternate({"relaxc": ours.step, "onnxruntime": ort.step}, steps)
-        rows.append((length, ms["relaxc"], ms["onnxruntime"]))
-    return rows
+        for name, decoder in (("relaxc", art.session()), ("onnxruntime", reference.OrtDecoder(
+                session, [tuple(pair) for pair in art.decoder["pairs"]]))):
+            runs[name, length] = Greedy(decoder)
+            runs[name, length].start(prompt)
+    ms = paired({key: greedy.step for key, greedy in runs.items()}, steps)
+    return [(length, ms["relaxc", length], ms["onnxruntime", length]) for length in cached]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
