@@ -220,12 +220,16 @@ def test_generation_errors_are_named_before_any_work(compiled):
     "gpt2_optimum", "llama_optimum",  # optimum's exporter: its masks built from ranges of dynamic starts
     "mistral_optimum",  # attention within a sliding window of 16 tokens
 ])
-def test_other_families_decode_as_onnxruntimes_loop_reading_the_cache_in_place(name):
-    art = relaxc.compile(f"zoo:{name}", tuning="off", max_length=MAX_LENGTH, max_batch=2)
-    ids, mask = _prompts(2)
-    got = art.generate(ids, mask, max_new_tokens=MAX_LENGTH - PROMPT)
+def test_other_families_decode_as_onnxruntimes_loop_reading_the_cache_in_place(name, tmp_path):
+    art = relaxc.compile(f"zoo:{name}", tuning="off", max_length=MAX_LENGTH, max_batch=MAX_BATCH)
     session = reference.ort_session(models.fill_light(onnx.load(models.bundled_path(f"zoo:{name}"))))
-    _agrees(got, *_ort_tokens(art, session, ids, mask, MAX_LENGTH - PROMPT))
+    for batch in (1, MAX_BATCH):
+        ids, mask = _prompts(batch)
+        got = art.generate(ids, mask, max_new_tokens=MAX_LENGTH - PROMPT)
+        _agrees(got, *_ort_tokens(art, session, ids, mask, MAX_LENGTH - PROMPT))
+    art.export(tmp_path / "decoder.so")
+    assert np.array_equal(relaxc.load(tmp_path / "decoder.so").generate(ids, mask, max_new_tokens=8),
+                          got[:, :PROMPT + 8])
     assert art.report()["kv_cache"]["read_in_place"] == len(art.decoder["pairs"])
     # optimum ties GPT-2's embedding to its output layer: main's and decode's gathers read the packed panels
     assert art.report()["tied"]["tied_embeddings"] == (2 if name == "gpt2_optimum" else 0)

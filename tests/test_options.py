@@ -26,12 +26,13 @@ def _dests(parser, *argv) -> set[str]:
 def test_each_command_offers_the_api_options():
     parser = build_parser()
     own = {"command", "quiet", "model", "target", "shape", "constant", "dim_bound", "func"}
-    decoder = {"max_length"}  # relaxc.compile's own argument, as dim_bound is
+    decoder = {"max_length", "all_logits"}  # relaxc.compile's own arguments, as dim_bound is
     assert _dests(parser, "compile", "m.onnx") - own - decoder - {"output"} == _names(Options)
     assert _dests(parser, "inspect", "m.onnx") - own - decoder - {"phase", "memory", "show_dispatch", "plan",
                                                                    "json"} == _names(Options)
     assert _dests(parser, "run", "m.onnx") - own - {"input", "dim", "repeat", "seed", "report", "json", "device"} == _names(Options)
-    assert _dests(parser, "profile", "m.onnx") - own - {"input", "dim", "seed", "top", "json", "worst", "measure_machine"} == _names(Options)
+    assert _dests(parser, "profile", "m.onnx") - own - {"input", "dim", "seed", "top", "json", "worst", "measure_machine",
+                                                        "max_length", "cached"} == _names(Options)
     assert _dests(parser, "tune", "m.onnx") - own - {"tune_sizes"} == (_names(Options) - {"tuning"}) | _names(TuneOptions)
     bench_own = {"models", "target", "repeat", "threads", "quiet", "markdown", "quantized", "form", "activations"}
     assert _dests(bench_parser()) - bench_own == _names(Options)
