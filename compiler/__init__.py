@@ -62,7 +62,8 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     from relaxc.options import Options
     from relaxc.pipeline import compile_model
 
-    given = {"max_batch": max_batch, "kv_inputs": kv_inputs, "kv_outputs": kv_outputs, "all_logits": all_logits or None}
+    given = {"max_batch": max_batch, "kv_inputs": kv_inputs, "kv_outputs": kv_outputs,
+             "all_logits": all_logits or None}
     generation = {name: value for name, value in given.items() if value is not None}
     if max_length is None and generation:
         raise UserError(f"{', '.join(generation)} describe a decoder to generate with: give max_length too")

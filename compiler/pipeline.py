@@ -189,7 +189,8 @@ def _prepare(c: Compilation) -> None:
         model = frontend.load_model(model)[0]
         found = decoder.recognise(model, **source.decoder)
         dims = found.dims
-        bounds, empty, sums = found.bounds_with(bounds), (dims["past"],), {dims["total"]: (dims["past"], dims["sequence"])}
+        bounds, empty = found.bounds_with(bounds), (dims["past"],)
+        sums = {dims["total"]: (dims["past"], dims["sequence"])}  # the mask covers the past and the step
         c.report["decoder"] = found.describe()
     c.prepared = frontend.prepare_model(model, source.shapes, source.constants, c.config.backends == "off", bounds,
                                         empty, sums)
@@ -209,7 +210,8 @@ def _import(c: Compilation) -> tvm.IRModule:
     if "decoder" in c.report and c.model.subgraphs:  # its cache lives in relaxc's program
         elsewhere = "; ".join(f"{sub.backend} would run {', '.join(sorted(sub.ops))} ({sub.why})"
                               for sub in c.model.subgraphs)
-        raise UserError(f"a decoder compiled with max_length runs on relaxc alone: {elsewhere}")
+        raise UserError(f"a decoder compiled with max_length runs on relaxc alone (compile it with "
+                        f"backends='relaxc'): {elsewhere}")
     c.sessions = [external.open_subgraph(sub, pool_threads()) for sub in c.model.subgraphs]
     c.report["backends"] = backend_choice.describe(c.model, c.partitioning, c.config) | c.choice
     c.mod = c.model.module

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 
 import tvm
-import tvm_ffi
 from tvm import relax, te, tirx
 from tvm.sym.analyzer import Analyzer
 
@@ -81,7 +80,7 @@ def _scaled(value: relax.Expr) -> bool:
 
 def _same(a: tirx.PrimExpr | None, b: tirx.PrimExpr | None) -> bool:
     """Whether two dims are equal for every size (``past + sequence - past`` is ``sequence``)."""
-    return a is not None and b is not None and (tvm_ffi.structural_equal(a, b) or Analyzer().can_prove_equal(a, b))
+    return a is not None and b is not None and Analyzer().can_prove_equal(a, b)
 
 
 @relax.expr_functor.mutator

@@ -30,8 +30,9 @@ def take_panels(packed: te.Tensor, ids: te.Tensor) -> te.Tensor:
 
 
 def _panels(mod: tvm.IRModule) -> list[GenericConst]:
-    """The packed weights of every ``dense_packed`` kernel the Relax functions call."""
-    found = []
+    """The packed weights of the ``dense_packed`` kernels the Relax functions call, each once (a
+    decoder's two programs share them)."""
+    found: dict[GenericConst, None] = {}
     for func in mod.functions.values():
         if not isinstance(func, relax.Function):
             continue
@@ -41,17 +42,19 @@ def _panels(mod: tvm.IRModule) -> list[GenericConst]:
                 if is_op(call, "relax.call_tir") and call.args[0].name_hint.startswith("dense_packed") \
                         and isinstance(call.args[1], relax.Tuple) and len(call.args[1].fields) == 2 \
                         and isinstance(call.args[1].fields[1], GenericConst):
-                    found.append(call.args[1].fields[1])
-    return found
+                    found[call.args[1].fields[1]] = None
+    return list(found)
 
 
 def _holds_transpose(packed: np.ndarray, table: np.ndarray) -> bool:
-    """Whether ``packed`` is ``table``'s transpose in column panels (zero columns past its rows)."""
+    """Whether ``packed`` is ``table``'s transpose in column panels (zero columns past its rows),
+    panel by panel: an untied output layer of the same shape differs in its first."""
     rows, depth = table.shape
     blocks, reach, panel = packed.shape
     if reach != depth or not (blocks - 1) * panel < rows <= blocks * panel:
         return False
-    return bool(np.array_equal(np.swapaxes(packed, 1, 2).reshape(-1, depth)[:rows], table))
+    return all(np.array_equal(packed[b, :, :min(panel, rows - b * panel)], table[b * panel:(b + 1) * panel].T)
+               for b in range(blocks))
 
 
 @relax.expr_functor.mutator

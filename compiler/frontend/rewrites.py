@@ -34,33 +34,44 @@ from onnx import helper, numpy_helper
 
 from relaxc.frontend import prepare
 
-Shapes = Callable[[], dict[str, tuple[int, ...]]]  # static shapes, inferred on the first call
+class Facts:
+    """What the rules may ask of the graph, each inferred once, when a rule first asks: ``dims``
+    (each value's shape of known rank, None for a dim that is not static), ``shapes`` (the static
+    ones), ``types`` (element types)."""
+
+    def __init__(self, proto: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> None:
+        self.proto, self.inputs = proto, inputs
+
+    @functools.cached_property
+    def dims(self) -> dict[str, prepare.Dims]:
+        return prepare.known_dims(self.proto, self.inputs)
+
+    @functools.cached_property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: d for name, d in self.dims.items() if None not in d}  # type: ignore[misc]
+
+    @functools.cached_property
+    def types(self) -> dict[str, int]:
+        return prepare.element_types(self.proto, self.inputs)
 
 
 def rewrite(proto: onnx.ModelProto, inputs: dict[str, tuple[int | str, ...]]) -> onnx.ModelProto:
     """A copy of ``proto`` with every rewritable node of its main graph rewritten (``proto``
     itself when there is none); ``inputs`` are the bound input shapes. Shape inference runs only
     when a rule first asks for shapes."""
-    dims = functools.cache(lambda: prepare.known_dims(proto, inputs))
-    shapes = functools.cache(lambda: {name: d for name, d in dims().items() if None not in d})
-    types = functools.cache(lambda: prepare.element_types(proto, inputs))
+    facts = Facts(proto, inputs)
     dynamic = any(isinstance(d, str) for shape in inputs.values() for d in shape)
     rules = {**_RULES, **(_DYNAMIC_RULES if dynamic else {})}
     nodes, changed = [], False
     for node in proto.graph.node:
         rule = rules.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if node.op_type == "Cast" and dynamic and node.domain in ("", "ai.onnx"):
-            replacement = _cast_to_own_type(node, types)
-        elif node.op_type == "Slice" and dynamic and node.domain in ("", "ai.onnx"):
-            replacement = _slice_to_the_end(node, proto, dims)
-        else:
-            replacement = rule(node, proto, shapes) if rule else None
+        replacement = rule(node, proto, facts) if rule else None
         nodes.extend(replacement if replacement is not None else [node])
         changed |= replacement is not None
     return prepare.with_nodes(proto, nodes) if changed else proto
 
 
-def _isinf(node: onnx.NodeProto, _proto: onnx.ModelProto, _shapes: Shapes) -> list[onnx.NodeProto] | None:
+def _isinf(node: onnx.NodeProto, _proto: onnx.ModelProto, _facts: Facts) -> list[onnx.NodeProto] | None:
     attrs = prepare.attributes(node)
     keep_negative, keep_positive = attrs.get("detect_negative", 1), attrs.get("detect_positive", 1)
     if keep_negative and keep_positive:
@@ -84,13 +95,13 @@ def _isinf(node: onnx.NodeProto, _proto: onnx.ModelProto, _shapes: Shapes) -> li
 
 
 def _conv_transpose_output_shape(node: onnx.NodeProto, proto: onnx.ModelProto,
-                                 shapes: Shapes) -> list[onnx.NodeProto] | None:
+                                 facts: Facts) -> list[onnx.NodeProto] | None:
     attrs = prepare.attributes(node)
     wanted = attrs.get("output_shape")
     if wanted is None:
         return None
     initializers = {init.name: tuple(init.dims) for init in proto.graph.initializer}
-    shape, weight = shapes().get(node.input[0]), shapes().get(node.input[1], initializers.get(node.input[1]))
+    shape, weight = facts.shapes.get(node.input[0]), facts.shapes.get(node.input[1], initializers.get(node.input[1]))
     if shape is None or weight is None:
         return None
     spatial = len(shape) - 2
@@ -119,11 +130,11 @@ def _conv_transpose_output_shape(node: onnx.NodeProto, proto: onnx.ModelProto,
 
 
 def _space_to_depth_crd(node: onnx.NodeProto, _proto: onnx.ModelProto,
-                        shapes: Shapes) -> list[onnx.NodeProto] | None:
+                        facts: Facts) -> list[onnx.NodeProto] | None:
     attrs = prepare.attributes(node)
     if attrs.get("mode", b"DCR") not in (b"CRD", "CRD"):
         return None
-    shape = shapes().get(node.input[0])
+    shape = facts.shapes.get(node.input[0])
     if shape is None or len(shape) != 4:
         return None
     n, c, h, w = shape
@@ -137,15 +148,15 @@ def _space_to_depth_crd(node: onnx.NodeProto, _proto: onnx.ModelProto,
             helper.make_node("Reshape", [f"{name}__crd", f"{name}__merged"], [node.output[0]], name=name)]
 
 
-def _cast_to_own_type(node: onnx.NodeProto, types: Callable[[], dict[str, int]]) -> list[onnx.NodeProto] | None:
-    if prepare.attributes(node).get("to") != types().get(node.input[0]):
+def _cast_to_own_type(node: onnx.NodeProto, _proto: onnx.ModelProto, facts: Facts) -> list[onnx.NodeProto] | None:
+    if prepare.attributes(node).get("to") != facts.types.get(node.input[0]):
         return None
     return [helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name or node.output[0])]
 
 
 def _scalar_to_one_element(node: onnx.NodeProto, _proto: onnx.ModelProto,
-                           shapes: Shapes) -> list[onnx.NodeProto] | None:
-    if shapes().get(node.input[0]) != () or shapes().get(node.output[0]) != (1,):
+                           facts: Facts) -> list[onnx.NodeProto] | None:
+    if facts.shapes.get(node.input[0]) != () or facts.shapes.get(node.output[0]) != (1,):
         return None
     name = node.name or node.output[0]
     return [helper.make_node("Constant", [], [f"{name}__axes"], value=numpy_helper.from_array(np.array([0], np.int64))),
@@ -155,14 +166,13 @@ def _scalar_to_one_element(node: onnx.NodeProto, _proto: onnx.ModelProto,
 TO_THE_END = 2 ** 31 - 1  # a Slice end at least this large means "to the end" (exporters write INT64_MAX)
 
 
-def _slice_to_the_end(node: onnx.NodeProto, proto: onnx.ModelProto,
-                      dims: Callable[[], dict[str, prepare.Dims]]) -> list[onnx.NodeProto] | None:
+def _slice_to_the_end(node: onnx.NodeProto, proto: onnx.ModelProto, facts: Facts) -> list[onnx.NodeProto] | None:
     if len(node.input) < 3 or _constant(proto, node.input[1]) is not None:
         return None  # constant starts: the importer clamps a large end to the dim itself
     ends = _constant(proto, node.input[2])
     axes = _constant(proto, node.input[3]) if len(node.input) > 3 and node.input[3] else None
     steps = _constant(proto, node.input[4]) if len(node.input) > 4 and node.input[4] else None
-    rank = len(dims().get(node.input[0], ()))
+    rank = len(facts.dims.get(node.input[0], ()))
     if ends is None or rank == 0 or (len(node.input) > 3 and node.input[3] and axes is None) \
             or (len(node.input) > 4 and node.input[4] and (steps is None or (steps != 1).any())) \
             or not (ends >= TO_THE_END).any():
@@ -195,7 +205,7 @@ def _constant(proto: onnx.ModelProto, name: str) -> np.ndarray | None:
 
 
 def _range_of_dynamic_length(node: onnx.NodeProto, proto: onnx.ModelProto,
-                             _shapes: Shapes) -> list[onnx.NodeProto] | None:
+                             _facts: Facts) -> list[onnx.NodeProto] | None:
     start, limit, step = (_constant(proto, name) for name in node.input)
     if (limit is not None and start is not None) or step is None or step.dtype.kind != "i" or int(step) <= 0:
         return None
@@ -219,9 +229,15 @@ def _range_of_dynamic_length(node: onnx.NodeProto, proto: onnx.ModelProto,
             helper.make_node("Add", [f"{name}__scaled", f"{name}__start"], [out], name=name)]
 
 
-_RULES: dict[str, Callable[[onnx.NodeProto, onnx.ModelProto, Shapes], list[onnx.NodeProto] | None]] = {
+Rule = Callable[[onnx.NodeProto, onnx.ModelProto, Facts], "list[onnx.NodeProto] | None"]
+_RULES: dict[str, Rule] = {
     "IsInf": _isinf,
     "ConvTranspose": _conv_transpose_output_shape,
     "SpaceToDepth": _space_to_depth_crd,
 }
-_DYNAMIC_RULES = {"Reshape": _scalar_to_one_element, "Range": _range_of_dynamic_length}  # with dynamic dims only
+_DYNAMIC_RULES: dict[str, Rule] = {  # with dynamic dims only
+    "Cast": _cast_to_own_type,
+    "Reshape": _scalar_to_one_element,
+    "Range": _range_of_dynamic_length,
+    "Slice": _slice_to_the_end,
+}
