@@ -56,6 +56,16 @@ DECODERS: dict[str, Decoder] = {
     "llama_optimum": Decoder("LlamaConfig", "LlamaForCausalLM", dict(SMALL, num_key_value_heads=2), exporter="optimum"),
     "mistral_optimum": Decoder("MistralConfig", "MistralForCausalLM", dict(  # a window shorter than test prompts
         SMALL, num_key_value_heads=2, sliding_window=16), exporter="optimum"),
+    # real widths at two layers, which make test compiles in seconds: plain heads of 64 and a tied head (GPT-2);
+    # grouped queries (12 for 4), an untied head (Llama); heads of 128 (8 for 2), q/k/v biases, a tied head (Qwen2)
+    "gpt2_768_past": Decoder("GPT2Config", "GPT2LMHeadModel", dict(n_layer=2, vocab_size=32000, n_positions=1024),
+                             positions=False),
+    "llama_768_past": Decoder("LlamaConfig", "LlamaForCausalLM", dict(
+        num_hidden_layers=2, hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=4,
+        vocab_size=32000, max_position_embeddings=1024)),
+    "qwen2_1024_past": Decoder("Qwen2Config", "Qwen2ForCausalLM", dict(
+        num_hidden_layers=2, hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=2,
+        vocab_size=32000, max_position_embeddings=1024, tie_word_embeddings=True)),
     # the sizes the decode benchmark measures (benchmarks/generation.py): GPT-2 small, 124 M parameters; a Llama
     # of 12 layers, hidden 768, 4 key/value heads for 12 query heads, 32,000 tokens, 125 M; a Qwen2 as the Llama
     # with 2 key/value heads and biased projections, 122 M

@@ -1,6 +1,7 @@
 """Decode speed: relaxc's generation against onnxruntime's own greedy loop over the same export.
 
     .venv/bin/python -m relaxc.benchmarks.generation [SPEC ...] [--cached 128 1024] [--threads 2] [--batch 1]
+    .venv/bin/python -m relaxc.benchmarks.generation --check [SPEC ...] [--steps 64] [--batch 1] [--threads 2]
 
 For each decoder with past (default: ``SPECS``, GPT-2, Llama and Qwen2 exported by TorchScript, and those with
 Phi-3 and OPT by optimum, 122 to 126 M parameters: ``benchmarks/export_decoders.py``) and each cache length: both
@@ -9,7 +10,8 @@ greedily, one token per step, all of them taking turns in blocks of steps (``sup
 blocks, each after a pause and a warm-up step, each time as its ratio to the first session's in the same round), so
 a neighbour's burst slows every length alike. Prints the median milliseconds per token, their ratio, and relaxc's
 time at the longest cache over its time at the shortest (a step that copied the cache would grow with
-it), with the CPU and target named. Batch 1 unless ``--batch``, fp32.
+it), with the CPU and target named. Batch 1 unless ``--batch``, fp32. ``--check`` times nothing: it compares
+every step's logits with onnxruntime's (``check``), as the numbers above are worth only that much.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ SPECS = ("zoo:gpt2_124m_past", "zoo:llama_125m_past", "zoo:qwen2_122m_past",  # 
          "zoo:gpt2_124m_optimum", "zoo:llama_125m_optimum", "zoo:qwen2_122m_optimum", "zoo:phi3_126m_optimum",
          "zoo:opt_125m_optimum")  # optimum's exporter
 ROOM = 16  # tokens beyond the longest cache and the timed steps: the warm-up steps'
+CHECK_PROMPT = 32  # --check: the prompt's tokens, then --steps decode steps
+CHECK_TOLERANCE = 1e-4  # --check: of max|logit|
 
 
 class Greedy:
@@ -67,15 +71,55 @@ def measure(spec: str, cached: Sequence[int], steps: int, threads: int,
     return [(length, ms["relaxc", length], ms["onnxruntime", length]) for length in cached]
 
 
+def check(spec: str, steps: int, batch: int, threads: int, folder: str) -> list[tuple[str, float]]:
+    """Each program of ``spec`` compiled with ``validate_memory`` checked against onnxruntime over the same
+    prompt and ``steps`` teacher-forced decode steps (``reference.teacher_forced``), in memory and after export
+    and ``relaxc.load``: (where, the largest relative logit difference of any step)."""
+    import relaxc
+
+    proto = models.fill_light(onnx.load(models.bundled_path(spec)))
+    art = relaxc.compile(proto, max_length=CHECK_PROMPT + steps, max_batch=batch, backends="relaxc",
+                         validate_memory=True)
+    art.export(os.path.join(folder, "decoder.so"))
+    ort = reference.ort_session(proto, threads=threads)
+    pairs = [tuple(pair) for pair in art.decoder["pairs"]]
+    prompt = np.random.default_rng(0).integers(0, art.decoder["vocab"], (batch, CHECK_PROMPT))
+    return [(where, max(reference.teacher_forced(runner.session(), reference.OrtDecoder(ort, pairs), prompt, steps)))
+            for where, runner in (("compiled", art), ("loaded", relaxc.load(os.path.join(folder, "decoder.so"))))]
+
+
+def _check(specs: Sequence[str], steps: int, batch: int, threads: int) -> int:
+    """``check`` on each decoder; 1 if any step is off by more than ``CHECK_TOLERANCE``."""
+    import tempfile
+
+    print(f"# {this_cpu('cpu')}, target cpu, {threads} threads, batch {batch}: the largest logit difference of a "
+          f"{CHECK_PROMPT}-token prompt and {steps} teacher-forced decode steps against onnxruntime, relative to "
+          f"max|logit|, memory validation on\n\n| model | compiled | exported and loaded |\n| --- | ---: | ---: |",
+          flush=True)
+    wrong = 0
+    for spec in specs:
+        with tempfile.TemporaryDirectory() as folder:
+            found = dict(check(spec, steps, batch, threads, folder))
+        wrong += any(error > CHECK_TOLERANCE for error in found.values())
+        print(f"| {spec} | {found['compiled']:.1e} | {found['loaded']:.1e} |", flush=True)
+    print(f"\n{len(specs) - wrong} of {len(specs)} within {CHECK_TOLERANCE:g}")
+    return 1 if wrong else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", default=list(SPECS), help="decoders with past (default: %(default)s)")
+    parser.add_argument("--check", action="store_true", help="check every step's logits against onnxruntime "
+                        f"(teacher-forced, memory validation on) instead of timing; exit 1 past {CHECK_TOLERANCE:g}")
     parser.add_argument("--cached", type=int, nargs="+", default=[128, 1024], help="cache lengths (default 128 1024)")
-    parser.add_argument("--steps", type=int, default=32, help="timed decode steps per runtime (default 32)")
+    parser.add_argument("--steps", type=int, help="timed decode steps per runtime (default 32; checked: 64)")
     parser.add_argument("--threads", type=int, default=2, help="threads for both runtimes (default 2)")
     parser.add_argument("--batch", type=int, default=1, help="rows decoded together (default 1)")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when TVM's thread pool starts
+    if args.check:
+        return _check(args.specs, args.steps or 64, args.batch, args.threads)
+    args.steps = args.steps or 32
     print(f"# {this_cpu('cpu')}, target cpu, {args.threads} threads each, batch {args.batch}, fp32, onnxruntime "
           f"{reference.onnxruntime().__version__}: greedy decode, median ms per step of {args.steps} steps"
           f"\n\n| model | cached | relaxc (ms) | onnxruntime (ms) | ratio |\n| --- | ---: | ---: | ---: | ---: |",

@@ -157,3 +157,19 @@ def ort_greedy(session, input_ids: np.ndarray, attention_mask: np.ndarray, new_t
         logits.append(decoder.step(tokens[-1]))
         tokens.append(np.argmax(logits[-1], axis=-1))
     return np.concatenate([input_ids, np.stack(tokens, axis=1)], axis=1).astype(np.int64), logits
+
+
+def teacher_forced(session, decoder: OrtDecoder, prompt: np.ndarray, steps: int) -> list[float]:
+    """``session`` (a relaxc generation session) and onnxruntime's ``decoder`` run the same ``prompt``, then
+    ``steps`` one-token steps, each fed onnxruntime's greedy token (teacher-forced: one wrong step does not
+    change what the next ones are given). Returns each call's largest logit difference relative to
+    max|logit| of onnxruntime's, the prompt's first (infinite where relaxc's are not finite)."""
+    ours, theirs = session.append(prompt), decoder.append(prompt)
+    errors = []
+    for step in range(steps + 1):
+        finite = np.isfinite(ours).all()
+        errors.append(float(np.abs(ours - theirs).max() / np.abs(theirs).max()) if finite else float("inf"))
+        if step < steps:
+            forced = np.argmax(theirs, axis=-1)
+            ours, theirs = session.step(forced), decoder.step(forced)
+    return errors

@@ -110,8 +110,8 @@ class Options:
     unshared: tuple[str, ...] = _option((), "kernels (glob patterns of the kernel names in "
                                         "report()['memory']['tensors']) whose outputs get bytes of their "
                                         "own, never reused", metavar="GLOB")
-    validate_memory: bool = _option(False, "check the memory plan pair by pair and fill the arena with "
-                                    "garbage before each run")
+    validate_memory: bool = _option(False, "check the memory plans pair by pair and fill each program's arena, "
+                                    "and every buffer a kernel allocates, with garbage before it is used")
     backends: str | None = _option(None, "what runs the model: relaxc's own kernels only (off, or relaxc); those, and "
                                    "an installed external backend (onnxruntime, openvino) for the nodes relaxc cannot "
                                    "compile (rule); the rule plus the partition measured for this CPU before, where "

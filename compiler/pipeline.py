@@ -110,6 +110,7 @@ from relaxc.passes.legalize import legalize_ops
 from relaxc.passes.quantized import QuantizedToIntegers
 from relaxc.passes.signed_activations import SignedActivationsAsUnsigned
 from relaxc.passes.memory import ArenaPlan
+from relaxc.passes.tir.poison import PoisonScratch
 from relaxc.passes.tir.positive_dims import PositiveDims
 from relaxc.passes.shape_reuse import ReuseShapes
 from relaxc.schedules.default import DefaultSchedules
@@ -361,8 +362,9 @@ def _lower(c: Compilation) -> list[tvm.transform.Pass]:
     if _decoder(c) is not None:
         c.lifted = LiftWeights()  # the weights the kernels read, once every pass before has made them
     lifted = [c.lifted] if c.lifted is not None else []
+    poison = [PoisonScratch] if c.config.validate_memory else []  # kernels' own buffers too (passes/tir/poison.py)
     return (lifted + tvm_pipeline.dataflow_lower_passes(target) + [arena] + tvm_pipeline.finalize_passes(target)
-            + [ReuseShapes()])
+            + [ReuseShapes()] + poison)
 
 
 def _build(c: Compilation) -> relax.VMExecutable:

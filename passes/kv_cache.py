@@ -35,8 +35,11 @@ CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 def append_rows(heads: int, rows: int, dim: int, dtype: str, transposed: bool = False) -> tirx.PrimFunc:
     """The kernel writing a step's ``[batch, heads, sequence, dim]`` into a cache at row ``past``
-    (``transposed``: a cache of keys ``[batch, heads, dim, rows]``, at column ``past``)."""
+    (``transposed``: a cache of keys ``[batch, heads, dim, rows]``, at column ``past``); a step that
+    would write outside the cache raises ``InputError`` instead, whoever calls the program."""
     shape = (heads, dim, rows) if transposed else (heads, rows, dim)
+    overflow = ("InputError", [f"past + sequence is outside the cache's {rows} rows (max_length rounded up to "
+                               f"whole vectors): past must be 0 or more, past + sequence at most {rows}"])
 
     @T.prim_func(private=True, check_well_formed=False)  # the parser's check verifies lowered TIR: no blocks
     def append(var_cache: T.handle, var_new: T.handle, past: T.int64):
@@ -45,6 +48,7 @@ def append_rows(heads: int, rows: int, dim: int, dtype: str, transposed: bool = 
         cache = T.match_buffer(var_cache, (batch, *shape), dtype)
         new = T.match_buffer(var_new, (batch, heads, sequence, dim), dtype)
         with T.sblock("root"):
+            assert 0 <= past and past + sequence <= rows, overflow
             for b, h, s, d in T.grid(batch, heads, sequence, dim):
                 with T.sblock("append_rows"):
                     vb, vh, vs, vd = T.axis.remap("SSSS", [b, h, s, d])

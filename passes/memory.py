@@ -1,4 +1,5 @@
-"""Storage planning: every intermediate tensor of ``main`` at an offset in one arena.
+"""Storage planning: every intermediate tensor of ``main`` (and of a decoder's ``decode``) at an offset
+in one arena per program.
 
 Why here (docs/design.md): the planner runs after layout selection and fusion, on the final shapes, so
 it plans the real padded, blocked sizes. Why an arena: TVM's ``StaticPlanBlockMemory`` reuses
@@ -35,6 +36,7 @@ EXACT_LIMIT = 7  # up to this many tensors, every placement order is tried (opti
 SEARCH_STEPS = 500  # local search steps over placement orders, when greedy stays above the bound
 GARBAGE = 0x7F7F7F7F  # arena fill in validation mode: about 3.4e38 as float32, survives max()
 PLANNERS = ("arena", "tvm")
+PROGRAM_KEYS = ("arena_bytes", "lower_bound_bytes", "tvm_static_plan_bytes", "dynamic_allocations")  # of a program but main
 
 
 @dataclass(frozen=True)
@@ -346,8 +348,10 @@ class _ArenaRewriter(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.ArenaPlan")
 class ArenaPlan:
-    """Plan ``main``'s intermediates into one arena (planner "arena") or leave them to TVM's
-    StaticPlanBlockMemory (planner "tvm"); either way ``summary()`` reports both plans.
+    """Plan the intermediates of ``main`` and of every other program of the module (a decoder's
+    ``decode``), each into an arena of its own (planner "arena"), or leave them to TVM's
+    StaticPlanBlockMemory (planner "tvm"); either way ``summary()`` reports both plans, main's in
+    full and the others' sizes under ``programs``.
 
     ``unshared``: glob patterns of kernel names whose outputs get bytes of their own.
     ``validate``: check the placement pair by pair, and fill the arena with garbage before each
@@ -372,14 +376,25 @@ class ArenaPlan:
         return self.report
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        gvar = mod.get_global_var("main")
+        programs = [gvar for gvar, func in mod.functions_items()
+                    if isinstance(func, relax.Function) and gvar.name_hint != "main"]
+        mod, self.report = self._plan(mod, mod.get_global_var("main"))
+        others = {}
+        for gvar in sorted(programs, key=lambda g: g.name_hint):  # a decoder's decode: the same plan of its own
+            mod, others[gvar.name_hint] = self._plan(mod, gvar)
+        if others:
+            self.report["programs"] = {name: {key: report[key] for key in PROGRAM_KEYS} for name, report in others.items()}
+        return mod
+
+    def _plan(self, mod: tvm.IRModule, gvar: relax.GlobalVar) -> tuple[tvm.IRModule, dict]:
+        """``mod`` with ``gvar``'s intermediates planned, and the plan's report."""
         found = analyse(mod[gvar], self.unshared)
         offsets, arena_bytes = plan(found.tensors)
         problems = verify_placement(found.tensors, offsets, arena_bytes)
         if problems:  # a planner bug: never build a model that would compute garbage
-            raise RuntimeError("memory plan is invalid: " + "; ".join(problems[:5]))
+            raise RuntimeError(f"memory plan of {gvar.name_hint} is invalid: " + "; ".join(problems[:5]))
         tvm_bytes = _storage_bytes(relax.transform.StaticPlanBlockMemory()(mod)[gvar])
-        self.report = {
+        report = {
             "planner": self.planner,
             "arena_bytes": arena_bytes if self.planner == "arena" else tvm_bytes,
             "lower_bound_bytes": lower_bound(found.tensors),
@@ -396,7 +411,7 @@ class ArenaPlan:
                         for t in sorted(found.tensors, key=lambda t: t.first)],
         }
         if self.planner == "tvm" or not found.tensors:
-            return mod
+            return mod, report
         fill = None
         if self.validate:
             builder = relax.BlockBuilder(mod)
@@ -408,5 +423,5 @@ class ArenaPlan:
         shifted = {kernel for kernel, names in found.kernel_args if any(offsets.get(n, 0) for n in names)}
         for kernel in shifted:
             new[kernel] = accepting_offsets(mod[kernel])
-        self.report["kernels_accepting_offsets"] = len(shifted)
-        return new
+        report["kernels_accepting_offsets"] = len(shifted)
+        return new, report

@@ -62,9 +62,15 @@ def on_dynamic(trace: s_tir.schedule.Trace, func: tirx.PrimFunc, exact: bool = T
         trace.apply_to_schedule(sch, remove_postproc=False, decision_provider=provider)
         if inexact:
             raise DoesNotReplay("; ".join(inexact))
-        if prefixes and not any(inst.kind.name in ATTACHING for inst in trace.insts):
+        attaching = any(inst.kind.name in ATTACHING for inst in trace.insts)
+        if prefixes and not attaching:
             sch = UncheckedSchedule(func)
             _fused_prefixes(trace, prefixes).apply_to_schedule(sch, remove_postproc=False)
+        elif attaching and _estimated_loops(sch.mod["main"]):
+            sch = UncheckedSchedule(func)  # the parallel loops fused only as far as the regions stay exact
+            _fused_prefixes(trace, _exact_prefixes(func, trace)).apply_to_schedule(sch, remove_postproc=False)
+            if estimated := _estimated_loops(sch.mod["main"]):
+                raise DoesNotReplay(f"a block attached over an estimated range: {estimated[0]}")
         if _dynamic_vectors(sch.mod["main"]):
             raise DoesNotReplay("a vector of dynamic length")
         return sch
@@ -170,11 +176,70 @@ def _parallel_prefix(sch: s_tir.Schedule, inst, inputs: list) -> int | None:
 
 
 def _fused_prefixes(trace: s_tir.schedule.Trace, prefixes: dict[int, int]) -> s_tir.schedule.Trace:
-    """``trace`` with the Fuse at each position of ``prefixes`` fusing only that many loops."""
-    insts = [s_tir.schedule.Instruction(inst.kind, list(inst.inputs)[:prefixes[i]], inst.attrs, inst.outputs)
-             if i in prefixes else inst for i, inst in enumerate(trace.insts)]
+    """``trace`` with the Fuse at each position of ``prefixes`` fusing only that many loops; a block
+    the trace attached to such a fused loop attaches to the innermost loop it fused, now nested
+    inside (the same tile, under as many more loops as the Fuse left out)."""
+    insts, inside, deeper = [], {}, {}  # fused loop -> (its innermost loop, loops left out); block -> loops more
+    for i, inst in enumerate(trace.insts):
+        inputs, outputs = list(inst.inputs), list(inst.outputs)
+        if i in prefixes and prefixes[i] < len(inputs):
+            inside[outputs[0]] = (inputs[-1], len(inputs) - prefixes[i])
+            inputs = inputs[:prefixes[i]]
+        elif inst.kind.name in ATTACHING and inputs[1] in inside:
+            inputs[1], deeper[inputs[0]] = inside[inputs[1]]
+        elif inst.kind.name == "GetLoops" and inputs[0] in deeper:
+            outputs[1:1] = [s_tir.schedule.LoopRV() for _ in range(deeper[inputs[0]])]
+        insts.append(s_tir.schedule.Instruction(inst.kind, inputs, inst.attrs, outputs))
     return s_tir.schedule.Trace(insts, {insts[i]: d for i, inst in enumerate(trace.insts)
                                         if (d := trace.decisions.get(inst)) is not None})
+
+
+def _estimated_loops(func: tirx.PrimFunc) -> list[tirx.PrimExpr]:
+    """The loop extents of ``func`` that are TVM's estimates, not exact ranges: a min, a max, a
+    select, or a division by a dynamic divisor. A block attached under a fused loop of dynamic extents
+    (``ReverseComputeAt``) loops over the range TVM derives from the fused index; where its
+    analyzer cannot follow the index (a fused head tile over ``past // 32 * 2 + 2`` keys tiles,
+    which it no longer sees as ``2 * (past // 32 + 1)``), the range is a superset of the tile, and the
+    block computes outputs of other parallel iterations from accumulators they have not written: a
+    decoder's one-token scores at 12 heads came out garbage, different from run to run."""
+    def estimated(node: tirx.PrimExpr) -> tirx.PrimExpr:
+        if isinstance(node, (tirx.Min, tirx.Max, tirx.Select)) \
+                or isinstance(node, (tirx.FloorDiv, tirx.FloorMod)) and not isinstance(node.b, tirx.IntImm):
+            marks.append(node)
+        return node
+
+    found = []
+    for extent in _loop_extents(func):
+        marks: list = []
+        tvm_ffi.structural_map(extent, ((tirx.Min, tirx.Max, tirx.Select, tirx.FloorDiv, tirx.FloorMod), estimated))
+        if marks:
+            found.append(extent)
+    return found
+
+
+def _exact_prefixes(func: tirx.PrimFunc, trace: s_tir.schedule.Trace) -> dict[int, int]:
+    """For each Fuse of ``trace`` (by position): how many leading loops it keeps fused so that each
+    one's index divides the fused loop by constant extents alone: the loops up to the first dynamic
+    one after the first."""
+    sch = UncheckedSchedule(func)
+    positions = {inst: i for i, inst in enumerate(trace.insts)}
+    prefixes: dict[int, int] = {}
+
+    def provider(inst, inputs, _attrs, decision):
+        if inst.kind.name == "Fuse":
+            extents = [sch.get(rv).extent for rv in inputs]
+            prefixes[positions[inst]] = next((i for i, e in enumerate(extents) if i and not isinstance(e, tirx.IntImm)),
+                                             len(extents))
+        return decision
+
+    trace.apply_to_schedule(sch, remove_postproc=False, decision_provider=provider)
+    return prefixes
+
+
+def _loop_extents(func: tirx.PrimFunc) -> list[tirx.PrimExpr]:
+    extents: list[tirx.PrimExpr] = []
+    tvm_ffi.structural_map(func.body, (tirx.For, lambda loop: extents.append(loop.extent) or loop))
+    return extents
 
 
 def _dynamic_vectors(func: tirx.PrimFunc) -> bool:

@@ -12,7 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from relaxc.benchmarks.reference import (ORT_MAX_IR_VERSION, OrtDecoder, assert_matches, ort_greedy,  # noqa: F401
-                                         ort_run, ort_session, randomize_weights)  # noqa: F401
+                                         ort_run, ort_session, randomize_weights, teacher_forced)  # noqa: F401
 from relaxc.runtime import random_inputs  # noqa: F401
 
 

@@ -139,7 +139,7 @@ def test_garbage_fill_exposes_a_broken_plan(monkeypatch):
         return {t.name: 0 for t in tensors}, max(t.size for t in tensors)
 
     monkeypatch.setattr(memory, "plan", everything_at_zero)
-    with pytest.raises(RuntimeError, match="memory plan is invalid: .* share bytes"):
+    with pytest.raises(RuntimeError, match="memory plan of main is invalid: .* share bytes"):
         relaxc.compile(reference.small_cnn())
     monkeypatch.setattr(memory, "verify_placement", lambda *args: [])
     art = relaxc.compile(reference.small_cnn(), validate_memory=True)

@@ -12,7 +12,9 @@ relaxc's kernel-level passes, in this order:
 5. ``PrefetchNextPanel (``passes/tir/prefetch.py``): the loops a schedule marked prefetch the next
    parallel iteration's weights (it needs the flattened buffers and the parallel loop's variable);
 6. ``NaNThroughBounds`` (``passes/tir/nan_bounds.py``): a max or min against a constant (ReLU, Clip)
-   written so that a NaN input stays NaN, as in onnxruntime.
+   written so that a NaN input stays NaN, as in onnxruntime;
+7. ``FillScratch`` (``passes/tir/poison.py``): in ``validate_memory`` mode, every kernel-local buffer
+   filled with garbage where it is allocated.
 
 Every CPU build goes through it: the model's code generation, the tuning builder and the schedule
 selection, so that what is measured is what ships. Other targets use TVM's default pipeline.
@@ -28,6 +30,7 @@ from relaxc.passes.tir.arg_checks import DropVerifiedArgChecks
 from relaxc.passes.tir.avx512_math import Avx512Sigmoid
 from relaxc.passes.tir.fast_math import BindExpandedArguments
 from relaxc.passes.tir.nan_bounds import NaNThroughBounds
+from relaxc.passes.tir.poison import FillScratch
 from relaxc.passes.tir.prefetch import PrefetchNextPanel
 from relaxc.passes.tir.stack_buffers import StackBuffers
 
@@ -37,7 +40,7 @@ NAME = "relaxc"
 def _relaxc_pipeline():
     lower, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
     passes = [lower, DropVerifiedArgChecks, StackBuffers, BindExpandedArguments, Avx512Sigmoid, PrefetchNextPanel,
-              NaNThroughBounds]
+              NaNThroughBounds, FillScratch]
     return tvm.transform.Sequential(passes), finalize_host, finalize_device
 
 

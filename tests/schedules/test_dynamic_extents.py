@@ -2,6 +2,7 @@
 replayed, where every split of a dynamic extent divides it; otherwise the next rule takes them."""
 
 import numpy as np
+import pytest
 import tvm
 import tvm_ffi
 from tvm import te, tirx
@@ -92,3 +93,47 @@ def test_a_dynamic_copy_runs_in_parallel_over_its_leading_loops_only():
         expected = np.zeros(out.shape, np.float32)
         expected[:, :, :keys] = data.transpose(0, 2, 1, 3)
         np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def _one_query_scores(heads: int, groups: int) -> tirx.PrimFunc:
+    """A decoder's one-token attention scores as ``decode`` has them: a query per head times a
+    transposed cache of keys read in place up to the padded length (``past // 32 * 32 + 32`` once
+    the sequence is bound to 1), the padded keys masked to -inf."""
+    b, past = tirx.Var("batch", "int64"), tirx.Var("past", "int64")
+    padded = past // 32 * 32 + 32
+    q = te.placeholder((b, heads, 1, 64), "float32", name="q")
+    cache = te.placeholder((b, heads // groups, 64, 256), "float32", name="cache")
+    mask = te.placeholder((b, 1, 1, padded), "float32", name="mask")
+    d = te.reduce_axis((0, 64), name="d")
+    scores = te.compute((b, heads, 1, padded), lambda i, h, m, k: te.sum(q[i, h, m, d] * cache[i, h // groups, d, k],
+                                                                          axis=d), name="matmul")
+    masked = te.compute(scores.shape, lambda i, h, m, k: tvm.tirx.Select(
+        k <= past, scores[i, h, m, k] + mask[i, 0, 0, k], tirx.const(float("-inf"), "float32")), name="masked")
+    return te.create_prim_func([q, cache, mask, past, masked])
+
+
+@pytest.mark.parametrize("heads,groups", [(12, 3), (16, 1)])
+@pytest.mark.parametrize("target", [TARGET, targets.resolve({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})],
+                         ids=["host", "avx2"])
+def test_a_one_query_attention_tile_attaches_its_epilogue_over_its_own_heads(heads, groups, target):
+    """A tile of heads fused with dynamic tiles of keys into the parallel loop: TVM's analyzer lost
+    the head tile's index (it divides by ``past // 32 * 2 + 2``), so the masking epilogue ran over a
+    range of heads wider than its tile, from accumulators other iterations had not written (a 125 M
+    decoder's logits garbage at every step). Fused only over the loops of constant extents, the
+    epilogue's range is its tile's, and the scores are right at every length."""
+    func = _one_query_scores(heads, groups)
+    sch = replayed(Tiled(), func, target, representative_sizes({"batch": 4, "past": 255}))
+    assert sch is not None and "T.parallel" in sch.mod["main"].script()
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=target, tir_pipeline=tir_pipeline.pipeline(target))
+    rng = np.random.default_rng(heads)
+    for batch, past in ((1, 0), (1, 40), (3, 200)):
+        padded = past // 32 * 32 + 32
+        q = rng.standard_normal((batch, heads, 1, 64)).astype(np.float32)
+        cache = rng.standard_normal((batch, heads // groups, 64, 256)).astype(np.float32)
+        mask = rng.standard_normal((batch, 1, 1, padded)).astype(np.float32)
+        out = tvm.runtime.tensor(np.full((batch, heads, 1, padded), np.nan, np.float32))
+        lib["main"](*(tvm.runtime.tensor(a) for a in (q, cache, mask)), past, out)
+        keys = np.repeat(cache, groups, axis=1)[..., :padded]
+        expected = np.einsum("bhmd,bhdk->bhmk", q, keys) + mask
+        expected[..., past + 1:] = -np.inf
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-4)
