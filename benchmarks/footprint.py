@@ -25,6 +25,7 @@ import onnx
 from relaxc.benchmarks.bench import this_cpu
 from relaxc.benchmarks.generation import SPECS
 from relaxc.frontend import models
+from relaxc.support.cache_layout import CacheLayout
 
 MIB = 2 ** 20
 PROMPT = 32
@@ -59,7 +60,7 @@ def footprint(spec: str, max_length: int) -> dict:
         weights = os.path.getsize(os.path.join(folder, "decoder.weights"))
         peak = int(subprocess.run([sys.executable, "-c", GENERATE.format(prompt=PROMPT), os.path.join(folder, "decoder.so")],
                                   check=True, capture_output=True, text=True).stdout.split()[-1])
-    cache = art.decoder["cache_bytes"] // art.decoder["max_batch"]
+    cache = CacheLayout.from_json(art.decoder["cache"]).bytes(1)
     return {"seconds": seconds, "onnx": onnx_bytes, "files": files, "peak": peak, "budget": weights + cache + 64 * MIB}
 
 

@@ -305,9 +305,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ids = np.array([args.prompt_ids if args.prompt is None else words.encode(args.prompt).ids], np.int64)
     runner = relaxc.load(args.model) if args.model.endswith(".so") else _compile(args)
     printer = Printer(words.decode if words else None)
-    runner.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
-                    top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-                    eos_token_id=args.eos_token_id, seed=args.seed, streamer=printer)
+    runner.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample or None,
+                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    repetition_penalty=args.repetition_penalty, eos_token_id=args.eos_token_id, seed=args.seed,
+                    streamer=printer, generation_config=args.tokenizer)
     print(printer.speeds())
     return 0
 
@@ -428,13 +429,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the prompt as token ids")
     prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text (with --tokenizer)")
     p.add_argument("--tokenizer", metavar="DIR", help="a checkpoint directory with tokenizer.json: text in and out "
-                   "(needs relaxc[text]; never downloaded)")
+                   "(needs relaxc[text]; never downloaded); its generation_config.json, if any, sets what the "
+                   "options below leave out")
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate (default: up to --max-length)")
     p.add_argument("--do-sample", action="store_true", help="draw each token instead of taking the most likely")
-    p.add_argument("--temperature", type=float, default=1.0, help="with --do-sample (default 1.0)")
-    p.add_argument("--top-k", type=int, default=0, help="with --do-sample: the k most likely only (default 0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="with --do-sample: the most likely up to p (default 1.0)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="tokens seen made less likely (default 1.0)")
+    p.add_argument("--temperature", type=float, help="with --do-sample (default 1.0)")
+    p.add_argument("--top-k", type=int, help="with --do-sample: the k most likely only, 0 for all (default 50)")
+    p.add_argument("--top-p", type=float, help="with --do-sample: the most likely up to p (default 1.0)")
+    p.add_argument("--repetition-penalty", type=float, help="tokens seen made less likely (default 1.0)")
     p.add_argument("--eos-token-id", type=int, help="stop at this token")
     p.add_argument("--seed", type=int, help="seed of --do-sample's draws")
     p.set_defaults(func=cmd_generate)

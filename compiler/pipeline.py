@@ -45,11 +45,12 @@
               passes/memory.py               ArenaPlan: arena storage planning on the final shapes
               TVM_PIPELINES                  TVM's finalizing passes of the target (VM lowering)
               passes/shape_reuse.py          ReuseShapes: a dynamic model's shapes built once per call
+              passes/tir/poison.py           PoisonScratch: with validate_memory, kernels marked to fill their buffers
     build     compiler/codegen/parallel.py   code generation, CPU kernels on every core (exp, tanh, erf,
                                              pow as vector polynomials: passes/tir/fast_math.py), each
               passes/tir/tir_pipeline.py     through TVM's TIR lowering, then DropVerifiedArgChecks,
                                              StackBuffers, BindExpandedArguments, Avx512Sigmoid,
-                                             PrefetchNextPanel, NaNThroughBounds
+                                             PrefetchNextPanel, NaNThroughBounds, FillScratch
 
 Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
 ``Artifact.ir(phase)`` shows what it did and ``report()["phases"]`` how long it took; the report
@@ -67,7 +68,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
@@ -189,6 +189,8 @@ def _prepare(c: Compilation) -> None:
     if source.decoder is not None:  # its past may be empty: a prompt's first step
         model = frontend.load_model(model)[0]
         found = decoder.recognise(model, **source.decoder)
+        if not found.padding and (fed := decoder.with_position_ids(model)) is not None:
+            model, found = fed, dataclasses.replace(found, positions=True)  # positions from the mask, as transformers
         dims = found.dims
         bounds, empty = found.bounds_with(bounds), (dims["past"],)
         sums = {dims["total"]: (dims["past"], dims["sequence"])}  # the mask covers the past and the step
@@ -283,10 +285,6 @@ def _cache(c: Compilation) -> list[tvm.transform.Pass]:
     multiple = dynamic_multiple(c.config.target) if c.config.target.kind.name == "llvm" else 16
     rows = -(-found["max_length"] // multiple) * multiple
     indices = [i for i, (name, _, _) in enumerate(c.model.inputs) if name in pasts]
-    dtype = str(c.model.inputs[indices[0]][2])
-    heads, dim = found["cache_shape"]
-    found |= {"cache_rows": rows, "cache_dtype": dtype,
-              "cache_bytes": len(indices) * found["max_batch"] * heads * rows * dim * np.dtype(dtype).itemsize}
     # what the attention padding replaced, dead, still reads the pasts: gone first
     names = {i: c.model.inputs[i][0] for i in indices}
     return [relax.transform.DeadCodeElimination(), CacheInPlace(names, rows, found),

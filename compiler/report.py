@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from relaxc.runtime import spec_json
 from relaxc.support import targets
+from relaxc.support.cache_layout import CacheLayout
 from relaxc.support.versions import fingerprint, versions
 
 if TYPE_CHECKING:
@@ -39,11 +40,11 @@ def memory_summary(memory: dict, decoder: dict | None = None) -> str:
         f"  no reuse (every tensor its own bytes)   {mib(memory['no_reuse_bytes'])}",
         f"  outputs outside the arena: {', '.join(memory['outputs']) or 'none'}",
     ]
-    if decoder is not None and "cache_bytes" in decoder:
-        heads, dim = decoder["cache_shape"]
-        lines.append(f"  key/value cache per session, outside the arena: {mib(decoder['cache_bytes'])} at most "
-                     f"({len(decoder['pairs'])} x [{decoder['max_batch']}, {heads}, {decoder['cache_rows']}, {dim}] "
-                     f"{decoder['cache_dtype']})")
+    if decoder is not None and "cache" in decoder:
+        cache = CacheLayout.from_json(decoder["cache"])
+        lines.append(f"  key/value cache per session, outside the arena: {mib(cache.bytes(decoder['max_batch']))} at "
+                     f"most ({len(cache.pasts)} x [{decoder['max_batch']}, {cache.heads}, {cache.rows}, {cache.dim}] "
+                     f"{cache.dtype})")
     if memory.get("unshared"):
         lines.append(f"  unshared kernels: {', '.join(memory['unshared'])}")
     biggest = sorted(memory["tensors"], key=lambda t: -t["bytes"])[:TOP]

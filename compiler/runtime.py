@@ -25,6 +25,7 @@ from relaxc import diagnostics, external, weight_file
 from relaxc.codegen import device_code, launcher
 from relaxc.generation import Generates
 from relaxc.support import index_checks, tvm_log
+from relaxc.support.cache_layout import CacheLayout
 from relaxc.support.files import file_sha256
 from relaxc.support.errors import ExportError, InputError, TargetError, UserError, message
 from relaxc.support.subgraphs import ExternalSubgraph
@@ -314,6 +315,8 @@ class Deployed(Runner):
                          _subgraphs(folder or os.path.dirname(library), manifest), manifest.get("program_outputs"),
                          manifest.get("dim_bounds"), manifest.get("empty_dims", ()), manifest.get("decoder"))
         self.manifest = manifest
+        if self.decoder is not None and "pairs" in self.decoder:  # a decoder compiled with max_length
+            CacheLayout.from_json(self.decoder.get("cache"), library)
         self.weights = weight_file.read(os.path.dirname(library), manifest["weights"][0], dev) \
             if manifest.get("weights") else None
 

@@ -28,6 +28,7 @@ from tvm.script import tirx as T
 
 from relaxc.passes.attention import INJECTIVE
 from relaxc.passes.ir import constant_array, is_op, rewrite_emitting
+from relaxc.support.cache_layout import CacheLayout
 
 SEQUENCE_AXIS = 2  # of a past, a present and a cache
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -285,8 +286,9 @@ class _InPlace(relax.PyExprMutator):
 class CacheInPlace:
     """The pasts of ``main`` and ``decode`` (``pasts``: their names by parameter index) become caches of
     ``rows`` rows written and read in place, the presents dropped. ``decoder`` (``report()["decoder"]``)
-    is told which pasts are kept transposed (``transposed``, by their names in ``decoder["pairs"]``): a session allocates them so;
-    ``summary()`` (``report()["kv_cache"]``) counts the caches and those attention reads in place."""
+    gets the caches' layout (``cache``: ``support.cache_layout.CacheLayout``, which pasts are kept
+    transposed among them), which a session allocates by; ``summary()`` (``report()["kv_cache"]``)
+    counts the caches and those attention reads in place."""
 
     report_key = "kv_cache"
 
@@ -299,6 +301,12 @@ class CacheInPlace:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         rewriter = _InPlace(mod.clone(), list(self.pasts), self.rows, self.stats)
+        main = mod["main"]
+        _, heads, _, dim = (int(d) if isinstance(d, tirx.IntImm) else None
+                            for d in main.params[min(self.pasts)].ty.shape.values)
         mod = rewrite_emitting(mod, rewriter)
-        self.decoder["transposed"] = [self.pasts[i] for i in sorted(rewriter.transposed or ())]
+        layout = CacheLayout(tuple(self.pasts[i] for i in sorted(self.pasts)), heads, dim, self.rows,
+                             str(main.params[min(self.pasts)].ty.dtype),
+                             frozenset(self.pasts[i] for i in rewriter.transposed or ()))
+        self.decoder["cache"] = layout.to_json()
         return mod

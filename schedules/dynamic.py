@@ -43,7 +43,9 @@ def on_dynamic(trace: s_tir.schedule.Trace, func: tirx.PrimFunc, exact: bool = T
     slower than over 100,000), and BERT's softmax so replayed (the ``Rows`` rule's trace at 384
     keys) gave wrong rows at 7 keys; else ``relaxed`` first. Refused too if it vectorises a loop of
     dynamic extent. In a kernel that attaches no block to its loops, a parallel loop fuses only as
-    many leading loops as ``_parallel_prefix`` keeps. Raises ``DoesNotReplay``."""
+    many leading loops as ``_parallel_prefix`` keeps; in one whose attached blocks come out over
+    estimated ranges (``_estimated_loops``), only those whose index divides by constants
+    (``_exact_prefixes``). Raises ``DoesNotReplay``."""
     try:
         if not exact:
             trace = relaxed(trace, func)

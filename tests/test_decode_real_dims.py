@@ -12,6 +12,7 @@ import tvm_ffi
 
 import relaxc
 from relaxc.frontend import models
+from relaxc.support.cache_layout import CacheLayout
 from tests import reference
 
 REAL = ("gpt2_768_past", "llama_768_past", "qwen2_1024_past")
@@ -55,13 +56,10 @@ def test_every_decode_step_equals_onnxruntimes_after_export_and_load(real, tmp_p
 def _call(art, function: str, past: int, sequence: int):
     """``function`` of ``art``'s program called directly with ``past`` tokens cached and ``sequence``
     more, as any caller could: no session checks its room."""
-    decoder, runner = art.decoder, art
-    heads, dim = decoder["cache_shape"]
-    rows, transposed = decoder["cache_rows"], set(decoder["transposed"])
+    runner, layout = art, CacheLayout.from_json(art.decoder["cache"])
     feeds = {"input_ids": np.zeros((1, sequence), np.int64), "attention_mask": np.ones((1, past + sequence), np.int64),
              "position_ids": np.arange(past, past + sequence, dtype=np.int64)[None]}
-    feeds |= {name: runner.call_zeros((1, heads, *((dim, rows) if name in transposed else (rows, dim))), "float32")
-              for name, _ in decoder["pairs"]}
+    feeds |= {name: runner.call_zeros(layout.shape(name, 1), layout.dtype) for name in layout.pasts}
     arguments = [feeds[name] for name, _, _ in runner.inputs] + [tvm_ffi.Shape([past])] + runner.weight_argument()
     return runner.call(arguments, function)
 
@@ -71,7 +69,7 @@ def test_the_programs_refuse_a_step_outside_the_cache(real):
     """``past + sequence`` over the cache's rows is an InputError from the compiled code itself,
     whatever calls it, never a write outside the cache; up to the rows it runs."""
     art, _ = real
-    rows = art.decoder["cache_rows"]
+    rows = CacheLayout.from_json(art.decoder["cache"]).rows
     assert rows > MAX_LENGTH
     _call(art, "decode", rows - 1, 1)
     _call(art, "main", rows - 3, 3)

@@ -13,6 +13,7 @@ from onnx import helper
 import relaxc
 from relaxc.frontend import decoder, models
 from relaxc.generation import sampling
+from relaxc.support.cache_layout import CacheLayout
 from tests import reference
 
 DECODERS = ("gpt2_past", "llama_past")  # learned positions, no position_ids; rotary, grouped queries
@@ -23,7 +24,8 @@ MAX_LENGTH, MAX_BATCH, PROMPT = 64, 4, 32
 def compiled(request):
     art = relaxc.compile(f"zoo:{request.param}", tuning="off", max_length=MAX_LENGTH, max_batch=MAX_BATCH)
     proto = models.fill_light(onnx.load(models.bundled_path(f"zoo:{request.param}")))
-    return art, reference.ort_session(proto)
+    # GPT-2's export counts positions from the cache's length: onnxruntime runs it reading position_ids, as relaxc
+    return art, reference.ort_session(decoder.with_position_ids(proto) or proto)
 
 
 def _prompts(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -62,6 +64,35 @@ def test_greedy_decoding_equals_onnxruntimes_loop(compiled, batch):
     reference.assert_relaxc_ran(art)
 
 
+def test_each_row_of_a_left_padded_batch_generates_what_it_generates_alone(compiled):
+    """transformers' rule: padding changes no row's tokens. GPT-2's TorchScript export looks its positions up
+    by the cache's length, the same for every row; relaxc feeds the lookup positions counted over the mask."""
+    art, _ = compiled
+    ids, mask = _prompts(MAX_BATCH)
+    together = art.generate(ids, mask, max_new_tokens=16)
+    for row in range(MAX_BATCH):
+        real = ids[row, mask[row].astype(bool)]
+        np.testing.assert_array_equal(together[row, PROMPT:], art.generate(real, max_new_tokens=16)[0, len(real):])
+
+
+def test_a_padded_batch_is_refused_where_no_positions_can_be_fed():
+    s = relaxc.compile(_positions_by_length(), tuning="off", max_length=MAX_LENGTH, max_batch=2).session()
+    ids, mask = _prompts(2)
+    with pytest.raises(relaxc.UserError, match="counts positions from the cache's length"):
+        s.append(ids, mask)
+    s.append(ids)  # rows of equal length: right
+
+
+def _positions_by_length() -> onnx.ModelProto:
+    """zoo:gpt2_past with its position lookup behind an Identity: relaxc finds nothing to feed."""
+    proto = models.fill_light(_proto("gpt2_past"))
+    at, lookup = next((i, n) for i, n in enumerate(proto.graph.node)
+                      if n.op_type == "Gather" and n.input[0].endswith("wpe.weight"))
+    proto.graph.node.insert(at, helper.make_node("Identity", [lookup.input[1]], ["hidden_positions"]))
+    lookup.input[1] = "hidden_positions"
+    return proto
+
+
 def test_the_report_describes_the_decoder(compiled):
     art, _ = compiled
     report = art.report()
@@ -79,16 +110,18 @@ def test_each_step_writes_the_cache_in_place(compiled):
     assert main.count("R.call_tir_inplace(cls.append_rows") == len(d["pairs"]) and "past_key_values" not in main
     # GPT-2's heads and Llama's grouped ones: every attention product reads its cache, keys transposed
     assert art.report()["kv_cache"]["caches"] == art.report()["kv_cache"]["read_in_place"] == len(d["pairs"])
-    assert sorted(d["transposed"]) == sorted(past for past, _ in d["pairs"] if past.endswith(".key"))
-    assert d["cache_rows"] >= MAX_LENGTH and "def decode(" in art.ir("fuse")
+    cache = CacheLayout.from_json(d["cache"])
+    assert sorted(cache.transposed) == sorted(past for past, _ in d["pairs"] if past.endswith(".key"))
+    assert cache.pasts == tuple(past for past, _ in d["pairs"])
+    assert cache.rows >= MAX_LENGTH and "def decode(" in art.ir("fuse")
     assert main.split("\n")[0].endswith("-> R.Tuple(R.Tensor((batch, 1, 512), dtype=\"float32\")):")  # the last position
-    heads, dim = d["cache_shape"]
-    assert d["cache_bytes"] == len(d["pairs"]) * MAX_BATCH * heads * d["cache_rows"] * dim * 4
+    assert (cache.heads, cache.dim) == tuple(d["cache_shape"]) and cache.dtype == "float32"
+    assert cache.bytes(MAX_BATCH) == len(d["pairs"]) * MAX_BATCH * cache.heads * cache.rows * cache.dim * 4
     s = art.session()
     assert s.cache_bytes == 0
     s.append(_prompts(2)[0])
     allocated = s.cache_bytes
-    assert allocated == d["cache_bytes"] * 2 // MAX_BATCH
+    assert allocated == cache.bytes(2)
     s.step([1, 2])
     assert s.cache_bytes == allocated and s.length == PROMPT + 1
 
@@ -227,6 +260,9 @@ def test_other_families_decode_as_onnxruntimes_loop_reading_the_cache_in_place(n
         ids, mask = _prompts(batch)
         got = art.generate(ids, mask, max_new_tokens=MAX_LENGTH - PROMPT)
         _agrees(got, *_ort_tokens(art, session, ids, mask, MAX_LENGTH - PROMPT))
+    for row in range(1, MAX_BATCH):  # padding changes no row's tokens (transformers' rule)
+        real = ids[row, mask[row].astype(bool)]
+        np.testing.assert_array_equal(art.generate(real, max_new_tokens=8)[0, len(real):], got[row, PROMPT:PROMPT + 8])
     art.export(tmp_path / "decoder.so")
     assert np.array_equal(relaxc.load(tmp_path / "decoder.so").generate(ids, mask, max_new_tokens=8),
                           got[:, :PROMPT + 8])
@@ -313,6 +349,74 @@ def test_a_present_that_is_not_its_past_extended_is_refused():
     proto.graph.node.append(helper.make_node("Identity", ["elsewhere"], ["present.0.key"]))
     with pytest.raises(relaxc.UserError, match="made by Add"):
         decoder.recognise(proto, 16)
+
+
+def _with_input(proto: onnx.ModelProto, name: str, dtype: int, dims: list) -> onnx.ModelProto:
+    proto.graph.input.append(helper.make_tensor_value_info(name, dtype, dims))
+    return proto
+
+
+def test_an_input_a_session_would_not_feed_is_refused_at_compile_time_naming_it():
+    with pytest.raises(relaxc.UserError, match="takes token_type_ids, which generation does not feed"):
+        decoder.recognise(_with_input(_proto("gpt2_past"), "token_type_ids", onnx.TensorProto.INT64,
+                                      ["batch", "sequence"]), 16)
+    with pytest.raises(relaxc.UserError, match="takes use_cache_branch.*--no-post-process"):
+        relaxc.compile(_with_input(_proto("llama_past"), "use_cache_branch", onnx.TensorProto.BOOL, [1]),
+                       max_length=16)
+
+
+def _positions_from_cache_position() -> onnx.ModelProto:
+    """zoo:llama_past reading ``cache_position [sequence]`` instead of ``position_ids``: each row's
+    positions are the cache rows of its tokens (transformers' rule without padding)."""
+    proto = models.fill_light(_proto("llama_past"))
+    graph = proto.graph
+    for node in graph.node:
+        node.input[:] = ["positions" if n == "position_ids" else n for n in node.input]
+    graph.node.insert(0, helper.make_node("Shape", ["input_ids"], ["ids_shape"]))
+    graph.node.insert(1, helper.make_node("Unsqueeze", ["cache_position", "zero_axis"], ["row_positions"]))
+    graph.node.insert(2, helper.make_node("Expand", ["row_positions", "ids_shape"], ["positions"]))
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "zero_axis"))
+    kept = [v for v in graph.input if v.name != "position_ids"]
+    del graph.input[:]
+    graph.input.extend(kept)
+    return _with_input(proto, "cache_position", onnx.TensorProto.INT64, ["sequence"])
+
+
+def test_cache_position_is_fed_the_rows_of_the_new_tokens():
+    proto = _positions_from_cache_position()
+    art = relaxc.compile(proto, tuning="off", max_length=MAX_LENGTH)
+    assert art.decoder["cache_position"] and not art.decoder["positions"]
+    ids, _ = _prompts(1)
+    expected = reference.ort_greedy(reference.ort_session(models.fill_light(_proto("llama_past"))), ids,
+                                    np.ones_like(ids), 12, [tuple(pair) for pair in art.decoder["pairs"]])
+    _agrees(art.generate(ids, max_new_tokens=12), *expected)
+
+
+def test_settings_resolve_as_transformers_generation_config(tmp_path):
+    """transformers' defaults (top-k 50 when sampling), a checkpoint's generation_config.json for what the
+    caller leaves out, and the caller's own settings over both."""
+    given = dict(max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None,
+                 repetition_penalty=None, eos_token_id=None, pad_token_id=None)
+    assert sampling.Sampling().top_k == 50 and sampling.resolved(given, None) == given
+    (tmp_path / "generation_config.json").write_text(
+        '{"do_sample": true, "top_k": 20, "temperature": 0.7, "eos_token_id": [2, 3], "transformers_version": "5"}')
+    settings = sampling.resolved(given | {"temperature": 1.3}, tmp_path)
+    assert settings == given | {"do_sample": True, "top_k": 20, "temperature": 1.3, "eos_token_id": [2, 3]}
+    with pytest.raises(relaxc.UserError, match="cannot read the generation config"):
+        sampling.resolved(given, tmp_path / "missing.json")
+
+
+def test_a_checkpoints_generation_config_drives_generate(compiled, tmp_path):
+    art, _ = compiled
+    ids, _ = _prompts(1)
+    greedy = art.generate(ids, max_new_tokens=8)
+    eos = int(greedy[0, PROMPT + 2])  # the third new token ends the row once it is the EOS
+    first = list(greedy[0, PROMPT:]).index(eos)  # (or an earlier one, where it comes before)
+    (tmp_path / "generation_config.json").write_text(f'{{"eos_token_id": {eos}, "pad_token_id": 0}}')
+    stopped = art.generate(ids, max_new_tokens=8, generation_config=tmp_path)
+    assert np.array_equal(stopped, greedy[:, :PROMPT + first + 1])
+    sampled = art.generate(ids, max_new_tokens=8, generation_config={"do_sample": True}, seed=3)
+    assert np.array_equal(sampled, art.generate(ids, max_new_tokens=8, do_sample=True, top_k=50, seed=3))
 
 
 def test_greedy_is_the_argmax_after_the_repetition_penalty():

@@ -1,12 +1,12 @@
 """Recognise a decoder "with past": one step of a causal language model as serving tools export it.
 
 Its inputs are ``input_ids [batch, sequence]``, ``attention_mask [batch, past + sequence]``,
-``position_ids [batch, sequence]`` where the model reads them, and each layer's
+``position_ids [batch, sequence]`` and ``cache_position [sequence]`` where the model reads them, and each layer's
 ``past_key_values.{i}.key/.value [batch, kv_heads, past, head_dim]``; its outputs ``logits [batch,
 sequence, vocab]`` and ``present.{i}.key/.value``, each its past with the step's keys or values
 concatenated along the sequence axis (the optimum / transformers naming; ``kv_inputs`` /
 ``kv_outputs`` name other pairs). ``recognise`` checks all of that in the graph and refuses anything
-else with a ``UserError`` naming what is missing; the generation runtime reads what it found
+else with a ``UserError`` naming what is missing, or what it takes that a session would not feed; the generation runtime reads what it found
 (``Decoder.describe``, ``report()["decoder"]``).
 """
 
@@ -22,6 +22,8 @@ from relaxc.support.errors import UserError
 
 PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)$")  # optimum / transformers
 IDS, MASK, POSITIONS, LOGITS = "input_ids", "attention_mask", "position_ids", "logits"
+CACHE_POSITION = "cache_position"  # transformers': [sequence], each new token's row in the cache
+FED = (IDS, MASK, POSITIONS, CACHE_POSITION)  # what a session feeds besides the pasts
 SEQUENCE_AXIS = 2  # of a past or present: [batch, kv_heads, sequence, head_dim]
 
 
@@ -38,6 +40,14 @@ class Decoder:
     max_length: int
     max_batch: int
     all_logits: bool = False  # main keeps every position's logits, not the last position's alone
+    cache_position: bool = False  # whether the model reads cache_position
+    mask_positions: bool = False  # whether the graph counts positions over the mask itself (OPT)
+
+    @property
+    def padding(self) -> bool:
+        """Whether rows of different lengths, left-padded, get transformers' positions: from
+        ``position_ids`` (a session counts the real tokens) or from the mask in the graph."""
+        return self.positions or self.mask_positions
 
     def bounds(self) -> dict[str, int]:
         """The dynamic dims' bounds: a step sees at most ``max_length`` tokens, ``max_length - 1``
@@ -60,7 +70,8 @@ class Decoder:
         """``report()["decoder"]``: everything above, as JSON."""
         return {"pairs": [list(pair) for pair in self.pairs], "cache_shape": list(self.cache_shape),
                 "positions": self.positions, "dims": dict(self.dims), "vocab": self.vocab,
-                "max_length": self.max_length, "max_batch": self.max_batch, "all_logits": self.all_logits}
+                "max_length": self.max_length, "max_batch": self.max_batch, "all_logits": self.all_logits,
+                "cache_position": self.cache_position, "padding": self.padding}
 
 
 def recognise(proto: onnx.ModelProto, max_length: int, max_batch: int = 1, kv_inputs: Sequence[str] | None = None,
@@ -80,6 +91,12 @@ def recognise(proto: onnx.ModelProto, max_length: int, max_batch: int = 1, kv_in
         raise UserError(f"not a decoder with past: no {', '.join(missing)} (inputs {sorted(inputs)}, outputs "
                         f"{sorted(outputs)})")
     pairs = _pairs(inputs, outputs, kv_inputs, kv_outputs)
+    unfed = sorted(set(inputs) - set(FED) - {past for past, _ in pairs})
+    if unfed:
+        merged = " (optimum's merged decoder: export with optimum-cli's --no-post-process and compile the " \
+            "decoder with past it writes)" if "use_cache_branch" in unfed else ""
+        raise UserError(f"the decoder takes {', '.join(unfed)}, which generation does not feed{merged}: a session "
+                        f"feeds {', '.join(FED)} and the pasts; export the decoder without the others")
     dims = {"batch": _dim(inputs[IDS], 0), "sequence": _dim(inputs[IDS], 1), "total": _dim(inputs[MASK], 1)}
     shapes = set()
     for past, present in pairs:
@@ -102,7 +119,65 @@ def recognise(proto: onnx.ModelProto, max_length: int, max_batch: int = 1, kv_in
     if not isinstance(vocab, int):
         raise UserError(f"logits must be [batch, sequence, vocab] with a fixed vocab; it is {_dims(outputs[LOGITS])}")
     return Decoder(tuple(pairs), next(iter(shapes)), POSITIONS in inputs, dims, vocab, max_length, max_batch,
-                   bool(all_logits))
+                   bool(all_logits), CACHE_POSITION in inputs, _reaches(graph, MASK, "CumSum"))
+
+
+def with_position_ids(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``proto`` reading ``position_ids [batch, sequence]`` where it looked positions up in a table by
+    the cache's length (GPT-2 exported by TorchScript: ``wpe[arange(past, past + sequence)]``, the
+    same for every row, so a left-padded row's real tokens got positions shifted by its padding);
+    None where it does not do that. The lookup: a ``Gather`` from a constant table of indices
+    ``Unsqueeze(Range(...) + ..., 0)`` ([1, sequence]) that neither the tokens nor the mask reach."""
+    graph = proto.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = {i.name for i in graph.initializer}
+    found = [node for node in graph.node if node.op_type == "Gather" and node.input[0] in constants
+             and _range_row(node.input[1], producers)
+             and not any(_depends(node.input[1], name, producers) for name in (IDS, MASK))]
+    if not found:
+        return None
+    fed = onnx.ModelProto()
+    fed.CopyFrom(proto)
+    for node in fed.graph.node:
+        if node.op_type == "Gather" and any(node.name == f.name and node.output == f.output for f in found):
+            node.input[1] = POSITIONS
+    ids = next(v for v in fed.graph.input if v.name == IDS)
+    fed.graph.input.append(onnx.helper.make_tensor_value_info(
+        POSITIONS, onnx.TensorProto.INT64, [_dim(ids, 0), _dim(ids, 1)]))
+    return fed
+
+
+def _range_row(name: str, producers: dict[str, onnx.NodeProto]) -> bool:
+    """Whether ``name`` is ``Unsqueeze(x, 0)`` of a 1-D ``x`` made from a ``Range`` by additions."""
+    node = producers.get(name)
+    if node is None or node.op_type != "Unsqueeze" or len(node.input) < 2:
+        return False
+    value = producers.get(node.input[0])
+    while value is not None and value.op_type in ("Add", "Cast"):
+        value = next((producers[i] for i in value.input if i in producers and _depends(i, None, producers, "Range")),
+                     None)
+    return value is not None and value.op_type == "Range"
+
+
+def _depends(name: str, source: str | None, producers: dict[str, onnx.NodeProto], op: str | None = None) -> bool:
+    """Whether ``name``'s values are computed from the graph input ``source`` (or by a node of type ``op``):
+    through anything but a ``Shape``, which reads no values."""
+    seen, stack = set(), [name]
+    while stack:
+        current = stack.pop()
+        if current == source or (op is not None and current in producers and producers[current].op_type == op):
+            return True
+        if current in seen or current not in producers or producers[current].op_type == "Shape":
+            continue
+        seen.add(current)
+        stack.extend(producers[current].input)
+    return False
+
+
+def _reaches(graph: onnx.GraphProto, source: str, op: str) -> bool:
+    """Whether the graph input ``source`` feeds a node of type ``op``."""
+    producers = {out: node for node in graph.node for out in node.output}
+    return any(node.op_type == op and any(_depends(i, source, producers) for i in node.input) for node in graph.node)
 
 
 def _pairs(inputs: dict, outputs: dict, kv_inputs: Sequence[str] | None,

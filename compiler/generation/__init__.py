@@ -34,7 +34,7 @@ class Generates:
 
     def _refuse_single_steps(self) -> None:
         """A UserError for ``run`` on a decoder whose cache the program keeps in place."""
-        if self.decoder is not None and "cache_rows" in self.decoder:
+        if self.decoder is not None and "cache" in self.decoder:
             raise UserError("a decoder compiled with max_length keeps its cache in place: run it through "
                             "session() or generate(), or compile it without max_length to run single steps")
 
@@ -52,7 +52,8 @@ class Generates:
         """``input_ids`` [batch, prompt] and its continuation, int64 [batch, prompt + new], in a
         session of its own. ``settings``: transformers' ``max_new_tokens``, ``do_sample``,
         ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``eos_token_id``,
-        ``pad_token_id``, ``streamer``, and ``seed`` (``relaxc.generation.loop.generate``)."""
+        ``pad_token_id``, ``streamer``, ``seed``, and ``generation_config`` (a checkpoint's, for what the
+        others leave out: ``relaxc.generation.loop.generate``)."""
         return generate(self.session(), input_ids, attention_mask, **settings)
 
 

@@ -3,19 +3,21 @@ transformers' ``generate`` (its argument names, left-padded batches, its streame
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import numpy as np
 
-from relaxc.generation.sampling import Sampling, choose
+from relaxc.generation.sampling import Sampling, choose, resolved
 from relaxc.generation.session import Session
 from relaxc.support.errors import UserError
 
 
 def generate(session: Session, input_ids: Any, attention_mask: Any = None, max_new_tokens: int | None = None,
-             do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             repetition_penalty: float = 1.0, eos_token_id: int | Sequence[int] | None = None,
-             pad_token_id: int | None = None, seed: int | None = None, streamer: Any = None) -> np.ndarray:
+             do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
+             top_p: float | None = None, repetition_penalty: float | None = None,
+             eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None, seed: int | None = None,
+             streamer: Any = None, generation_config: str | os.PathLike | dict | None = None) -> np.ndarray:
     """The prompt and its continuation, int64 [batch, prompt + new]. ``session`` starts empty.
 
     Rows of different lengths come left-padded with ``attention_mask`` 0 on the padding, as
@@ -23,8 +25,17 @@ def generate(session: Session, input_ids: Any, attention_mask: Any = None, max_n
     ``pad_token_id`` (default: the first EOS id); generation ends when every row has stopped or after
     ``max_new_tokens`` (default: up to the artifact's ``max_length``). ``streamer`` gets ``put`` with
     the prompt, then each step's tokens, and ``end()`` (transformers' ``TextStreamer`` works as it is).
+    A setting left out comes from ``generation_config`` (a checkpoint directory with its
+    ``generation_config.json``, or the dict) where it has one, else transformers' default
+    (``sampling.resolved``: greedy; sampled, top-k 50).
     """
-    sampling = Sampling(do_sample, temperature, top_k, top_p, repetition_penalty)
+    given = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                 top_p=top_p, repetition_penalty=repetition_penalty, eos_token_id=eos_token_id,
+                 pad_token_id=pad_token_id)
+    settings = resolved(given, generation_config)
+    max_new_tokens, eos_token_id, pad_token_id = (settings.pop(k) for k in ("max_new_tokens", "eos_token_id",
+                                                                             "pad_token_id"))
+    sampling = Sampling(**{key: value for key, value in settings.items() if value is not None})
     ids = session.check_ids(input_ids)
     room = session.max_length - ids.shape[1]
     new = room if max_new_tokens is None else max_new_tokens

@@ -9,7 +9,10 @@ what is left, renormalised.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +25,7 @@ class Sampling:
 
     do_sample: bool = False
     temperature: float = 1.0
-    top_k: int = 0  # 0: no limit
+    top_k: int = 50  # 0: no limit
     top_p: float = 1.0
     repetition_penalty: float = 1.0
 
@@ -35,6 +38,30 @@ class Sampling:
             raise UserError(f"top_p must be in (0, 1], not {self.top_p!r}")
         if not self.repetition_penalty > 0:
             raise UserError(f"repetition_penalty must be positive, not {self.repetition_penalty!r}")
+
+
+SETTINGS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id",
+            "pad_token_id")  # what a generation_config.json may set, as transformers' GenerationConfig names it
+
+
+def resolved(given: dict[str, Any], config: str | os.PathLike | dict | None) -> dict[str, Any]:
+    """``given`` (``generate``'s settings, None where the caller gave none) completed as transformers'
+    ``GenerationConfig`` completes them: from ``config`` (a checkpoint directory and its
+    ``generation_config.json`` if it has one, the file, or its dict), then transformers' defaults
+    (``Sampling``'s; ``top_k`` 50). A setting the caller gives wins over the config."""
+    if config is not None and not isinstance(config, dict):
+        path = os.fspath(config)
+        path = os.path.join(path, "generation_config.json") if os.path.isdir(path) else path
+        if os.path.isdir(os.fspath(config)) and not os.path.exists(path):
+            return resolved(given, None)  # a checkpoint without one: transformers' defaults
+        try:
+            with open(path, encoding="utf-8") as file:
+                config = json.load(file)
+        except (OSError, ValueError) as err:
+            raise UserError(f"cannot read the generation config {path}: {err}") from None
+    config = {key: value for key, value in (config or {}).items() if key in SETTINGS and value is not None}
+    return {key: config.get(key) if given.get(key) is None else given[key] for key in SETTINGS} | \
+        {key: value for key, value in given.items() if key not in SETTINGS}
 
 
 def penalized(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import tvm_ffi
 
+from relaxc.support.cache_layout import CacheLayout
 from relaxc.support.errors import InputError, UserError
 
 
@@ -26,6 +27,7 @@ class Session:
         self._runner = runner
         self.decoder = decoder
         self.max_length, self.max_batch, self.vocab = decoder["max_length"], decoder["max_batch"], decoder["vocab"]
+        self.layout = CacheLayout.from_json(decoder.get("cache"))
         self._inputs = [name for name, _, _ in runner.inputs]
         if runner.subgraphs:
             raise UserError("generation runs relaxc's program alone: compile the decoder with backends='relaxc' "
@@ -70,16 +72,16 @@ class Session:
             if ids.shape[0] > self.max_batch:
                 raise UserError(f"a batch of {ids.shape[0]} rows is more than max_batch={self.max_batch} "
                                 "(compile with a larger max_batch)")
-            heads, dim = self.decoder["cache_shape"]
-            rows, transposed = self.decoder["cache_rows"], set(self.decoder["transposed"])  # keys: [dim, rows]
-            shapes = {past: (ids.shape[0], heads, *((dim, rows) if past in transposed else (rows, dim)))
-                      for past, _ in self.decoder["pairs"]}
-            self._caches = {past: self._runner.call_zeros(shape, self.decoder["cache_dtype"])
-                            for past, shape in shapes.items()}
+            self._caches = {past: self._runner.call_zeros(self.layout.shape(past, ids.shape[0]), self.layout.dtype)
+                            for past in self.layout.pasts}
             self._mask = np.zeros((ids.shape[0], 0), np.int64)
         elif ids.shape[0] != self.batch:
             raise InputError(f"this session has {self.batch} rows; input_ids has {ids.shape[0]} (reset() first)")
         self.check_room(ids.shape[1])
+        if not self.decoder.get("padding", True) and not mask.all():
+            raise UserError("this export counts positions from the cache's length, not from attention_mask, and "
+                            "relaxc found no position lookup to feed: a left-padded row would get positions shifted "
+                            "by its padding; give rows of equal length (docs/generation.md)")
         logits = self._run(ids, mask)
         return logits if all_positions else logits[:, -1]
 
@@ -115,13 +117,18 @@ class Session:
     def step_arguments(self, tokens: Any) -> list[Any]:
         """The arguments of the program's ``decode`` for ``step(tokens)``, which is not run: to profile a
         decode step (``relaxc.profile.profile(art, {}, arguments=..., function="decode")``) at this length."""
+        if self._caches is None:
+            raise UserError("a session's first call is append(input_ids): there is nothing to step from")
         ids = self.check_ids(np.asarray(tokens).reshape(-1, 1))
+        self.check_room(1)
         return self._arguments(ids, np.concatenate([self._mask, np.ones_like(ids)], axis=1))
 
     def _arguments(self, ids: np.ndarray, full: np.ndarray) -> list[Any]:
         feeds = {"input_ids": ids, "attention_mask": full}
         if self.decoder["positions"]:  # transformers' positions: each token's count of real ones before it
             feeds["position_ids"] = np.maximum(np.cumsum(full, axis=1) - 1, 0)[:, -ids.shape[1]:]
+        if self.decoder.get("cache_position"):  # transformers': the rows the new tokens take in the cache
+            feeds["cache_position"] = np.arange(self.length, self.length + ids.shape[1], dtype=np.int64)
         feeds.update(self._caches)
         return [feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])] + self._runner.weight_argument()
 
