@@ -33,9 +33,9 @@ from relaxc.support.turns import paired
 SPECS = ("zoo:gpt2_124m_past", "zoo:llama_125m_past", "zoo:qwen2_122m_past",  # TorchScript
          "zoo:gpt2_124m_optimum", "zoo:llama_125m_optimum", "zoo:qwen2_122m_optimum", "zoo:phi3_126m_optimum",
          "zoo:opt_125m_optimum")  # optimum's exporter
-ROOM = 16  # tokens beyond the longest cache and the timed steps: the warm-up steps'
+ROOM = 17  # tokens beyond the longest cache and the timed steps: the checked step's and the warm-up steps'
 CHECK_PROMPT = 32  # --check: the prompt's tokens, then --steps decode steps
-CHECK_TOLERANCE = 1e-4  # --check: of max|logit|
+CHECK_TOLERANCE = 1e-4  # of max|logit|: how far a step's logits may be from onnxruntime's
 
 
 class Greedy:
@@ -45,15 +45,18 @@ class Greedy:
         self.session = session
 
     def start(self, prompt: np.ndarray) -> None:
-        self.token = np.argmax(self.session.append(prompt), axis=-1)
+        """The prompt, then one decode step, whose logits (``first``) the benchmark compares across runtimes."""
+        self.first = self.session.step(np.argmax(self.session.append(prompt), axis=-1))
+        self.token = np.argmax(self.first, axis=-1)
 
     def step(self) -> None:
         self.token = np.argmax(self.session.step(self.token), axis=-1)
 
 
 def measure(spec: str, cached: Sequence[int], steps: int, threads: int,
-            batch: int = 1) -> list[tuple[int, float, float]]:
-    """(cache length, relaxc ms, onnxruntime ms) per step of ``batch`` rows for ``spec`` at each ``cached``."""
+            batch: int = 1) -> list[tuple[int, float, float, float]]:
+    """(cache length, relaxc ms, onnxruntime ms, the first decode step's largest logit difference relative
+    to max|logit|) per step of ``batch`` rows for ``spec`` at each ``cached``: the program timed is checked."""
     import relaxc
 
     started = time.perf_counter()
@@ -68,7 +71,9 @@ def measure(spec: str, cached: Sequence[int], steps: int, threads: int,
             runs[name, length] = Greedy(decoder)
             runs[name, length].start(prompt)
     ms = paired({key: greedy.step for key, greedy in runs.items()}, steps)
-    return [(length, ms["relaxc", length], ms["onnxruntime", length]) for length in cached]
+    errors = {length: float(np.abs(runs["relaxc", length].first - runs["onnxruntime", length].first).max()
+                            / np.abs(runs["onnxruntime", length].first).max()) for length in cached}
+    return [(length, ms["relaxc", length], ms["onnxruntime", length], errors[length]) for length in cached]
 
 
 def check(spec: str, steps: int, batch: int, threads: int, folder: str) -> list[tuple[str, float]]:
@@ -122,16 +127,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.steps = args.steps or 32
     print(f"# {this_cpu('cpu')}, target cpu, {args.threads} threads each, batch {args.batch}, fp32, onnxruntime "
           f"{reference.onnxruntime().__version__}: greedy decode, median ms per step of {args.steps} steps"
-          f"\n\n| model | cached | relaxc (ms) | onnxruntime (ms) | ratio |\n| --- | ---: | ---: | ---: | ---: |",
+          f"; the first decode step's logits against onnxruntime's (largest difference, relative to max|logit|)"
+          f"\n\n| model | cached | relaxc (ms) | onnxruntime (ms) | ratio | logits |\n| --- | ---: | ---: | ---: | ---: | ---: |",
           flush=True)
-    growth = []
+    growth, wrong = [], 0
     for spec in args.specs:
         rows = measure(spec, args.cached, args.steps, args.threads, args.batch)
-        for length, ours, theirs in rows:
-            print(f"| {spec} | {length} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |", flush=True)
+        for length, ours, theirs, error in rows:
+            wrong += error > CHECK_TOLERANCE
+            print(f"| {spec} | {length} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x | {error:.1e}"
+                  f"{' WRONG' if error > CHECK_TOLERANCE else ''} |", flush=True)
         growth.append(f"{spec} {rows[-1][1] / rows[0][1]:.2f}x")
     print(f"\nrelaxc at {max(args.cached)} cached over {min(args.cached)}: {', '.join(growth)}")
-    return 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

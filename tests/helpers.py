@@ -1,14 +1,16 @@
 """What several test modules share: running relaxc's command line as a user would (a fresh process
-each time), a cache that makes dispatch choose a given candidate, and a clock that stand-in
-work moves."""
+each time), a cache that makes dispatch choose a given candidate, a clock that stand-in work moves,
+and a decoder's programs called directly."""
 
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import onnx
 import tvm
+import tvm_ffi
 
 import relaxc
 from relaxc.passes.tir import tir_pipeline
@@ -16,6 +18,7 @@ from relaxc.passes.dispatch import DIRECT, WINOGRAD
 from relaxc.support.store_files import DISPATCH_FILE
 from relaxc.schedules import cache
 from relaxc.support import targets
+from relaxc.support.cache_layout import CacheLayout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,3 +74,14 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+
+
+def call_program(art, function: str, past: int, sequence: int) -> list:
+    """``function`` of ``art``'s program called directly with ``past`` tokens cached and ``sequence``
+    more, as any caller could: no session checks its room."""
+    runner, layout = art, CacheLayout.from_json(art.decoder["cache"])
+    feeds = {"input_ids": np.zeros((1, sequence), np.int64), "attention_mask": np.ones((1, past + sequence), np.int64),
+             "position_ids": np.arange(past, past + sequence, dtype=np.int64)[None]}
+    feeds |= {name: runner.call_zeros(layout.shape(name, 1), layout.dtype) for name in layout.pasts}
+    arguments = [feeds[name] for name, _, _ in runner.inputs] + [tvm_ffi.Shape([past])] + runner.weight_argument()
+    return runner.call(arguments, function)

@@ -8,11 +8,11 @@ programs' own bounds on the cache."""
 import numpy as np
 import onnx
 import pytest
-import tvm_ffi
 
 import relaxc
 from relaxc.frontend import models
 from relaxc.support.cache_layout import CacheLayout
+from tests.helpers import call_program
 from tests import reference
 
 REAL = ("gpt2_768_past", "llama_768_past", "qwen2_1024_past")
@@ -53,17 +53,6 @@ def test_every_decode_step_equals_onnxruntimes_after_export_and_load(real, tmp_p
     assert max(errors) <= TOLERANCE, f"steps off by more than {TOLERANCE}: {errors}"
 
 
-def _call(art, function: str, past: int, sequence: int):
-    """``function`` of ``art``'s program called directly with ``past`` tokens cached and ``sequence``
-    more, as any caller could: no session checks its room."""
-    runner, layout = art, CacheLayout.from_json(art.decoder["cache"])
-    feeds = {"input_ids": np.zeros((1, sequence), np.int64), "attention_mask": np.ones((1, past + sequence), np.int64),
-             "position_ids": np.arange(past, past + sequence, dtype=np.int64)[None]}
-    feeds |= {name: runner.call_zeros(layout.shape(name, 1), layout.dtype) for name in layout.pasts}
-    arguments = [feeds[name] for name, _, _ in runner.inputs] + [tvm_ffi.Shape([past])] + runner.weight_argument()
-    return runner.call(arguments, function)
-
-
 @pytest.mark.slow
 def test_the_programs_refuse_a_step_outside_the_cache(real):
     """``past + sequence`` over the cache's rows is an InputError from the compiled code itself,
@@ -71,8 +60,8 @@ def test_the_programs_refuse_a_step_outside_the_cache(real):
     art, _ = real
     rows = CacheLayout.from_json(art.decoder["cache"]).rows
     assert rows > MAX_LENGTH
-    _call(art, "decode", rows - 1, 1)
-    _call(art, "main", rows - 3, 3)
+    call_program(art, "decode", rows - 1, 1)
+    call_program(art, "main", rows - 3, 3)
     for function, past, sequence in (("decode", rows, 1), ("decode", rows + 40, 1), ("main", rows - 2, 3)):
         with pytest.raises(relaxc.InputError, match=f"outside the cache's {rows} rows"):
-            _call(art, function, past, sequence)
+            call_program(art, function, past, sequence)

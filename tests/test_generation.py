@@ -3,6 +3,7 @@ benchmarks/export_decoders.py with TorchScript and with optimum): recognition an
 equal to onnxruntime's own loop over the same export, sessions, streaming, export and load, seeded sampling,
 errors."""
 
+import json
 import threading
 
 import numpy as np
@@ -15,6 +16,7 @@ from relaxc.frontend import decoder, models
 from relaxc.generation import sampling
 from relaxc.support.cache_layout import CacheLayout
 from tests import reference
+from tests.helpers import call_program
 
 DECODERS = ("gpt2_past", "llama_past")  # learned positions, no position_ids; rotary, grouped queries
 MAX_LENGTH, MAX_BATCH, PROMPT = 64, 4, 32
@@ -126,6 +128,21 @@ def test_each_step_writes_the_cache_in_place(compiled):
     assert s.cache_bytes == allocated and s.length == PROMPT + 1
 
 
+def test_the_programs_refuse_a_step_past_a_cache_of_exactly_max_length_rows(compiled):
+    """max_length 64, a whole number of vectors: the cache has no rows beyond it, and a step at its end is an
+    InputError from the compiled code (the profile's step at 64 of 64 rows corrupted the heap)."""
+    art, _ = compiled
+    assert CacheLayout.from_json(art.decoder["cache"]).rows == MAX_LENGTH
+    call_program(art, "decode", MAX_LENGTH - 1, 1)
+    for function, past, sequence in (("decode", MAX_LENGTH, 1), ("main", MAX_LENGTH - 4, 5), ("decode", -1, 1)):
+        with pytest.raises(relaxc.InputError, match=f"outside the cache's {MAX_LENGTH} rows"):
+            call_program(art, function, past, sequence)
+    s = art.session()
+    s.append(np.ones((1, MAX_LENGTH), np.int64))
+    with pytest.raises(relaxc.UserError, match="over max_length=64"):
+        s.step_arguments([1])
+
+
 def test_a_session_keeps_its_cache_between_calls(compiled):
     art, _ = compiled
     ids, _ = _prompts(1)
@@ -203,6 +220,21 @@ def test_export_and_load_give_the_same_tokens(compiled, tmp_path):
     assert np.array_equal(loaded.generate(ids, mask, max_new_tokens=16), art.generate(ids, mask, max_new_tokens=16))
     lifted = [w.numpy().nbytes for w in art.weights]  # the embedding table among them: 512 tokens x 64
     assert max(lifted) >= 512 * 64 * 4 and (tmp_path / "decoder.weights").stat().st_size >= sum(lifted)
+
+
+def test_a_manifest_of_another_cache_layout_is_an_export_error(compiled, tmp_path):
+    """A program reads its cache in the layout it was compiled for: an export of another layout version
+    (or of none, before layouts had one) is refused at load, not run on caches of the wrong shape."""
+    art, _ = compiled
+    path = tmp_path / "decoder.so"
+    art.export(path)
+    manifest = json.loads((tmp_path / "decoder.json").read_text())
+    for cache in ({**manifest["decoder"]["cache"], "version": 99}, None):
+        manifest["decoder"]["cache"] = cache
+        (tmp_path / "decoder.json").write_text(json.dumps(manifest))
+        with pytest.raises(relaxc.ExportError, match=r"decoder.so keeps its cache in layout version (99|0); .* compile "
+                                                     "and export it again"):
+            relaxc.load(path)
 
 
 def test_a_damaged_or_missing_weights_file_is_an_export_error(compiled, tmp_path):
