@@ -1,4 +1,5 @@
-"""Test models, and the onnxruntime reference with the project's tolerance.
+"""Test models, the onnxruntime reference with the project's tolerance, and transformers' tokens for
+the zoo's TorchScript decoders.
 
 The reference, the tolerance and random weights for the bundled models live in
 ``benchmarks/reference.py`` (the benchmarks use them too), the random inputs in ``compiler.runtime``;
@@ -7,13 +8,20 @@ they are re-exported here.
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from relaxc.benchmarks.reference import (ORT_MAX_IR_VERSION, OrtDecoder, assert_matches, ort_greedy,  # noqa: F401
                                          ort_run, ort_session, randomize_weights, teacher_forced)  # noqa: F401
+from relaxc.frontend import models
 from relaxc.runtime import random_inputs  # noqa: F401
+
+TRANSFORMERS_TIE = 1e-4  # of max|logit|: a first difference where transformers' top two are this close is a tie
 
 
 def assert_relaxc_ran(art) -> None:
@@ -146,3 +154,27 @@ def conv3x3(channels: int, out_channels: int, height: int, width: int, pads: int
         nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, height, width])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out_channels, out_h, out_w])],
         [_const("w", w), _const("b", b)])
+
+
+def transformers_fixtures() -> list[str]:
+    """The decoders with transformers' greedy tokens beside them (``benchmarks/decoder_fixtures.py``)."""
+    zoo = os.path.dirname(models.bundled_path("zoo:gpt2_past"))
+    return sorted(os.path.basename(p).split(".")[0] for p in glob.glob(os.path.join(zoo, "*.generate.json")))
+
+
+def assert_generates_as_transformers(art, name: str) -> None:
+    """``art`` (zoo:``name`` compiled with room for the fixture's prompts) generates transformers' greedy
+    tokens for a prompt alone and for a left-padded batch of three lengths: equal, or a first difference
+    where transformers' own top two tie within ``TRANSFORMERS_TIE``."""
+    path = os.path.join(os.path.dirname(models.bundled_path(f"zoo:{name}")), f"{name}.generate.json")
+    with open(path, encoding="utf-8") as file:
+        fixture = json.load(file)
+    new, prompts = fixture["new_tokens"], fixture["prompts"]
+    for case, mask in (("single", None), ("batch", prompts["mask"])):
+        ids = np.array(prompts[case])
+        got = art.generate(ids, None if mask is None else np.array(mask), max_new_tokens=new)[:, ids.shape[1]:]
+        for row, (ours, theirs, margin) in enumerate(zip(got, fixture[case]["tokens"], fixture[case]["margins"])):
+            differs = np.nonzero(ours != np.asarray(theirs))[0]
+            assert not differs.size or margin[int(differs[0])] <= TRANSFORMERS_TIE, \
+                f"{name} {case} row {row} differs at new token {int(differs[0])}: {list(ours)} against {theirs}"
+

@@ -46,6 +46,11 @@ def test_every_decode_step_equals_onnxruntimes(real, batch):
 
 
 @pytest.mark.slow
+def test_greedy_tokens_equal_transformers_generate_alone_and_left_padded(real, request):
+    reference.assert_generates_as_transformers(real[0], request.node.callspec.params["real"])
+
+
+@pytest.mark.slow
 def test_every_decode_step_equals_onnxruntimes_after_export_and_load(real, tmp_path):
     art, ort = real
     art.export(tmp_path / "decoder.so")

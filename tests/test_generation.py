@@ -95,6 +95,10 @@ def _positions_by_length() -> onnx.ModelProto:
     return proto
 
 
+def test_greedy_tokens_equal_transformers_generate_alone_and_left_padded(compiled, request):
+    reference.assert_generates_as_transformers(compiled[0], request.node.callspec.params["compiled"])
+
+
 def test_the_report_describes_the_decoder(compiled):
     art, _ = compiled
     report = art.report()
