@@ -315,7 +315,7 @@ class Deployed(Runner):
                          _subgraphs(folder or os.path.dirname(library), manifest), manifest.get("program_outputs"),
                          manifest.get("dim_bounds"), manifest.get("empty_dims", ()), manifest.get("decoder"))
         self.manifest = manifest
-        if self.decoder is not None and "pairs" in self.decoder:  # a decoder compiled with max_length
+        if self.decoder is not None:  # a decoder compiled with max_length: the layout its programs read
             CacheLayout.from_json(self.decoder.get("cache"), library)
         self.weights = weight_file.read(os.path.dirname(library), manifest["weights"][0], dev) \
             if manifest.get("weights") else None

@@ -301,12 +301,10 @@ class CacheInPlace:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         rewriter = _InPlace(mod.clone(), list(self.pasts), self.rows, self.stats)
-        main = mod["main"]
-        _, heads, _, dim = (int(d) if isinstance(d, tirx.IntImm) else None
-                            for d in main.params[min(self.pasts)].ty.shape.values)
+        dtype = str(mod["main"].params[min(self.pasts)].ty.dtype)
         mod = rewrite_emitting(mod, rewriter)
-        layout = CacheLayout(tuple(self.pasts[i] for i in sorted(self.pasts)), heads, dim, self.rows,
-                             str(main.params[min(self.pasts)].ty.dtype),
+        heads, dim = self.decoder["cache_shape"]
+        layout = CacheLayout(tuple(self.pasts[i] for i in sorted(self.pasts)), heads, dim, self.rows, dtype,
                              frozenset(self.pasts[i] for i in rewriter.transposed or ()))
         self.decoder["cache"] = layout.to_json()
         return mod

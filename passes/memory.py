@@ -376,24 +376,30 @@ class ArenaPlan:
         return self.report
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        programs = [gvar for gvar, func in mod.functions_items()
-                    if isinstance(func, relax.Function) and gvar.name_hint != "main"]
-        mod, self.report = self._plan(mod, mod.get_global_var("main"))
-        others = {}
-        for gvar in sorted(programs, key=lambda g: g.name_hint):  # a decoder's decode: the same plan of its own
-            mod, others[gvar.name_hint] = self._plan(mod, gvar)
-        if others:
-            self.report["programs"] = {name: {key: report[key] for key in PROGRAM_KEYS} for name, report in others.items()}
+        programs = sorted((gvar for gvar, func in mod.functions_items() if isinstance(func, relax.Function)),
+                          key=lambda g: (g.name_hint != "main", g.name_hint))  # main, then a decoder's decode
+        tvm_plan = relax.transform.StaticPlanBlockMemory()(mod)  # TVM's plan of every program, to compare with
+        reports, shifted = {}, set()
+        for gvar in programs:
+            mod, reports[gvar.name_hint], kernels = self._plan(mod, gvar, _storage_bytes(tvm_plan[gvar]))
+            shifted |= kernels
+        for kernel in shifted:  # once, whichever programs call it at an offset
+            mod[kernel] = accepting_offsets(mod[kernel])
+        self.report = reports.pop("main")
+        if reports:
+            self.report["programs"] = {name: {key: report[key] for key in PROGRAM_KEYS}
+                                       for name, report in reports.items()}
         return mod
 
-    def _plan(self, mod: tvm.IRModule, gvar: relax.GlobalVar) -> tuple[tvm.IRModule, dict]:
-        """``mod`` with ``gvar``'s intermediates planned, and the plan's report."""
+    def _plan(self, mod: tvm.IRModule, gvar: relax.GlobalVar,
+              tvm_bytes: int) -> tuple[tvm.IRModule, dict, set[relax.GlobalVar]]:
+        """``mod`` with ``gvar``'s intermediates planned, the plan's report (beside TVM's ``tvm_bytes``),
+        and the kernels it calls at a byte offset of the arena."""
         found = analyse(mod[gvar], self.unshared)
         offsets, arena_bytes = plan(found.tensors)
         problems = verify_placement(found.tensors, offsets, arena_bytes)
         if problems:  # a planner bug: never build a model that would compute garbage
             raise RuntimeError(f"memory plan of {gvar.name_hint} is invalid: " + "; ".join(problems[:5]))
-        tvm_bytes = _storage_bytes(relax.transform.StaticPlanBlockMemory()(mod)[gvar])
         report = {
             "planner": self.planner,
             "arena_bytes": arena_bytes if self.planner == "arena" else tvm_bytes,
@@ -411,7 +417,7 @@ class ArenaPlan:
                         for t in sorted(found.tensors, key=lambda t: t.first)],
         }
         if self.planner == "tvm" or not found.tensors:
-            return mod, report
+            return mod, report, set()
         fill = None
         if self.validate:
             builder = relax.BlockBuilder(mod)
@@ -421,7 +427,5 @@ class ArenaPlan:
         new = mod.clone()
         new[gvar] = rewriter.visit_expr(mod[gvar])
         shifted = {kernel for kernel, names in found.kernel_args if any(offsets.get(n, 0) for n in names)}
-        for kernel in shifted:
-            new[kernel] = accepting_offsets(mod[kernel])
         report["kernels_accepting_offsets"] = len(shifted)
-        return new, report
+        return new, report, shifted

@@ -24,6 +24,7 @@ from relaxc.support.tvm_internals import UncheckedSchedule
 
 ROW_MULTIPLE = 8  # dynamic query rows are padded to register tiles of 8 (passes/attention.py)
 PARALLEL_ITERATIONS = 4  # a dynamic kernel's parallel loop has at least these at every size (2 threads)
+ESTIMATES = (tirx.Min, tirx.Max, tirx.Select, tirx.FloorDiv, tirx.FloorMod)  # what TVM's range estimates are made of
 ATTACHING = {"ComputeAt", "ReverseComputeAt"}  # a block attached under a parallel loop computes its whole range
 # How TVM says a trace does not replay on dynamic extents: a primitive refuses them (a ScheduleError:
 # a loop of dynamic extent it cannot take, an index map not bijective there; the zoo's dynamic models
@@ -204,19 +205,8 @@ def _estimated_loops(func: tirx.PrimFunc) -> list[tirx.PrimExpr]:
     which it no longer sees as ``2 * (past // 32 + 1)``), the range is a superset of the tile, and the
     block computes outputs of other parallel iterations from accumulators they have not written: a
     decoder's one-token scores at 12 heads came out garbage, different from run to run."""
-    def estimated(node: tirx.PrimExpr) -> tirx.PrimExpr:
-        if isinstance(node, (tirx.Min, tirx.Max, tirx.Select)) \
-                or isinstance(node, (tirx.FloorDiv, tirx.FloorMod)) and not isinstance(node.b, tirx.IntImm):
-            marks.append(node)
-        return node
-
-    found = []
-    for extent in _loop_extents(func):
-        marks: list = []
-        tvm_ffi.structural_map(extent, ((tirx.Min, tirx.Max, tirx.Select, tirx.FloorDiv, tirx.FloorMod), estimated))
-        if marks:
-            found.append(extent)
-    return found
+    return [loop.extent for loop in _loops(func) if _nodes(loop.extent, ESTIMATES, lambda node: not (
+        isinstance(node, (tirx.FloorDiv, tirx.FloorMod)) and isinstance(node.b, tirx.IntImm)))]
 
 
 def _exact_prefixes(func: tirx.PrimFunc, trace: s_tir.schedule.Trace) -> dict[int, int]:
@@ -238,19 +228,22 @@ def _exact_prefixes(func: tirx.PrimFunc, trace: s_tir.schedule.Trace) -> dict[in
     return prefixes
 
 
-def _loop_extents(func: tirx.PrimFunc) -> list[tirx.PrimExpr]:
-    extents: list[tirx.PrimExpr] = []
-    tvm_ffi.structural_map(func.body, (tirx.For, lambda loop: extents.append(loop.extent) or loop))
-    return extents
+def _loops(func: tirx.PrimFunc) -> list[tirx.For]:
+    return _nodes(func.body, tirx.For)
+
+
+def _nodes(root, kinds, wanted=lambda _node: True) -> list:
+    """The nodes of ``kinds`` under ``root`` that are ``wanted``."""
+    found: list = []
+    tvm_ffi.structural_map(root, (kinds, lambda node: found.append(node) or node if wanted(node) else node))
+    return found
 
 
 def _dynamic_vectors(func: tirx.PrimFunc) -> bool:
     """Whether ``func`` vectorises a loop of dynamic extent (a loop whose extent was one vector at
     the representative size: LLVM code has no vector of dynamic length)."""
-    found = []
-    tvm_ffi.structural_map(func.body, (tirx.For, lambda loop: found.append(
-        loop.kind == tirx.ForKind.VECTORIZED and not isinstance(loop.extent, tirx.IntImm)) or loop))
-    return any(found)
+    return any(loop.kind == tirx.ForKind.VECTORIZED and not isinstance(loop.extent, tirx.IntImm)
+               for loop in _loops(func))
 
 
 def _prime(n: int) -> bool:

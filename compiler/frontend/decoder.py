@@ -131,16 +131,15 @@ def with_position_ids(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     graph = proto.graph
     producers = {out: node for node in graph.node for out in node.output}
     constants = {i.name for i in graph.initializer}
-    found = [node for node in graph.node if node.op_type == "Gather" and node.input[0] in constants
+    found = [i for i, node in enumerate(graph.node) if node.op_type == "Gather" and node.input[0] in constants
              and _range_row(node.input[1], producers)
              and not any(_depends(node.input[1], name, producers) for name in (IDS, MASK))]
     if not found:
         return None
     fed = onnx.ModelProto()
     fed.CopyFrom(proto)
-    for node in fed.graph.node:
-        if node.op_type == "Gather" and any(node.name == f.name and node.output == f.output for f in found):
-            node.input[1] = POSITIONS
+    for i in found:
+        fed.graph.node[i].input[1] = POSITIONS
     ids = next(v for v in fed.graph.input if v.name == IDS)
     fed.graph.input.append(onnx.helper.make_tensor_value_info(
         POSITIONS, onnx.TensorProto.INT64, [_dim(ids, 0), _dim(ids, 1)]))

@@ -51,17 +51,18 @@ def resolved(given: dict[str, Any], config: str | os.PathLike | dict | None) -> 
     (``Sampling``'s; ``top_k`` 50). A setting the caller gives wins over the config."""
     if config is not None and not isinstance(config, dict):
         path = os.fspath(config)
-        path = os.path.join(path, "generation_config.json") if os.path.isdir(path) else path
-        if os.path.isdir(os.fspath(config)) and not os.path.exists(path):
-            return resolved(given, None)  # a checkpoint without one: transformers' defaults
-        try:
-            with open(path, encoding="utf-8") as file:
-                config = json.load(file)
-        except (OSError, ValueError) as err:
-            raise UserError(f"cannot read the generation config {path}: {err}") from None
-    config = {key: value for key, value in (config or {}).items() if key in SETTINGS and value is not None}
-    return {key: config.get(key) if given.get(key) is None else given[key] for key in SETTINGS} | \
-        {key: value for key, value in given.items() if key not in SETTINGS}
+        checkpoint = os.path.isdir(path)
+        path = os.path.join(path, "generation_config.json") if checkpoint else path
+        config = None if checkpoint and not os.path.exists(path) else _read_json(path)  # a checkpoint may have none
+    return {key: (config or {}).get(key) if given.get(key) is None else given[key] for key in SETTINGS}
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read the generation config {path}: {err}") from None
 
 
 def penalized(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
