@@ -39,15 +39,15 @@ from unittest import mock
 import numpy as np
 
 from relaxc.benchmarks import reference
-from relaxc.backend_candidates import BLOCK_SECONDS
-from relaxc.backend_costs import size_label, sizes
+from relaxc.build.backend_candidates import BLOCK_SECONDS
+from relaxc.build.backend_costs import size_label, sizes
 from relaxc.benchmarks.bench import merge_results, table_line, this_cpu
 from relaxc.benchmarks.dynamic_shapes import bounds_for
 from relaxc.benchmarks.harness import _load
 from relaxc.support.turns import block, paired_times, ratio_range, round_medians
 from relaxc.cli import run_command
 from relaxc.frontend import models
-from relaxc.runtime import random_inputs
+from relaxc.runtime.runner import random_inputs
 from relaxc.support.errors import UserError
 
 COLUMNS = ("model", "relaxc ms", "onnxruntime ms", "openvino ms", "measured ms", "plan", "to fastest alone",

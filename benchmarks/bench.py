@@ -22,7 +22,7 @@ from typing import Sequence
 
 from relaxc.benchmarks import harness
 from relaxc.cli import add_option_args, option_values, run_command
-from relaxc.options import Options
+from relaxc.build.options import Options
 from relaxc.support import targets
 from relaxc.support.errors import UserError
 from relaxc.support.threads import physical_cores

@@ -25,8 +25,8 @@ import onnx
 import relaxc
 from relaxc.benchmarks import reference
 from relaxc import frontend
-from relaxc.profile import model_calls
-from relaxc.runtime import random_inputs
+from relaxc.build.profile import model_calls
+from relaxc.runtime.runner import random_inputs
 from relaxc.schedules.sequence import is_builtin, time_in_order
 
 RUNS = 10

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from relaxc.report import mib
+from relaxc.build.report import mib
 from relaxc.support.errors import UserError
 
 

@@ -4,7 +4,7 @@
     .venv/bin/python -m relaxc.benchmarks.contention /tmp/r50.so onnx:resnet50 [--rounds 5]
 
 Each round times three runtimes taking turns in blocks (``harness.alternate``), 2 threads each: the
-build with relaxc's parallel launcher (``compiler/codegen/launcher.py``), the same build with TVM's
+build with relaxc's parallel launcher (``compiler/runtime/launcher.py``), the same build with TVM's
 thread pool, and onnxruntime; first with the second core free, then with a busy loop pinned to it
 (another process on the machine, or a VM's vCPU descheduled). The summary gives the medians over
 the rounds and what the launcher is judged by: how much the busy core costs each runtime against
@@ -26,7 +26,7 @@ import relaxc
 from relaxc import frontend
 from relaxc.benchmarks import harness, reference
 from relaxc.benchmarks.bench import cpu_model
-from relaxc.runtime import manifest_path_for, random_inputs
+from relaxc.runtime.runner import manifest_path_for, random_inputs
 from relaxc.support.targets import host_cpu
 
 BUSY = "while True: pass"

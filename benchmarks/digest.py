@@ -20,7 +20,7 @@ import onnx
 
 import relaxc
 from relaxc.frontend import models
-from relaxc.runtime import random_inputs
+from relaxc.runtime.runner import random_inputs
 from relaxc.benchmarks.reference import randomize_weights
 
 ZNVER3 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # the target of tuning_logs/llvm-znver3-2c

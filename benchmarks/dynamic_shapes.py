@@ -30,7 +30,7 @@ from relaxc.benchmarks import reference
 from relaxc.benchmarks.bench import merge_results, table_line, this_cpu
 from relaxc.cli import run_command
 from relaxc.frontend import load_model
-from relaxc.runtime import random_inputs
+from relaxc.runtime.runner import random_inputs
 from relaxc.support.turns import paired
 
 MODELS = ("zoo:bert_dynamic", "zoo:gpt2_dynamic", "zoo:llama_dynamic", "zoo:qwen2_dynamic", "zoo:t5_encoder_dynamic",

@@ -26,7 +26,7 @@ from relaxc.benchmarks import harness
 from relaxc.benchmarks.bench import merge_results, table_cells, table_line, this_cpu
 from relaxc.benchmarks.export_models import FAMILIES
 from relaxc.cli import run_command
-from relaxc.runtime import random_inputs
+from relaxc.runtime.runner import random_inputs
 from relaxc.support.errors import UserError
 
 COLUMNS = ("model", "relaxc ms", "onnxruntime ms", "ratio", "worst kernel", "its share", "its roofline",
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from relaxc import profile, roofline
+    from relaxc.build import profile, roofline
 
     unknown = sorted(set(args.names) - set(FAMILIES))
     if unknown:

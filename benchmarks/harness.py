@@ -27,8 +27,8 @@ import onnx
 from relaxc.benchmarks import reference
 from relaxc.support.turns import alternate
 from relaxc.frontend import models
-from relaxc.report import runs_on
-from relaxc.runtime import random_inputs
+from relaxc.build.report import runs_on
+from relaxc.runtime.runner import random_inputs
 from relaxc.support import targets
 
 

@@ -45,7 +45,7 @@ from relaxc.benchmarks.bench import merge_results, table_line, this_cpu
 from relaxc.benchmarks.harness import _load
 from relaxc.cli import run_command
 from relaxc.frontend import models
-from relaxc.runtime import random_inputs
+from relaxc.runtime.runner import random_inputs
 from relaxc.support import targets
 from relaxc.support.errors import UserError
 from relaxc.support.turns import paired

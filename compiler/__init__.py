@@ -17,16 +17,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from relaxc.runtime import Deployed, load
+from relaxc.runtime.runner import Deployed, load
 from relaxc.support.errors import (ExportError, InputError, ModelError, ShapeError, TargetError,
                                    UnsupportedOperatorError, UserError)
 
 if TYPE_CHECKING:
     from typing import Sequence
 
-    from relaxc.artifact import Artifact
+    from relaxc.build.artifact import Artifact
     from relaxc.frontend import Constants, DimBounds, ModelLike, Shapes
-    from relaxc.options import Options, TuneOptions
+    from relaxc.build.options import Options, TuneOptions
     from relaxc.support.targets import TargetLike
 
 __all__ = ["compile", "tune", "save_cache", "load_cache", "load", "Artifact", "Options", "TuneOptions", "Deployed",
@@ -59,8 +59,8 @@ def compile(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes
     options: the fields of ``relaxc.Options`` as keywords, each documented there (and in docs/api.md).
     """
     started = time.perf_counter()  # the compile's wall time: on a process's first, the compile side's import
-    from relaxc.options import Options
-    from relaxc.pipeline import compile_model
+    from relaxc.build.options import Options
+    from relaxc.build.pipeline import compile_model
 
     given = {"max_batch": max_batch, "kv_inputs": kv_inputs, "kv_outputs": kv_outputs,
              "all_logits": all_logits or None}
@@ -98,7 +98,7 @@ def tune(model: "ModelLike", *, target: "TargetLike" = "cpu", shapes: "Shapes | 
     against the default schedule at sizes from 1 to the bounds, replaces that default only where
     it is faster over those sizes together (``schedules/dynamic_tuning.py``).
     """
-    from relaxc.tuning import tune_model
+    from relaxc.build.tuning import tune_model
 
     return tune_model(model, target, shapes, constants, options, dim_bounds, tune_sizes)
 
@@ -125,11 +125,11 @@ def __getattr__(name: str) -> Any:
     """``Artifact``, ``Options`` and ``TuneOptions`` on first use: they import the compile side (the
     passes and schedules, code generation), which loading an artifact never needs."""
     if name == "Artifact":
-        from relaxc import artifact
+        from relaxc.build import artifact
 
         return artifact.Artifact
     if name in ("Options", "TuneOptions"):
-        from relaxc import options
+        from relaxc.build import options
 
         return getattr(options, name)
     raise AttributeError(f"module 'relaxc' has no attribute {name!r}")

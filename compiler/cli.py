@@ -17,9 +17,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from relaxc.options import RENAMED, Options, TuneOptions
-from relaxc.report import dispatch_summary, memory_summary, plan_summary, summary, tune_command
-from relaxc.runtime import random_inputs
+from relaxc.build.options import RENAMED, Options, TuneOptions
+from relaxc.build.report import dispatch_summary, memory_summary, plan_summary, summary, tune_command
+from relaxc.runtime.runner import random_inputs
 from relaxc.support import tvm_log
 from relaxc.support.errors import InputError, ShapeError, UserError
 
@@ -56,7 +56,7 @@ def _input_arg(text: str) -> tuple[str, str]:
 def add_option_args(parser: argparse.ArgumentParser, options: type, exclude: tuple[str, ...] = (),
                     only: tuple[str, ...] | None = None) -> None:
     """A flag for each field of ``options`` (``Options``, ``TuneOptions``), but ``exclude`` (or
-    just ``only``): name, help, type and choices all come from the field (``compiler/options.py``)."""
+    just ``only``): name, help, type and choices all come from the field (``compiler/build/options.py``)."""
     for field in dataclasses.fields(options):
         if field.name in exclude or (only is not None and field.name not in only):
             continue
@@ -139,7 +139,7 @@ def _load(path: str, what: str) -> np.ndarray:
 
 
 def _compile(args: argparse.Namespace):
-    from relaxc.pipeline import compile_model
+    from relaxc.build.pipeline import compile_model
 
     decoder = ({"max_length": args.max_length, "all_logits": getattr(args, "all_logits", False)}
                if getattr(args, "max_length", None) is not None else None)
@@ -197,7 +197,7 @@ def _inputs_for(runner, given: dict[str, np.ndarray], seed: int, dims: list[tupl
 
 
 def _check_phase(args: argparse.Namespace) -> None:
-    from relaxc.pipeline import PHASE_NAMES
+    from relaxc.build.pipeline import PHASE_NAMES
 
     if args.phase and args.phase not in PHASE_NAMES:
         raise UserError(f"unknown phase {args.phase!r}; choose one of {', '.join(PHASE_NAMES)}")
@@ -261,7 +261,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from relaxc import profile, roofline
+    from relaxc.build import profile, roofline
 
     given = _given_inputs(args, _model_inputs(args)) if args.input else {}
     art = _compile(args)
@@ -294,7 +294,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     import relaxc
-    from relaxc.generation.streaming import Printer, tokenizer
+    from relaxc.runtime.generation.streaming import Printer, tokenizer
 
     if args.prompt is not None and not args.tokenizer:
         raise UserError("--prompt TEXT needs --tokenizer DIR (a checkpoint directory with tokenizer.json); "

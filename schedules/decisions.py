@@ -5,8 +5,8 @@ decision relaxc makes by measuring, each a JSON object ``{"workloads": {key: ent
 
 - ``dispatch``: each convolution workload's implementations, timed (``schedules/dispatch.py``);
 - ``layouts``: each convolution in a layout and each converter, timed (``passes/layout_choice.py``);
-- ``backends``: each model's partition among relaxc and the external backends (``compiler/backend_choice.py``);
-- ``machine``: the CPU's FMA peak and bandwidth per thread count (``compiler/roofline.py``);
+- ``backends``: each model's partition among relaxc and the external backends (``compiler/build/backend_choice.py``);
+- ``machine``: the CPU's FMA peak and bandwidth per thread count (``compiler/build/roofline.py``);
 - ``dynamic``: the record each kernel of dynamic extents replays (``schedules/dynamic_tuning.py``).
 
 Every kind that a compile chooses (dispatch, layouts, backends) takes one of the same ``MODES``:

@@ -27,7 +27,7 @@ class ExternalSubgraph:
     def function(self) -> str:
         """The packed function relaxc's program calls it by: one name per backend, slice and setting."""
         digest = hashlib.sha256(f"{self.backend}\0{self.alone}\0".encode() + self.model).hexdigest()[:20]
-        return f"relaxc.external.{digest}"
+        return f"relaxc.runtime.external.{digest}"
 
     def boundary_bytes(self) -> int:
         """Bytes of the outputs it hands back whose size is known before it runs."""

@@ -2,8 +2,8 @@
 
 Every measured decision times its candidates this way: the implementations of a convolution and
 the layouts (``schedules/dispatch.py``, each run cold on a TVM timer), the schedules of a kernel
-(``schedules/selection.py``), the backends (``compiler/backend_candidates.py``, paired round by round),
-and the machine's limits (``compiler/roofline.py``, the best of a block); so does every
+(``schedules/selection.py``), the backends (``compiler/build/backend_candidates.py``, paired round by round),
+and the machine's limits (``compiler/build/roofline.py``, the best of a block); so does every
 relaxc-against-onnxruntime benchmark (``benchmarks.harness``, as ``alternate``;
 ``tools/experiments``). It imports nothing of relaxc, so ``tools/experiments/deployed.py`` loads it
 by its path where only TVM's runtime is installed."""

@@ -26,7 +26,7 @@ def onnx_converters() -> set[str]:
 
 def vm_codegen(builder: relax.ExecBuilder, mod: tvm.IRModule) -> tvm.IRModule:
     """The Relax VM bytecode of ``mod``'s Relax functions, emitted into ``builder``; returns the
-    module with its TIR kernels left to build (``compiler/codegen/parallel.py`` builds them in
+    module with its TIR kernels left to build (``compiler/build/codegen/parallel.py`` builds them in
     parallel). Private: ``vm_build._vmcodegen``. Public replacement: ``tvm.compile``, which builds
     every kernel in one LLVM module on one core."""
     from tvm.relax import vm_build

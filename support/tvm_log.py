@@ -3,7 +3,7 @@
 TVM 0.27 writes its C++ ``LOG(WARNING)`` lines straight to file descriptor 2, with no run-time
 switch for the level (hundreds of ``Scope Loaded:`` lines per ``load``, ``Detected pow(x, y)`` per
 kernel). ``captured()`` points fd 2 at a temporary file while relaxc compiles, loads or exports:
-TVM's lines are collected for the caller to translate (``compiler/diagnostics.py``) and any other
+TVM's lines are collected for the caller to translate (``compiler/runtime/diagnostics.py``) and any other
 line written meanwhile is passed on to the real stderr when the step ends, so nothing is lost,
 only delayed (after an internal error, not a UserError, TVM's lines are shown too). relaxc's own messages (its logging, progress bars) go to ``console()``, a copy of
 the real stderr, so they show as they happen. ``RELAXC_LOG=debug`` shows TVM's lines too, when the

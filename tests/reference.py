@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from relaxc.benchmarks.reference import (ORT_MAX_IR_VERSION, OrtDecoder, assert_matches, ort_greedy,  # noqa: F401
                                          ort_run, ort_session, randomize_weights, teacher_forced)  # noqa: F401
 from relaxc.frontend import models
-from relaxc.runtime import random_inputs  # noqa: F401
+from relaxc.runtime.runner import random_inputs  # noqa: F401
 
 TRANSFORMERS_TIE = 1e-4  # of max|logit|: a first difference where transformers' top two are this close is a tie
 

@@ -16,9 +16,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc
-from relaxc import backend_candidates, backend_choice, backend_costs, external, pipeline, profile
+from relaxc.build import backend_candidates, backend_choice, backend_costs, pipeline, profile
+from relaxc.runtime import external
 from relaxc.frontend import partition
-from relaxc.report import plan_summary
+from relaxc.build.report import plan_summary
 from relaxc.schedules import default
 from relaxc.support import turns
 from tests import reference
@@ -76,7 +77,7 @@ def test_an_operator_relaxc_cannot_import_runs_on_onnxruntime_inside_the_program
     assert [(s["backend"], s["placement"], s["ops"]) for s in backends["subgraphs"]] == \
         [("onnxruntime", "call", {"Det": 1})]
     assert "TVM's importer does not convert it" in backends["subgraphs"][0]["why"]
-    assert "call_dps_packed" in art.ir("import") and "relaxc.external." in art.ir("import")
+    assert "call_dps_packed" in art.ir("import") and "relaxc.runtime.external." in art.ir("import")
 
 
 def test_profile_lists_external_calls_and_the_tail():

@@ -5,7 +5,8 @@ are refused naming the new ones."""
 import pytest
 
 import relaxc
-from relaxc import external, roofline
+from relaxc.runtime import external
+from relaxc.build import roofline
 from relaxc.support import targets
 from tests import reference
 from tests.helpers import run_cli

@@ -9,7 +9,7 @@ import pytest
 
 import relaxc
 from relaxc.frontend import models
-from relaxc.runtime import random_inputs
+from relaxc.runtime.runner import random_inputs
 from tests import reference
 
 THREADS, RUNS = 8, 50

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import relaxc
-from relaxc.report import dispatch_summary
+from relaxc.build.report import dispatch_summary
 from relaxc.passes import winograd
 from relaxc.passes.dispatch import DIRECT, WINOGRAD
 from relaxc.schedules import cache

@@ -23,7 +23,7 @@ dep = relaxc.load(sys.argv[1])
 x = np.load(sys.argv[2])
 out = dep.run({dep.inputs[0][0]: x})
 np.save(sys.argv[3], out[0])
-heavy = ("onnx", "tqdm", "relaxc.passes", "relaxc.schedules", "relaxc.frontend", "relaxc.pipeline",
+heavy = ("onnx", "tqdm", "relaxc.passes", "relaxc.schedules", "relaxc.frontend", "relaxc.build.pipeline",
          "tvm.s_tir.meta_schedule", "tvm.relax.frontend")
 print(json.dumps({"imported": sorted({h for h in heavy for m in sys.modules if m == h or m.startswith(h + ".")}),
                   "inputs": dep.inputs, "fp": dep.fingerprint}))

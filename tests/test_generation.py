@@ -13,7 +13,7 @@ from onnx import helper
 
 import relaxc
 from relaxc.frontend import decoder, models
-from relaxc.generation import sampling
+from relaxc.runtime.generation import sampling
 from relaxc.support.cache_layout import CacheLayout
 from tests import reference
 from tests.helpers import call_program

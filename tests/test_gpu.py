@@ -10,8 +10,8 @@ import pytest
 
 import relaxc
 from relaxc.frontend import models
-from relaxc.codegen import toolchain
-from relaxc.runtime import open_device
+from relaxc.build.codegen import toolchain
+from relaxc.runtime.runner import open_device
 from relaxc.support import targets
 from tests import reference
 from tests.helpers import run_cli

@@ -14,7 +14,8 @@ from tvm import relax
 from tvm.ir import GenericConst
 
 import relaxc
-from relaxc import frontend, pipeline
+from relaxc import frontend
+from relaxc.build import pipeline
 from relaxc.passes.layout import LayoutPass
 from relaxc.passes.layout_algebra import (block_constant, blocked, input_block, pack_conv_weight, pack_windowed_conv_weight,
                                          window_firsts)

@@ -12,7 +12,8 @@ import tvm
 from onnx import TensorProto, helper
 
 import relaxc
-from relaxc import frontend, pipeline
+from relaxc import frontend
+from relaxc.build import pipeline
 from relaxc.passes import layout_choice
 from relaxc.passes.layout_algebra import STANDARD, blocked
 from relaxc.schedules import cache

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relaxc import diagnostics
+from relaxc.runtime import diagnostics
 from relaxc.support import tvm_log
 from tests.helpers import ROOT, env, run_cli
 

@@ -1,4 +1,4 @@
-"""Each option is defined once (compiler/options.py): the CLI offers exactly the API's options, with
+"""Each option is defined once (compiler/build/options.py): the CLI offers exactly the API's options, with
 the same defaults and choices, and both refuse the same values."""
 
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 import relaxc
 from relaxc.benchmarks.bench import build_parser as bench_parser
 from relaxc.cli import build_parser, option_values
-from relaxc.options import Options, TuneOptions
+from relaxc.build.options import Options, TuneOptions
 from relaxc.passes.memory import PLANNERS
 from relaxc.schedules.replay import MODES, ApplyTuningRecords
 from relaxc.schedules.tuning import DEFAULT_TRIALS

@@ -34,7 +34,7 @@ def test_the_wheel_installs_one_package_with_the_stores_packed(wheel):
                        if os.path.isdir(os.path.join(ROOT, "tuning_logs", d))}
     assert not [n for n in names if n.startswith("relaxc/tuning_logs/") and n.endswith("database_workload.json")]
     assert "relaxc/frontend/zoo/bert.onnx" in names and "relaxc/passes/layout.py" in names
-    assert "relaxc/codegen/launcher.c" in names  # export compiles it into each CPU library
+    assert "relaxc/runtime/launcher.c" in names  # export compiles it into each CPU library
     assert "relaxc/support/rpc_probe.c" in names  # sent to RPC servers to ask what they are
 
 

@@ -15,7 +15,8 @@ import pytest
 import tvm
 
 import relaxc
-from relaxc import frontend, pipeline
+from relaxc import frontend
+from relaxc.build import pipeline
 from relaxc.passes.tir import tir_pipeline
 from relaxc.support.errors import ImportFailure
 from tests import reference

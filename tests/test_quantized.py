@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 import relaxc
-from relaxc.artifact import Artifact
+from relaxc.build.artifact import Artifact
 from relaxc.support import targets
 from tests import reference
 

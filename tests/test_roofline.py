@@ -1,5 +1,5 @@
 """The roofline: the machine's measured limits, each kernel's FLOPs and bytes, and the profile's
-distance from the bound (compiler/roofline.py, compiler/profile.py)."""
+distance from the bound (compiler/build/roofline.py, compiler/build/profile.py)."""
 
 import numpy as np
 import onnx
@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from tvm.script import tirx as T
 
 import relaxc
-from relaxc import profile, roofline
+from relaxc.build import profile, roofline
 from relaxc.passes.tir import fast_math
 from relaxc.support.targets import resolve
 

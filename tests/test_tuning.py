@@ -21,8 +21,8 @@ from tvm.s_tir import meta_schedule as ms
 
 import relaxc
 from relaxc import frontend
-from relaxc.report import summary
-from relaxc import tuning as relaxc_tuning
+from relaxc.build.report import summary
+from relaxc.build import tuning as relaxc_tuning
 from relaxc.schedules import (cache, decisions, dispatch_sequence, maintenance, record_files, replay, selection,
                                sequence, trials)
 from relaxc.support import targets, versions
@@ -179,7 +179,7 @@ def test_selection_in_sequence_chooses_by_time_in_the_model_and_replay_applies_i
 
 
 def test_after_a_dispatch_change_only_the_untuned_kernels_are_tuned_then_selected(monkeypatch):
-    """relaxc.tuning._in_sequence with its steps replaced: the new implementation's kernels (those
+    """relaxc.build.tuning._in_sequence with its steps replaced: the new implementation's kernels (those
     without records) get the trials, not every kernel short of its share; then the selection."""
     missing = [["winograd_product2", "winograd_input2"], []]  # before tuning them, after
 

@@ -2,7 +2,7 @@
 
 relaxc's part of a partitioned model (``partition.py``) is imported with the calls' outputs as
 extra parameters and the calls' inputs as extra results. Here each call becomes a
-``call_dps_packed`` of the packed function that runs it (``relaxc.external``): its outputs are
+``call_dps_packed`` of the packed function that runs it (``relaxc.runtime.external``): its outputs are
 bound where the parameters were, its inputs are no longer returned. The call is a standard-layout
 operator to the layout pass and its outputs are planned by the arena like any kernel's.
 """

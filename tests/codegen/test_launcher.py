@@ -1,4 +1,4 @@
-"""relaxc's parallel launcher (compiler/codegen/launcher.c) in place of TVM's pool: every iteration of
+"""relaxc's parallel launcher (compiler/runtime/launcher.c) in place of TVM's pool: every iteration of
 a parallel loop run once, errors raised in any task reach the caller, concurrent callers, a forked
 child, and the loader's choice in exported models."""
 
@@ -16,8 +16,8 @@ import tvm
 from tvm.script import tirx as T
 
 import relaxc
-from relaxc.codegen import launcher
-from relaxc.runtime import random_inputs
+from relaxc.runtime import launcher
+from relaxc.runtime.runner import random_inputs
 from tests import reference
 
 KERNEL = '''

@@ -1,11 +1,11 @@
-"""compiler/codegen/parallel.py: kernels built in groups on every core give what tvm.compile gives."""
+"""compiler/build/codegen/parallel.py: kernels built in groups on every core give what tvm.compile gives."""
 
 import numpy as np
 import tvm
 
 import relaxc
-import relaxc.runtime
-from relaxc.codegen import parallel
+import relaxc.runtime.runner
+from relaxc.build.codegen import parallel
 from relaxc.support import tvm_internals
 from tests import reference
 
@@ -29,7 +29,7 @@ def test_parallel_build_runs_like_a_single_build():
     inputs = reference.random_inputs(art.inputs)
     outputs = []
     for jobs in (1, 2):
-        runner = relaxc.runtime.Runner(parallel.build(mod, target, jobs), tvm.cpu(), art.inputs, art.outputs)
+        runner = relaxc.runtime.runner.Runner(parallel.build(mod, target, jobs), tvm.cpu(), art.inputs, art.outputs)
         outputs.append(runner.run(inputs))
     for single, grouped in zip(*outputs):
         np.testing.assert_array_equal(single, grouped)

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import relaxc
-from relaxc.runtime import random_inputs
+from relaxc.runtime.runner import random_inputs
 from tests import reference
 from tests.helpers import env
 from tools.experiments import ab, build_costs, cache_state, compile_times, pointwise_gemm

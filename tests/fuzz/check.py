@@ -50,7 +50,7 @@ def _extents(value: onnx.ValueInfoProto) -> list[int] | None:
 
 def inputs_for(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs: standard normals, and valid indices (negative ones included) for the index inputs."""
-    from relaxc.runtime import random_inputs
+    from relaxc.runtime.runner import random_inputs
 
     rng = np.random.default_rng(seed)
     shape = lambda i: tuple(d.dim_value for d in i.type.tensor_type.shape.dim)  # noqa: E731

@@ -27,7 +27,7 @@ import tvm
 
 import relaxc
 from tools.experiments.compile_times import add_option_arguments, option_sides
-from relaxc.codegen import parallel
+from relaxc.build.codegen import parallel
 from relaxc.frontend import ModelLike
 from relaxc.passes.tir import tir_pipeline
 from relaxc.support import tvm_internals

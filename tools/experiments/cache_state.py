@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tools.experiments.cache_state onnx:resnet50 "fused_conv2d_NCHWc13_*" [--tuning strict]
 
-Each call of the kernels whose names match, on the model's own arguments (``relaxc.profile.model_calls``),
+Each call of the kernels whose names match, on the model's own arguments (``relaxc.build.profile.model_calls``),
 timed four ways, median of ``--rounds``: right after the call before it in the model (as in an
 inference), right after itself (weights and input warm), after sweeping 64 MB through the caches,
 and after the call before it and a 2 ms pause (the thread pool's workers gone to sleep). Says
@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 
 import relaxc
-from relaxc.profile import model_calls
-from relaxc.runtime import random_inputs
+from relaxc.build.profile import model_calls
+from relaxc.runtime.runner import random_inputs
 
 SWEEP_BYTES = 64 << 20  # more than this VM's L3 share
 

@@ -20,7 +20,7 @@ import time
 import psutil
 
 import relaxc
-from relaxc.runtime import Runner, random_inputs
+from relaxc.runtime.runner import Runner, random_inputs
 from relaxc.support import targets
 from relaxc.support.threads import configure_threads, pool_threads
 

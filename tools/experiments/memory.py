@@ -19,7 +19,7 @@ import relaxc  # noqa: E402
 from relaxc.benchmarks import harness, reference  # noqa: E402
 from relaxc import frontend
 from relaxc.frontend import models  # noqa: E402
-from relaxc.runtime import random_inputs  # noqa: E402
+from relaxc.runtime.runner import random_inputs  # noqa: E402
 
 
 def _mib(nbytes: int) -> str:

@@ -7,7 +7,7 @@ Why: "1x1 as a packed GEMM" is one of the implementations dispatch could choose 
 measures whether the ``Dense`` rule's packed product beats the ``Tiled`` rule's blocked conv on the
 real shapes before anyone builds the candidate. Each shape is two one-layer models compiled by
 relaxc (Conv + bias + ReLU on NCHW, and MatMul + bias + ReLU on rows), and each model's main kernel
-timed alone by ``relaxc.profile`` (warm caches); layout converters around the conv are not counted.
+timed alone by ``relaxc.build.profile`` (warm caches); layout converters around the conv are not counted.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import relaxc
-from relaxc import profile
-from relaxc.runtime import random_inputs
+from relaxc.build import profile
+from relaxc.runtime.runner import random_inputs
 
 # (input channels, output channels, height = width): ResNet-50's pointwise layers, stride 1
 SHAPES = ((1024, 256, 14), (256, 1024, 14), (512, 128, 28), (128, 512, 28), (256, 64, 56), (64, 256, 56),

@@ -23,7 +23,7 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 import relaxc  # noqa: E402
 from relaxc.benchmarks import harness, reference  # noqa: E402
 from relaxc import frontend  # noqa: E402
-from relaxc.runtime import random_inputs  # noqa: E402
+from relaxc.runtime.runner import random_inputs  # noqa: E402
 from relaxc.schedules.cache import RecordStore, workload_hash  # noqa: E402
 from relaxc.schedules.tuning import tuning_tasks  # noqa: E402
 

@@ -66,7 +66,7 @@ def test_the_kernel_body_assert_still_raises():
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "ndim"])
 def test_the_vm_refuses_what_the_dropped_checks_refused(change):
-    """Called directly, not through relaxc's own input checks (``compiler/runtime.py``)."""
+    """Called directly, not through relaxc's own input checks (``compiler/runtime/runner.py``)."""
     artifact = relaxc.compile(reference.small_cnn())
     _, shape, dtype = artifact.inputs[0]
     good = np.zeros(shape, dtype)

@@ -1,6 +1,6 @@
 """The whole-model candidates of the backend choice: each built and run once, checked against the
 first, timed against the others in alternating blocks, and the memory each holds measured as it is
-freed (``compiler/backend_choice.py`` says what is measured and how the plan is chosen).
+freed (``compiler/build/backend_choice.py`` says what is measured and how the plan is chosen).
 
 A candidate's memory is the resident memory the process gives back when it is freed after the
 timing (garbage collected and freed heap returned to the OS before each reading), so what a
@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 
 from relaxc import frontend
-from relaxc.runtime import Runner
+from relaxc.runtime.runner import Runner
 from relaxc.support.errors import message
 from relaxc.support.turns import block, paired, paired_times, ratio_range, round_medians
 

@@ -1,6 +1,6 @@
 /* relaxc's parallel launcher: TVM's parallel loops with tasks claimed, not assigned.
  *
- * Compiled into each exported CPU library (compiler/codegen/launcher.py); the loader points the
+ * Compiled into each exported CPU library (compiler/runtime/launcher.py); the loader points the
  * library's __TVMBackendParallelLaunch at relaxc_parallel_launch. TVM's own pool gives each of its
  * N threads one N-th of a parallel loop and waits for all of them, so a thread whose core is busy
  * (another process, a VM's descheduled vCPU) delays every kernel by its whole share. Here a loop is

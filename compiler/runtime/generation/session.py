@@ -116,7 +116,7 @@ class Session:
 
     def step_arguments(self, tokens: Any) -> list[Any]:
         """The arguments of the program's ``decode`` for ``step(tokens)``, which is not run: to profile a
-        decode step (``relaxc.profile.profile(art, {}, arguments=..., function="decode")``) at this length."""
+        decode step (``relaxc.build.profile.profile(art, {}, arguments=..., function="decode")``) at this length."""
         if self._caches is None:
             raise UserError("a session's first call is append(input_ids): there is nothing to step from")
         ids = self.check_ids(np.asarray(tokens).reshape(-1, 1))

@@ -3,10 +3,10 @@
     prepare   compiler/frontend/             validate the ONNX model, expand function operators and
                                              QOperators, fold shape computations, rewrite ignored
                                              attributes, write out recurrent layers, refuse inexact forms
-    backends  compiler/backend_choice.py     which backend runs each node: relaxc, or an installed
+    backends  compiler/build/backend_choice.py     which backend runs each node: relaxc, or an installed
                                              library for what relaxc cannot compile or runs slower
-              compiler/backend_costs.py      (backends="measure": partitions built and timed first,
-              compiler/backend_candidates.py the whole-model candidates against each other)
+              compiler/build/backend_costs.py      (backends="measure": partitions built and timed first,
+              compiler/build/backend_candidates.py the whole-model candidates against each other)
     import    compiler/frontend/             the external subgraphs cut out, relaxc's part to Relax
     simplify  passes/half_precision.py       AccumulateHalfInFloat32: half types accumulate in float32
               passes/signed_activations.py   SignedActivationsAsUnsigned: int8 activations as uint8, 128 higher
@@ -46,13 +46,13 @@
               TVM_PIPELINES                  TVM's finalizing passes of the target (VM lowering)
               passes/shape_reuse.py          ReuseShapes: a dynamic model's shapes built once per call
               passes/tir/poison.py           PoisonScratch: with validate_memory, kernels marked to fill their buffers
-    build     compiler/codegen/parallel.py   code generation, CPU kernels on every core (exp, tanh, erf,
+    build     compiler/build/codegen/parallel.py   code generation, CPU kernels on every core (exp, tanh, erf,
                                              pow as vector polynomials: passes/tir/fast_math.py), each
               passes/tir/tir_pipeline.py     through TVM's TIR lowering, then DropVerifiedArgChecks,
                                              StackBuffers, BindExpandedArguments, Avx512Sigmoid,
                                              PrefetchNextPanel, NaNThroughBounds, FillScratch
 
-Each phase is timed and the module after it is kept (``compiler/instrument.py``), so
+Each phase is timed and the module after it is kept (``compiler/build/instrument.py``), so
 ``Artifact.ir(phase)`` shows what it did and ``report()["phases"]`` how long it took; the report
 adds ``startup`` (options resolved, the compile side imported on a process's first compile),
 ``retry`` (relaxc's failed attempt before the whole model went to an external backend),
@@ -74,12 +74,14 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.relax.backend.rocm import pipeline as rocm_pipeline
 
-from relaxc import backend_choice, diagnostics, external, frontend, report
+from relaxc.build import backend_choice, report
+from relaxc.runtime import diagnostics, external
+from relaxc import frontend
 from relaxc.frontend import decoder
-from relaxc.artifact import Artifact
-from relaxc.codegen import parallel
-from relaxc.instrument import PhaseRecorder
-from relaxc.options import Config, Options
+from relaxc.build.artifact import Artifact
+from relaxc.build.codegen import parallel
+from relaxc.build.instrument import PhaseRecorder
+from relaxc.build.options import Config, Options
 from relaxc.passes.tir import fast_math
 from relaxc.passes.attention import PadAttentionKeys
 from relaxc.passes.kv_cache import CacheInPlace

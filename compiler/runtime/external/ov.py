@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from relaxc.external import KNOWN_WRONG_OPS, Backend, input_error, known_wrong
+from relaxc.runtime.external import KNOWN_WRONG_OPS, Backend, input_error, known_wrong
 
 
 class OpenVinoSession:

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import tvm
 
-from relaxc import weight_file
-from relaxc.generation.loop import generate
-from relaxc.generation.session import Session
+from relaxc.runtime import weight_file
+from relaxc.runtime.generation.loop import generate
+from relaxc.runtime.generation.session import Session
 from relaxc.support.errors import UserError
 
 
@@ -53,7 +53,7 @@ class Generates:
         session of its own. ``settings``: transformers' ``max_new_tokens``, ``do_sample``,
         ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``eos_token_id``,
         ``pad_token_id``, ``streamer``, ``seed``, and ``generation_config`` (a checkpoint's, for what the
-        others leave out: ``relaxc.generation.loop.generate``)."""
+        others leave out: ``relaxc.runtime.generation.loop.generate``)."""
         return generate(self.session(), input_ids, attention_mask, **settings)
 
 

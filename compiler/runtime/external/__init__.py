@@ -8,7 +8,7 @@ depend on the data, run after relaxc's program). A third backend is one more mod
 in ``BACKENDS``. The libraries are optional extras and imported only when a plan uses them.
 
 A subgraph inside the program is a packed function the compiled code calls by name
-(``relaxc.external.<digest>``); ``open_subgraph`` registers it in this process, at compile time and
+(``relaxc.runtime.external.<digest>``); ``open_subgraph`` registers it in this process, at compile time and
 again when an exported artifact is loaded. A session lives as long as something that runs it (a
 ``Runner``, a compile in progress) holds it: the candidates a measured choice built and dropped
 free their libraries' memory and threads.
@@ -106,8 +106,8 @@ def known_wrong(node: Any, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
 
 def backends() -> dict[str, Backend]:
     """Every backend relaxc knows, by name, in the order ``fallback`` prefers them."""
-    from relaxc.external.ort import OnnxRuntime
-    from relaxc.external.ov import OpenVino
+    from relaxc.runtime.external.ort import OnnxRuntime
+    from relaxc.runtime.external.ov import OpenVino
 
     return {b.name: b for b in (OnnxRuntime(), OpenVino())}
 

@@ -1,7 +1,7 @@
 """The measurement behind the backend choice: the whole-model candidates and the segments of the
 graph, each timed on each backend; the cheapest assignment of segments to backends (a shortest path
-along the segments) compiled as one more candidate (``compiler/backend_choice.py`` says what is
-measured and how the plan is chosen; ``compiler/backend_candidates.py`` how candidates are timed).
+along the segments) compiled as one more candidate (``compiler/build/backend_choice.py`` says what is
+measured and how the plan is chosen; ``compiler/build/backend_candidates.py`` how candidates are timed).
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
-from relaxc import backend_candidates, external, frontend
-from relaxc.backend_candidates import BLOCK_SECONDS, EXPORT, Build
+from relaxc.build import backend_candidates
+from relaxc.runtime import external
+from relaxc import frontend
+from relaxc.build.backend_candidates import BLOCK_SECONDS, EXPORT, Build
 from relaxc.frontend import exactness, partition
-from relaxc.profile import time_call
-from relaxc.runtime import random_inputs
+from relaxc.build.profile import time_call
+from relaxc.runtime.runner import random_inputs
 from relaxc.support import tvm_log
 from relaxc.support.errors import UserError
 from relaxc.support.threads import pool_threads

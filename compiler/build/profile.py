@@ -31,9 +31,9 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
 
-from relaxc import external
-from relaxc.artifact import Artifact
-from relaxc.roofline import Cost, Machine, kernel_cost
+from relaxc.runtime import external
+from relaxc.build.artifact import Artifact
+from relaxc.build.roofline import Cost, Machine, kernel_cost
 from relaxc.schedules.cpu.rows import product_operands
 from relaxc.schedules.default import schedule_kind
 from relaxc.support.targets import byte_dot

@@ -8,8 +8,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from relaxc.generation.sampling import Sampling, choose, resolved
-from relaxc.generation.session import Session
+from relaxc.runtime.generation.sampling import Sampling, choose, resolved
+from relaxc.runtime.generation.session import Session
 from relaxc.support.errors import UserError
 
 

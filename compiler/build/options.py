@@ -18,8 +18,8 @@ from typing import Any, Mapping
 
 from tvm.target import Target
 
-from relaxc import external
-from relaxc.codegen import toolchain
+from relaxc.runtime import external
+from relaxc.build.codegen import toolchain
 from relaxc.passes.memory import PLANNERS
 from relaxc.schedules.cache import store_for
 from relaxc.schedules.decisions import MODES, DecisionStore

@@ -39,7 +39,7 @@ def cuda_sources(module: tvm.runtime.Module) -> list[str]:
 def write_cuda_fatbins(module: tvm.runtime.Module, arch: str, library_path: str, staging: Staging) -> list[dict]:
     """Compile each CUDA module for ``arch`` and write ``<library>.<i>.fatbin`` as part of
     ``staging``; returns the manifest entries."""
-    from relaxc.codegen import toolchain
+    from relaxc.build.codegen import toolchain
 
     entries = []
     for index, source in enumerate(cuda_sources(module)):

@@ -1,7 +1,7 @@
 """What runs a compiled model, here or deployed: input checks, the VM, exported artifacts.
 
 ``Deployed`` (what ``compiler.load`` returns from an exported library and its manifest) and ``Artifact``
-(``compiler/artifact.py``) share this runner; it imports no onnx, no pipeline: deployment needs TVM's runtime.
+(``compiler/build/artifact.py``) share this runner; it imports no onnx, no pipeline: deployment needs TVM's runtime.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
-from relaxc import diagnostics, external, weight_file
-from relaxc.codegen import device_code, launcher
-from relaxc.generation import Generates
+from relaxc.runtime import diagnostics, external, weight_file
+from relaxc.runtime import device_code, launcher
+from relaxc.runtime.generation import Generates
 from relaxc.support import index_checks, tvm_log
 from relaxc.support.cache_layout import CacheLayout
 from relaxc.support.files import file_sha256

@@ -8,10 +8,10 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
-from relaxc.options import Options, TuneOptions
+from relaxc.build.options import Options, TuneOptions
 
 if TYPE_CHECKING:
-    from relaxc.artifact import Artifact
+    from relaxc.build.artifact import Artifact
     from relaxc.frontend import Constants, DimBounds, ModelLike, Shapes
     from relaxc.support.targets import TargetLike
 
@@ -24,9 +24,9 @@ def tune_model(model: "ModelLike", target: "TargetLike", shapes: "Shapes | None"
     """``relaxc.tune``: its options as keywords of ``TuneOptions`` and ``Options``; returns the summary.
     With ``dim_bounds``, each kernel of dynamic extents is tuned at ``tune_sizes``
     (``schedules/dynamic_tuning.py``)."""
-    from relaxc import diagnostics
-    from relaxc.pipeline import compile_model
-    from relaxc.runtime import open_device
+    from relaxc.runtime import diagnostics
+    from relaxc.build.pipeline import compile_model
+    from relaxc.runtime.runner import open_device
     from relaxc.schedules import dynamic_tuning
     from relaxc.schedules.tuning import tune_module, tuning_tasks
     from relaxc.support import remote, tvm_log
@@ -127,8 +127,8 @@ def _dispatch_in_sequence(art: "Artifact", compile_forced: "Callable[[dict[str, 
     compiles the model with some workloads' candidates fixed."""
     import tvm
 
-    from relaxc.profile import model_calls
-    from relaxc.runtime import random_inputs
+    from relaxc.build.profile import model_calls
+    from relaxc.runtime.runner import random_inputs
     from relaxc.schedules.cache import store_for
     from relaxc.schedules.decisions import DecisionStore
     from relaxc.schedules.dispatch_sequence import Variant, contested, decide_in_sequence
@@ -156,8 +156,8 @@ def _select_in_sequence(art: "Artifact", kernels: tuple[str, ...], cache_dir: st
 
     import tvm
 
-    from relaxc.profile import model_calls
-    from relaxc.runtime import random_inputs
+    from relaxc.build.profile import model_calls
+    from relaxc.runtime.runner import random_inputs
     from relaxc.schedules.cache import store_for
     from relaxc.schedules.sequence import select_in_sequence
 

@@ -2,7 +2,7 @@
 
 ``Artifact`` is what ``relaxc.compile`` returns. Export writes the shared library, the device code
 of GPU targets and a JSON manifest together (``support.files.Staging``), so a failure leaves
-nothing behind; ``compiler.load`` (``compiler/runtime.py``) reads them back with TVM's runtime only.
+nothing behind; ``compiler.load`` (``compiler/runtime/runner.py``) reads them back with TVM's runtime only.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import tvm
 from tvm import relax
 from tvm.target import Target
 
-from relaxc import diagnostics, weight_file
-from relaxc.codegen import device_code, launcher
-from relaxc.runtime import Runner, input_high, manifest_path_for, open_device, spec_json
+from relaxc.runtime import diagnostics, weight_file
+from relaxc.runtime import device_code, launcher
+from relaxc.runtime.runner import Runner, input_high, manifest_path_for, open_device, spec_json
 from relaxc.support.errors import ExportError, UserError
 from relaxc.support import tvm_log
 from relaxc.support.files import Staging, file_sha256

@@ -7,11 +7,11 @@ whole model where TVM fails on relaxc's part; ``replay`` does the same and appli
 measured for this model on this CPU before (the ``backends`` decisions of the target's store);
 ``measure`` measures it first where there is none.
 
-Measuring (``compiler/backend_costs.py``): the whole model on relaxc (with the fallback) and on
+Measuring (``compiler/build/backend_costs.py``): the whole model on relaxc (with the fallback) and on
 each installed backend alone; the graph cut into segments where fewest values cross, each segment
 timed on each backend on the values the model really makes there; the cheapest assignment of
 segments to backends compiled and timed against the single-backend ones, in alternating blocks
-(``compiler/backend_candidates.py``), with the memory each holds. Segments not measured within
+(``compiler/build/backend_candidates.py``), with the memory each holds. Segments not measured within
 ``measure_budget_s`` stay on relaxc. A model with dynamic dims is measured whole only (a cut inside
 relaxc's program needs static shapes at it), at a quarter and a sixteenth of its bounds, each
 candidate's times there in a geometric mean; where another candidate is faster by more than
@@ -31,11 +31,13 @@ from typing import Callable
 
 import onnx
 
-from relaxc import backend_costs, external, frontend
-from relaxc.backend_candidates import EXPORT, Build
-from relaxc.backend_costs import size_label, sizes
+from relaxc.build import backend_costs
+from relaxc.runtime import external
+from relaxc import frontend
+from relaxc.build.backend_candidates import EXPORT, Build
+from relaxc.build.backend_costs import size_label, sizes
 from relaxc.frontend import partition
-from relaxc.options import Config
+from relaxc.build.options import Config
 from relaxc.support.errors import DynamicOutputError, ImportFailure, UserError, message
 
 log = logging.getLogger("relaxc")

@@ -2,7 +2,7 @@
 
 The reporting passes write their own parts (``support/reporting.py``); this module adds what the
 pipeline knows: model, target, fingerprint, versions and signature; the phases' seconds come from
-``compiler/instrument.py``.
+``compiler/build/instrument.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Sequence
 
-from relaxc.runtime import spec_json
+from relaxc.runtime.runner import spec_json
 from relaxc.support import targets
 from relaxc.support.cache_layout import CacheLayout
 from relaxc.support.versions import fingerprint, versions
@@ -19,7 +19,7 @@ from relaxc.support.versions import fingerprint, versions
 if TYPE_CHECKING:
     import tvm
 
-    from relaxc.pipeline import Compilation
+    from relaxc.build.pipeline import Compilation
 
 TOP = 8  # biggest tensors listed in the summary
 
@@ -194,7 +194,7 @@ def _kinds(counts: dict) -> str:
 
 
 def assemble(compilation: "Compilation", snapshots: "dict[str, tvm.IRModule]") -> dict:
-    """The report of a finished compile, but for its phases' seconds (``compiler/instrument.py``)."""
+    """The report of a finished compile, but for its phases' seconds (``compiler/build/instrument.py``)."""
     config, model = compilation.config, compilation.model
     backend_versions = compilation.report.get("backends", {}).get("versions", {})
     # what the external backends run (their weights too) is in their slices, not in relaxc's module

@@ -1,0 +1,1 @@
+"""relaxc's compile side: the pipeline, its options, tuning, profiling and the artifact it makes."""
