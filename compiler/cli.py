@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from relaxc import text_commands
 from relaxc.build.options import RENAMED, Options, TuneOptions
 from relaxc.build.report import dispatch_summary, memory_summary, plan_summary, summary, tune_command
 from relaxc.runtime.runner import random_inputs
@@ -141,8 +142,10 @@ def _load(path: str, what: str) -> np.ndarray:
 def _compile(args: argparse.Namespace):
     from relaxc.build.pipeline import compile_model
 
-    decoder = ({"max_length": args.max_length, "all_logits": getattr(args, "all_logits", False)}
-               if getattr(args, "max_length", None) is not None else None)
+    decoder = None
+    if getattr(args, "max_length", None) is not None:
+        decoder = {"max_length": args.max_length, "all_logits": getattr(args, "all_logits", False)}
+        decoder |= {"max_batch": args.max_batch} if getattr(args, "max_batch", None) else {}
     return compile_model(args.model, args.target, _shapes(args), Options(**option_values(args, Options)),
                          _constants(args), _named_sizes(args.dim_bound, "--dim-bound"), decoder_options=decoder)
 
@@ -292,27 +295,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    import relaxc
-    from relaxc.runtime.generation.streaming import Printer, tokenizer
-
-    if args.prompt is not None and not args.tokenizer:
-        raise UserError("--prompt TEXT needs --tokenizer DIR (a checkpoint directory with tokenizer.json); "
-                        "or give token ids with --prompt-ids")
-    if not args.model.endswith(".so") and args.max_length is None:
-        raise UserError("--max-length N: the tokens a sequence may hold, prompt included, to compile the decoder for")
-    words = tokenizer(args.tokenizer) if args.tokenizer else None
-    ids = np.array([args.prompt_ids if args.prompt is None else words.encode(args.prompt).ids], np.int64)
-    runner = relaxc.load(args.model) if args.model.endswith(".so") else _compile(args)
-    printer = Printer(words.decode if words else None)
-    runner.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample or None,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    repetition_penalty=args.repetition_penalty, eos_token_id=args.eos_token_id, seed=args.seed,
-                    streamer=printer, generation_config=args.tokenizer)
-    print(printer.speeds())
-    return 0
-
-
 def _list_stores(root: str, what: str) -> int:
     """Print the stores under ``root`` (``what`` they are); returns the problems found."""
     from relaxc.schedules import cache, maintenance
@@ -420,26 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print every kernel as JSON")
     p.set_defaults(func=cmd_profile)
 
-    p = sub.add_parser("generate", parents=[common], help="generate from a decoder with past (.onnx or an "
-                       "exported .so), streaming the tokens, then prefill and decode speed (docs/generation.md)")
-    _add_model_args(p)
-    _add_decoder_arg(p, all_logits=False)  # generation reads the last position alone
-    prompt = p.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt-ids", type=lambda text: [int(v) for v in text.split(",")], metavar="ID,ID,...",
-                        help="the prompt as token ids")
-    prompt.add_argument("--prompt", metavar="TEXT", help="the prompt as text (with --tokenizer)")
-    p.add_argument("--tokenizer", metavar="DIR", help="a checkpoint directory with tokenizer.json: text in and out "
-                   "(needs relaxc[text]; never downloaded); its generation_config.json, if any, sets what the "
-                   "options below leave out")
-    p.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate (default: up to --max-length)")
-    p.add_argument("--do-sample", action="store_true", help="draw each token instead of taking the most likely")
-    p.add_argument("--temperature", type=float, help="with --do-sample (default 1.0)")
-    p.add_argument("--top-k", type=int, help="with --do-sample: the k most likely only, 0 for all (default 50)")
-    p.add_argument("--top-p", type=float, help="with --do-sample: the most likely up to p (default 1.0)")
-    p.add_argument("--repetition-penalty", type=float, help="tokens seen made less likely (default 1.0)")
-    p.add_argument("--eos-token-id", type=int, help="stop at this token")
-    p.add_argument("--seed", type=int, help="seed of --do-sample's draws")
-    p.set_defaults(func=cmd_generate)
+    text_commands.add_parsers(sub, common)
 
     p = sub.add_parser("tune", parents=[common], help="tune the model's kernels into the cache")
     _add_model_args(p, exclude=("tuning",))

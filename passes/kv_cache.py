@@ -9,7 +9,10 @@ allocated present (GPT-2 small with 1,024 tokens cached: 72 MB a step), and atte
 ``decode`` take one cache per past instead, ``[batch, heads, rows, dim]`` with ``rows`` the longest
 sequence rounded up to whole vectors, and the number of tokens it holds (a shape argument,
 ``past``); the step writes its new rows at ``past`` in place (``call_tir_inplace``) and returns the
-logits alone. Where one attention product alone reads a past's concatenation (through the
+logits alone. ``decode`` takes each row's own length as well (``write_at``, int64 ``[batch]``, each at
+most ``past``) and writes row ``b``'s new keys and values there: with an attention mask that reads
+each row's columns up to its own, rows cached to different lengths share one step (a server's
+continuous batching, docs/design.md). Where one attention product alone reads a past's concatenation (through the
 grouped-query repeat, the padding, for keys a transpose and constant scalings), that product reads
 the cache itself up to the padded length; the keys' cache is then ``[batch, heads, dim, rows]``,
 written transposed and scaled (the same products of the same values). Other readers read the
@@ -34,13 +37,18 @@ SEQUENCE_AXIS = 2  # of a past, a present and a cache
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
-def append_rows(heads: int, rows: int, dim: int, dtype: str, transposed: bool = False) -> tirx.PrimFunc:
+def append_rows(heads: int, rows: int, dim: int, dtype: str, transposed: bool = False,
+                each_row: bool = False) -> tirx.PrimFunc:
     """The kernel writing a step's ``[batch, heads, sequence, dim]`` into a cache at row ``past``
-    (``transposed``: a cache of keys ``[batch, heads, dim, rows]``, at column ``past``); a step that
-    would write outside the cache raises ``InputError`` instead, whoever calls the program."""
+    (``transposed``: a cache of keys ``[batch, heads, dim, rows]``, at column ``past``); ``each_row``:
+    row ``b`` at ``at[b]`` instead, a further int64 ``[batch]`` argument with ``0 <= at[b] <= past`` (rows
+    cached to lengths of their own, ``decode``'s). A step that would write outside the cache raises
+    ``InputError`` instead, whoever calls the program."""
     shape = (heads, dim, rows) if transposed else (heads, rows, dim)
     overflow = ("InputError", [f"past + sequence is outside the cache's {rows} rows (max_length rounded up to "
                                f"whole vectors): past must be 0 or more, past + sequence at most {rows}"])
+    misplaced = ("InputError", ["a row's cache length (write_at) is outside 0..past: each row's new keys go "
+                                "where its attention mask reads them"])
 
     @T.prim_func(private=True, check_well_formed=False)  # the parser's check verifies lowered TIR: no blocks
     def append(var_cache: T.handle, var_new: T.handle, past: T.int64):
@@ -62,7 +70,30 @@ def append_rows(heads: int, rows: int, dim: int, dtype: str, transposed: bool = 
                         T.writes(cache[vb, vh, past + vs, vd])
                         cache[vb, vh, past + vs, vd] = new[vb, vh, vs, vd]
 
-    return append
+    @T.prim_func(private=True, check_well_formed=False)
+    def append_at(var_cache: T.handle, var_new: T.handle, var_at: T.handle, past: T.int64):
+        T.func_attr({"op_pattern": 8, "tirx.noalias": True})
+        batch, sequence = T.int64(), T.int64()
+        cache = T.match_buffer(var_cache, (batch, *shape), dtype)
+        new = T.match_buffer(var_new, (batch, heads, sequence, dim), dtype)
+        at = T.match_buffer(var_at, (batch,), "int64")
+        with T.sblock("root"):
+            assert 0 <= past and past + sequence <= rows, overflow
+            for b in range(batch):
+                assert 0 <= at[b] and at[b] <= past, misplaced
+            for b, h, s, d in T.grid(batch, heads, sequence, dim):
+                with T.sblock("append_rows"):
+                    vb, vh, vs, vd = T.axis.remap("SSSS", [b, h, s, d])
+                    if transposed:
+                        T.reads(new[vb, vh, vs, vd], at[vb])
+                        T.writes(cache[vb, vh, vd, at[vb] + vs])
+                        cache[vb, vh, vd, at[vb] + vs] = new[vb, vh, vs, vd]
+                    else:
+                        T.reads(new[vb, vh, vs, vd], at[vb])
+                        T.writes(cache[vb, vh, at[vb] + vs, vd])
+                        cache[vb, vh, at[vb] + vs, vd] = new[vb, vh, vs, vd]
+
+    return append_at if each_row else append
 
 
 def scores_from_cache(queries: te.Tensor, keys: te.Tensor, padded: tirx.PrimExpr, groups: int) -> te.Tensor:
@@ -201,6 +232,8 @@ class _InPlace(relax.PyExprMutator):
         params = list(func.params)
         pasts = [params[i] for i in self.past_indices]
         self.length = pasts[0].ty.shape.values[SEQUENCE_AXIS]
+        self.write_at = relax.Var("write_at", relax.TensorType(relax.ShapeExpr([pasts[0].ty.shape.values[0]]), "int64")) \
+            if func.attrs["global_symbol"] == "decode" else None  # each row's cache length: rows of their own
         if any(not structural_equal(p.ty.shape.values[SEQUENCE_AXIS], self.length) for p in pasts):
             raise ValueError("the pasts differ in length: decoder.recognise checks they share one dim")
         self.bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
@@ -228,7 +261,7 @@ class _InPlace(relax.PyExprMutator):
         self.stats.update(caches=len(pasts), read_in_place=len(self.readers))
         logits = self.visit_expr(self.bound[self.output].fields[0])  # the model's first (decoder.recognise)
         length = relax.Var("past_length", relax.ShapeType([self.length]))
-        new_params = [self.caches.get(p, p) for p in params] + [length]
+        new_params = [self.caches.get(p, p) for p in params] + [length] + ([self.write_at] if self.write_at is not None else [])
         attrs = dict(func.attrs) | {"num_input": len(new_params)}
         return relax.Function(new_params, relax.SeqExpr(body.blocks, relax.Tuple([logits])),
                               relax.TupleType([logits.ty]), func.is_pure, tvm.ir.make_node("ir.DictAttrs", **attrs))
@@ -272,9 +305,12 @@ class _InPlace(relax.PyExprMutator):
         for step in reader.scalings if keys else []:  # stored scaled: the same products of the same values
             new = self.builder_.emit(relax.Call(step.op, [new, step.args[1]], step.attrs, step.ty_args))
         heads, dim = int(past.ty.shape.values[1]), int(past.ty.shape.values[3])
-        gvar = self.builder_.add_func(append_rows(heads, self.rows, dim, cache.ty.dtype, keys), "append_rows")
-        written = self.builder_.emit(relax.call_tir_inplace(gvar, [cache, new, relax.prim_value(self.length)], [0],
-                                                            cache.ty), name_hint=f"{cache.name}_written")
+        each_row = self.write_at is not None
+        gvar = self.builder_.add_func(append_rows(heads, self.rows, dim, cache.ty.dtype, keys, each_row),
+                                      "append_rows_at" if each_row else "append_rows")
+        arguments = [cache, new, *([self.write_at] if each_row else []), relax.prim_value(self.length)]
+        written = self.builder_.emit(relax.call_tir_inplace(gvar, arguments, [0], cache.ty),
+                                     name_hint=f"{cache.name}_written")
         self.written[var] = written
         if reader is not None:
             self.products[reader.product] = (written, reader)

@@ -1,8 +1,8 @@
 """The layout of a decoder's key/value cache, as its compiled programs read and write it: one small,
 versioned object that the cache pass makes (``passes/kv_cache.py``), the report and the manifest
 carry (``report()["decoder"]["cache"]``), and a generation session allocates by. A program written for
-one layout given a cache of another would read the wrong rows, so a manifest of another version is
-refused at load.
+one layout given a cache of another would read the wrong rows, and the version covers the programs'
+cache arguments too (``decode``'s ``write_at``), so a manifest of another version is refused at load.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from relaxc.support.errors import ExportError
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True)

@@ -76,12 +76,14 @@ class FakeClock:
         self.now += seconds
 
 
-def call_program(art, function: str, past: int, sequence: int) -> list:
+def call_program(art, function: str, past: int, sequence: int, write_at: int | None = None) -> list:
     """``function`` of ``art``'s program called directly with ``past`` tokens cached and ``sequence``
-    more, as any caller could: no session checks its room."""
+    more, as any caller could: no session checks its room (``decode`` writes the row at ``write_at``,
+    default ``past``)."""
     runner, layout = art, CacheLayout.from_json(art.decoder["cache"])
     feeds = {"input_ids": np.zeros((1, sequence), np.int64), "attention_mask": np.ones((1, past + sequence), np.int64),
              "position_ids": np.arange(past, past + sequence, dtype=np.int64)[None]}
     feeds |= {name: runner.call_zeros(layout.shape(name, 1), layout.dtype) for name in layout.pasts}
-    arguments = [feeds[name] for name, _, _ in runner.inputs] + [tvm_ffi.Shape([past])] + runner.weight_argument()
+    lengths = [tvm_ffi.Shape([past])] + ([np.array([past if write_at is None else write_at])] if function == "decode" else [])
+    arguments = [feeds[name] for name, _, _ in runner.inputs] + lengths + runner.weight_argument()
     return runner.call(arguments, function)

@@ -11,21 +11,23 @@ import pytest
 
 from tests.helpers import ROOT
 
-PACKAGES = ("support", "passes", "schedules", "frontend", "compiler", "benchmarks", "tools", "tests")
-FOLDERS = {"frontend": os.path.join("compiler", "frontend")}  # a layer's folder, where not its name
+PACKAGES = ("support", "passes", "schedules", "frontend", "runtime", "compiler", "benchmarks", "tools", "tests")
+FOLDERS = {"frontend": os.path.join("compiler", "frontend"),  # a layer's folder, where not its name
+           "runtime": os.path.join("compiler", "runtime")}
 # what each package may import of relaxc's own
 ALLOWED = {
     "support": set(),
     "passes": {"support"},
     "schedules": {"support", "passes"},
     "frontend": {"support"},  # the ONNX front end: ONNX in, a Relax module out
-    "compiler": {"support", "passes", "schedules", "frontend"},
-    "benchmarks": {"support", "passes", "schedules", "frontend", "compiler"},
-    "tools": {"support", "passes", "schedules", "frontend", "compiler", "benchmarks"},  # not installed
+    "runtime": {"support"},  # what a deployment imports: an artifact loaded, run, generating, serving
+    "compiler": {"support", "passes", "schedules", "frontend", "runtime"},
+    "benchmarks": {"support", "passes", "schedules", "frontend", "runtime", "compiler"},
+    "tools": {"support", "passes", "schedules", "frontend", "runtime", "compiler", "benchmarks"},  # not installed
     "tests": set(PACKAGES),
 }
 PRIVATE_OK = os.path.join("support", "tvm_internals.py")
-INSTALLED = ("support", "passes", "schedules", "frontend", "compiler", "benchmarks")  # the package relaxc
+INSTALLED = ("support", "passes", "schedules", "frontend", "runtime", "compiler", "benchmarks")  # the package relaxc
 MAX_LOGIC_LINES = 400  # a module longer than this holds several concepts: split it along them
 
 
@@ -92,10 +94,12 @@ def test_no_import_cycle_between_packages():
 
 
 def test_layer_rules_catch_an_upward_import():
-    """The check above can fail: a passes module importing compiler is reported, and so is a
-    benchmarks module importing tools."""
+    """The check above can fail: a passes module importing compiler is reported, and so are a
+    runtime module importing the compile side and a benchmarks module importing tools."""
     tree = ast.parse("def f():\n    from relaxc.build.pipeline import PHASES\n")
     assert {_layer(m) for m in _imported_modules(tree)} - ALLOWED["passes"] == {"compiler"}
+    tree = ast.parse("from relaxc.build import profile\nimport relaxc.passes.ir\n")  # the runtime side: no compile side
+    assert {_layer(m) for m in _imported_modules(tree)} - ALLOWED["runtime"] == {"compiler", "passes"}
     tree = ast.parse("from tools.experiments import ab\n")  # tools is not installed: relaxc cannot import it
     assert {_layer(m) for m in _imported_modules(tree)} - ALLOWED["benchmarks"] == {"tools"}
 

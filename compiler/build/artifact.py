@@ -17,7 +17,8 @@ from tvm import relax
 from tvm.target import Target
 
 from relaxc.runtime import diagnostics, weight_file
-from relaxc.runtime import device_code, launcher
+from relaxc.build.codegen import fatbins
+from relaxc.runtime import launcher
 from relaxc.runtime.runner import Runner, input_high, manifest_path_for, open_device, spec_json
 from relaxc.support.errors import ExportError, UserError
 from relaxc.support import tvm_log
@@ -82,7 +83,7 @@ class Artifact(Runner):
         try:
             with tvm_log.captured() as said, Staging() as staging:  # renamed into place in this order: device code, library, manifest
                 if self.target.kind.name == "cuda":
-                    manifest["device_code"] = device_code.write_cuda_fatbins(
+                    manifest["device_code"] = fatbins.write_cuda_fatbins(
                         self.executable.mod, str(self.target.attrs["arch"]), path, staging)
                 if self.subgraphs:
                     manifest["external"] = self._write_subgraphs(path, staging)

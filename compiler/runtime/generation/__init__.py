@@ -1,5 +1,6 @@
 """Text generation over a decoder compiled with ``max_length`` (docs/generation.md): sessions that
-keep the cache between calls (``session.py``), the choice of each next token (``sampling.py``) and
+keep the cache between calls (``session.py``), rows cached to lengths of their own for continuous
+batching (``rows.py``), the choice of each next token (``sampling.py``) and
 the ``generate`` loop (``loop.py``). Runtime only: a loaded artifact generates without the compile
 side."""
 
@@ -12,6 +13,7 @@ import tvm
 
 from relaxc.runtime import weight_file
 from relaxc.runtime.generation.loop import generate
+from relaxc.runtime.generation.rows import Rows
 from relaxc.runtime.generation.session import Session
 from relaxc.support.errors import UserError
 
@@ -27,10 +29,18 @@ class Generates:
 
     def session(self) -> Session:
         """A new, empty session: ``append(ids)``, ``step(token)``, ``reset()``. One per thread."""
+        return Session(self, self._compiled_decoder())
+
+    def rows(self, slots: int | None = None) -> Rows:
+        """``slots`` rows (default ``max_batch``) each cached to its own length: ``prefill(slot, ids)``,
+        ``step(slots, tokens)``, ``free(slot)`` (continuous batching: rows join and leave between steps)."""
+        return Rows(self, self._compiled_decoder(), slots)
+
+    def _compiled_decoder(self) -> dict:
         if self.decoder is None:
             raise UserError("this model was compiled without max_length: compile a decoder with past with "
                             "max_length=N to generate with it")
-        return Session(self, self.decoder)
+        return self.decoder
 
     def _refuse_single_steps(self) -> None:
         """A UserError for ``run`` on a decoder whose cache the program keeps in place."""
@@ -57,4 +67,4 @@ class Generates:
         return generate(self.session(), input_ids, attention_mask, **settings)
 
 
-__all__ = ["Generates", "Session", "generate"]
+__all__ = ["Generates", "Rows", "Session", "generate"]

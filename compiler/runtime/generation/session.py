@@ -121,21 +121,24 @@ class Session:
             raise UserError("a session's first call is append(input_ids): there is nothing to step from")
         ids = self.check_ids(np.asarray(tokens).reshape(-1, 1))
         self.check_room(1)
-        return self._arguments(ids, np.concatenate([self._mask, np.ones_like(ids)], axis=1))
+        return self._arguments(ids, np.concatenate([self._mask, np.ones_like(ids)], axis=1), "decode")
 
-    def _arguments(self, ids: np.ndarray, full: np.ndarray) -> list[Any]:
+    def _arguments(self, ids: np.ndarray, full: np.ndarray, function: str) -> list[Any]:
         feeds = {"input_ids": ids, "attention_mask": full}
         if self.decoder["positions"]:  # transformers' positions: each token's count of real ones before it
             feeds["position_ids"] = np.maximum(np.cumsum(full, axis=1) - 1, 0)[:, -ids.shape[1]:]
         if self.decoder.get("cache_position"):  # transformers': the rows the new tokens take in the cache
             feeds["cache_position"] = np.arange(self.length, self.length + ids.shape[1], dtype=np.int64)
         feeds.update(self._caches)
-        return [feeds[name] for name in self._inputs] + [tvm_ffi.Shape([self.length])] + self._runner.weight_argument()
+        at = [tvm_ffi.Shape([self.length])]
+        if function == "decode":  # every row's cache as long as the others (rows.py gives each its own)
+            at.append(np.full(ids.shape[0], self.length, np.int64))
+        return [feeds[name] for name in self._inputs] + at + self._runner.weight_argument()
 
     def _run(self, ids: np.ndarray, mask: np.ndarray, function: str = "main") -> np.ndarray:
         with self._busy:
             full = np.concatenate([self._mask, mask], axis=1)
-            logits, = self._runner.call(self._arguments(ids, full), function)
+            logits, = self._runner.call(self._arguments(ids, full, function), function)
             self._mask = full
             return logits.numpy()
 
