@@ -9,7 +9,9 @@ for ``max_batch`` 8 and exported; ``relaxc serve`` runs it in a process of its o
 prompts of their own (``--prompt`` tokens), each asking ``--tokens`` greedy tokens, streamed: the median
 over ``--repeat`` rounds of the time to first token, of each stream's tokens per second after its first
 (decode), of their sum (all streams' decode together), and of every token over the time from the
-start to the last one (prefills included). Then a request that arrives while 3 others decode: its time to first token
+start to the last one (prefills included); then the same requests given together to relaxc's scheduler
+in this process (no HTTP, no client process on the cores: what OpenVINO GenAI's pipeline is timed as),
+a round of it and a round of OpenVINO GenAI in turn, their ratio the median of the rounds' ratios. Then a request that arrives while 3 others decode: its time to first token
 against its prefill alone plus 2 decode steps. Every text a client gets is checked against what the
 same artifact's ``generate`` gives its prompt alone (a number of a program that answers wrong is not a
 result). With ``--openvino-python``, OpenVINO GenAI's ``ContinuousBatchingPipeline`` runs the same requests
@@ -101,6 +103,33 @@ def rates(results: list[dict]) -> tuple[float, float, float, float]:
     return first, statistics.median(streams), sum(streams), end_to_end
 
 
+def in_process(art, text, prompts: list[list[int]], tokens: int) -> tuple[float, list[str]]:
+    """Tokens/s of ``prompts`` given together to relaxc's scheduler in this process (no HTTP, no client),
+    from the start to the last token, and each prompt's text."""
+    from relaxc.runtime.generation.sampling import Sampling
+    from relaxc.runtime.serving.scheduler import Job, Scheduler
+
+    scheduler = Scheduler(art.rows(len(prompts)), text)
+    texts, ended = [[] for _ in prompts], threading.Semaphore(0)
+
+    def collect(index: int):
+        def emit(kind: str, value: object) -> None:
+            if kind == "text":
+                texts[index].append(value)
+            else:
+                ended.release()
+        return emit
+
+    started = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        scheduler.submit(Job(prompt, tokens, Sampling(), collect(i)))
+    for _ in prompts:
+        ended.acquire()
+    elapsed = time.perf_counter() - started
+    scheduler.close()
+    return len(prompts) * tokens / elapsed, ["".join(parts) for parts in texts]
+
+
 def arriving_under_load(served: Served, prompts: list[list[int]], tokens: int) -> tuple[float, float, float]:
     """(time to first token of a request that arrives while 3 others decode, its time to first token
     alone, the 3 others' milliseconds per step then), in ms."""
@@ -174,18 +203,29 @@ def measure(spec: str, clients: Sequence[int], prompt: int, tokens: int, repeat:
                                                                   for _ in range(repeat))))
     finally:
         served.close()
-    peer = openvino(openvino_python, folder, tokenizer, art.decoder["vocab"], clients, prompt, tokens, repeat,
-                    threads) if openvino_python else {}
+    engine: dict[int, list[float]] = {n: [] for n in clients}  # tokens/s per round, in process
+    peer: dict[int, list[float]] = {n: [] for n in clients}
+    for _ in range(repeat):  # relaxc's scheduler alone and OpenVINO GenAI's pipeline, round after round
+        for n in clients:  # no HTTP, no client beside it: as OpenVINO GenAI's pipeline runs
+            rate, texts = in_process(art, text, prompts[:n], tokens)
+            if texts != expected[:n]:
+                raise AssertionError(f"{n} requests in process: other text than generate alone")
+            engine[n].append(rate)
+        if openvino_python:
+            for n, rate in openvino(openvino_python, folder, tokenizer, art.decoder["vocab"], clients, prompt, tokens,
+                                    1, threads).items():
+                peer[n].append(rate)
     lines = [this_cpu("cpu") + ", target `cpu`", "", f"{spec}: prompts of {prompt - max(clients) + 1}-{prompt} tokens, "
              f"{tokens} greedy tokens each, streamed; medians of {repeat} rounds; server on {threads} threads", "",
              "| clients | time to first token (ms) | decode tokens/s per stream | decode tokens/s in all | "
-             "in all / one stream's | tokens/s end to end | OpenVINO GenAI's, end to end | relaxc / OpenVINO GenAI |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "in all / one stream's | tokens/s end to end | in process | OpenVINO GenAI, in process | "
+             "relaxc / OpenVINO GenAI, in process |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     single = table[clients[0]][2]
     for n, (first, per_stream, together, end_to_end) in table.items():
-        theirs = f"{peer[n]:.1f} | {end_to_end / peer[n]:.2f}x" if n in peer else "not measured | "
+        ratio = statistics.median(ours / theirs for ours, theirs in zip(engine[n], peer[n])) if peer[n] else None
+        theirs = f"{statistics.median(peer[n]):.1f} | {ratio:.2f}x" if peer[n] else "not measured | "
         lines.append(f"| {n} | {first:.0f} | {per_stream:.1f} | {together:.1f} | {together / single:.2f}x | "
-                     f"{end_to_end:.1f} | {theirs} |")
+                     f"{end_to_end:.1f} | {statistics.median(engine[n]):.1f} | {theirs} |")
     lines += ["", f"A request arriving while 3 others decode: first token after {late:.0f} ms; alone {alone:.0f} ms, "
               f"a step of the 3 {step:.1f} ms: {late:.0f} <= {alone + 2 * step:.0f} "
               f"({'holds' if late <= alone + 2 * step else 'does not hold'})"]

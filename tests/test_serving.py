@@ -288,3 +288,21 @@ def test_relaxc_serve_starts_answers_and_stops_on_ctrl_c(decoder, tmp_path):
         output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output[-3000:]
     assert "Shutting down" in output or "Finished server process" in output, output[-2000:]
+
+
+def test_a_decoder_without_position_ids_serves_one_row_at_a_time(tmp_path):
+    """OPT counts positions over its mask in the graph: rows of their own lengths would get the wrong
+    positions, so more than one slot is refused, at start-up; one slot steps as a session does."""
+    proto = models.fill_light(onnx.load(models.bundled_path("zoo:opt_past")))
+    art = relaxc.compile(proto, tuning="off", max_length=32, max_batch=2, backends="relaxc")
+    tokenizer = stand_in_tokenizer.write(str(tmp_path), art.decoder["vocab"]) if art.decoder["vocab"] >= 259 else None
+    with pytest.raises(relaxc.UserError, match="position_ids"):
+        art.rows()
+    if tokenizer:
+        with pytest.raises(relaxc.UserError, match="position_ids"):
+            serving.app(art, tokenizer)
+    rows, session = art.rows(1), art.session()
+    prompt = np.arange(3, 10)
+    assert np.array_equal(rows.prefill(0, prompt), session.append(prompt[None])[0])
+    for token in (5, 8, 13):
+        assert np.array_equal(rows.step([0], [token])[0], session.step([token])[0])
