@@ -147,6 +147,18 @@ def test_a_stop_string_across_tokens_ends_the_text_before_it(server, decoder):
             assert got.choices[0].text == want and got.choices[0].finish_reason == "stop"
 
 
+def test_sampling_is_seeded_per_request(server):
+    """``temperature`` > 0 draws from a generator seeded by the request's ``seed``: the same seed gives the
+    same text, under any load; another seed another text; ``top_p`` keeps the most likely alone."""
+    def draw(seed, **more):
+        return server.client.completions.create(model=NAME, prompt=[7, 8, 9], max_tokens=16, temperature=1.5,
+                                                seed=seed, **more).choices[0].text
+    first = draw(1)
+    assert draw(1) == first and draw(2) != first
+    assert draw(3, top_p=1e-9) == server.client.completions.create(model=NAME, prompt=[7, 8, 9], max_tokens=16,
+                                                                   temperature=0).choices[0].text
+
+
 BAD = [  # (body, status, the field the error names)
     ({"model": "gpt-4", "prompt": "hi"}, 404, "model"),
     ({"model": NAME, "prompt": "hi", "temperature": -1}, 400, "temperature"),
