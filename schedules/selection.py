@@ -235,9 +235,10 @@ class Selection:
     target: Target
     reselect: bool = False  # measure again even kernels whose records did not change
 
-    def run(self, tasks: list[ms.ExtractedTask], wanted: set[str] | None = None) -> dict:
+    def run(self, tasks: list[ms.ExtractedTask], wanted: set[str] | None = None, deadline: float | None = None) -> dict:
         """Select every kernel of ``tasks`` (of those named in ``wanted``, if given) that has records and
-        no up-to-date choice; returns a summary over all of ``tasks``."""
+        no up-to-date choice, none begun after ``deadline`` (``time.time()``; those left replay their best
+        record until a later run selects them); returns a summary over all of ``tasks``."""
         if self.target.kind.name != "llvm":  # the candidates are timed in this process, on its CPU
             return {"selected": 0, "skipped": "selection measures on the CPU; GPU kernels keep their best record"}
         hashes = {workload_hash(t.dispatched[0]): t for t in tasks}
@@ -245,7 +246,11 @@ class Selection:
         chosen = self.store.selections()
         todo = [h for h, t in hashes.items() if lines.get(h) and (wanted is None or t.task_name in wanted)
                 and (self.reselect or chosen.get(h, {}).get("records") != len(lines[h]))]
+        started, done = time.perf_counter(), 0
         for key in tqdm(todo, desc="[relaxc] select", unit="kernel", file=tvm_log.console(), dynamic_ncols=True):
+            if deadline is not None and time.time() >= deadline:
+                break
+            done += 1
             task = hashes[key]
             entry = self._select(task, lines[key], recorded(self.store, key))
             chosen[key] = entry
@@ -255,7 +260,9 @@ class Selection:
             log.debug("select %s: %s, %.3f ms (%s; %d candidates)", task.task_name, entry["choice"], entry["ms"],
                      default, entry["candidates"])
         decided = [(t, chosen[h]) for h, t in hashes.items() if h in chosen]
-        return {"selected": len(todo), "kernels_with_choice": len(decided),
+        seconds = time.perf_counter() - started
+        return {"selected": done, "left_to_select": len(todo) - done,
+                "seconds_per_kernel": round(seconds / done, 2) if done else None, "kernels_with_choice": len(decided),
                 "chose_default": sorted(t.task_name for t, e in decided if e["choice"] == "default"),
                 "estimated_ms": round(sum(float(t.weight) * e["ms"] for t, e in decided), 3),
                 "estimated_default_ms": round(sum(float(t.weight) * e["default_ms"] for t, e in decided

@@ -34,6 +34,7 @@ from relaxc.support.threads import configure_threads, physical_cores
 log = logging.getLogger("relaxc")
 DEFAULT_TRIALS = 2000  # measurements of one tuning run, by compiler.tune and by tuning="tune"
 TRIALS_PER_ITER = 64
+SELECT_SECONDS = 1.0  # kept a kernel for its selection in a run with minutes: SqueezeNet's took 0.35 s on Zen 4
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Progress:
     weights: list[float]
     total_trials: int
     deadline: float | None
+    default_us: dict[int, float] = field(default_factory=dict)  # each task's default schedule, measured first
     trials: int = 0
     best_us: dict[int, float] = field(default_factory=dict)
     lost: dict[int, list[str]] = field(default_factory=dict)  # task -> why each trial lost with its RPC server
@@ -60,9 +62,16 @@ class Progress:
         estimate = sum(self.weights[i] * us for i, us in self.best_us.items()) / 1e3
         stop = (f", stops in {max(0.0, self.deadline - time.time()) / 60:.1f} min"
                 if self.deadline is not None else "")
-        self.bar.set_postfix_str(f"{len(self.best_us)}/{len(self.names)} kernels, sum {estimate:.2f} ms{stop}, "
+        gain = f", {self.gain():.2f}x the defaults" if self.gain() else ""
+        self.bar.set_postfix_str(f"{len(self.best_us)}/{len(self.names)} kernels, sum {estimate:.2f} ms{gain}{stop}, "
                                  f"last {self.names[task_id]}", refresh=False)
         self.bar.update(len(seconds))
+
+    def gain(self) -> float | None:
+        """The defaults' weighted time over the best's, over the kernels tuned so far that have both."""
+        both = [i for i in self.best_us if i in self.default_us]
+        best = sum(self.weights[i] * min(self.best_us[i], self.default_us[i]) for i in both)
+        return sum(self.weights[i] * self.default_us[i] for i in both) / best if best else None
 
     def lose(self, task_id: int, errors: list[str]) -> None:
         """Trials whose RPC server failed them (measured again, on another server where there is one)."""
@@ -191,11 +200,15 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
         runner = make_runner(target) if budget > 0 else None  # starts processes: one runner for the whole run
         build = builder.PooledBuilder() if runner else None  # and one builder
         try:
-            summary["defaults_recorded"], lost = (_commit_defaults([tasks[i] for i in todo if have[i] == 0], target,
-                                                                   database, (build, runner)) if runner else (0, []))
+            fresh = [i for i in todo if have[i] == 0]
+            defaults, lost = (_commit_defaults([tasks[i] for i in fresh], target, database, (build, runner))
+                              if runner else ([], []))
+            summary["defaults_recorded"] = sum(us is not None for us in defaults)
             if todo and runner:
-                summary.update(_tune_rounds(tasks, {i: per_task - have[i] for i in todo}, batch, budget, deadline,
-                                            store.dir, database, (build, runner)))
+                tuning_ends = deadline and deadline - selection_reserve(len(todo) if select else 0, deadline - started)
+                summary.update(_tune_rounds(tasks, {i: per_task - have[i] for i in todo}, batch, budget, tuning_ends,
+                                            store.dir, database, (build, runner),
+                                            {i: us for i, us in zip(fresh, defaults) if us is not None}))
             lost += summary.pop("lost", [])
             if lost:  # each measured again on another server, where there was one
                 summary["lost"] = lost
@@ -211,7 +224,7 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
         if summary["stopped"].startswith(remote.NO_SERVER):
             summary["selection"] = {"selected": 0, "skipped": "no RPC server left to measure on"}
         else:
-            summary["selection"] = (Selection(store, target, reselect).run(tasks, wanted) if select else
+            summary["selection"] = (Selection(store, target, reselect).run(tasks, wanted, deadline) if select else
                                     {"selected": 0, "skipped": "a shard: select after merging the shards' stores"
                                      if shard else "selected in the model's sequence instead"})
         summary["minutes"] = round((time.time() - started) / 60, 2)
@@ -230,41 +243,60 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
 Measure = tuple[ms.builder.Builder, ms.runner.Runner | str]  # how candidates are built and timed
 
 
+def selection_reserve(kernels: int, seconds: float) -> float:
+    """Seconds of a run of ``seconds`` kept for selecting ``kernels`` after tuning: ``SELECT_SECONDS``
+    each, at most a quarter of the run."""
+    return min(kernels * SELECT_SECONDS, seconds / 4)
+
+
 def _tune_rounds(tasks: list[ms.ExtractedTask], left: dict[int, int], batch: int, budget: int,
-                 deadline: float | None, work_dir: str, database, measure: Measure) -> dict:
+                 deadline: float | None, work_dir: str, database, measure: Measure,
+                 defaults: dict[int, float] | None = None) -> dict:
     """Tune the tasks ``left`` (task index -> trials still to measure) in rounds of one batch each,
-    within ``budget`` trials and the ``deadline``; returns the trials measured, why it stopped and
-    the trials lost with an RPC server."""
+    within ``budget`` trials and the ``deadline``: a batch starts only where the task's last one (the
+    slowest batch so far, before its first) would end by then, and a task whose batch measures nothing
+    new (its search space spent) leaves the rounds. Returns the trials measured, why it stopped, the
+    tasks spent, the estimated gain over ``defaults`` (task index -> its default's microseconds) and the
+    trials lost with an RPC server."""
     tracker = remote.measuring_tracker()
-    result = {"stopped": "done"}
-    progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline)
+    result: dict = {"stopped": "done", "spent": []}
+    progress = Progress([t.task_name for t in tasks], [float(t.weight) for t in tasks], budget, deadline,
+                        dict(defaults or {}))
+    took: dict[int, float] = {}  # seconds of each task's last batch
     callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=physical_cores())
     retries = dict(left)  # trials of a task lost with a server are measured again, up to its budget once more
     started = time.perf_counter()
     try:
         while left and progress.trials < budget and result["stopped"] == "done":
+            started_round = progress.trials
             for i in list(left):
-                if deadline is not None and time.time() >= deadline:
-                    result["stopped"] = "time budget"
-                    break
+                expected = took.get(i, max(took.values(), default=0.0))
+                if deadline is not None and time.time() + expected >= deadline:
+                    continue  # would end past the deadline: another task's batch may still fit
                 size = min(batch, left[i], budget - progress.trials)
                 if size <= 0:
                     break
                 lost = len(progress.lost.get(i, ()))
+                began = time.perf_counter()
                 done = _tune_batch(tasks[i], i, size, work_dir, database, cost_model, measure, callbacks, progress,
                                    tracker is not None)
+                took[i] = time.perf_counter() - began
                 lost = len(progress.lost.get(i, ())) - lost
                 if lost and not done and not tracker.any_server():
                     result["stopped"] = f"{remote.NO_SERVER}: none is left under {tracker}"
                     break
                 retry = lost and len(progress.lost[i]) <= retries[i]
-                left[i] -= done if retry else max(done, 1)  # a task whose space is exhausted measures nothing
-                if left[i] <= 0:
+                left[i] -= done if retry else max(done, 1)
+                if left[i] <= 0 or (not done and not lost):  # measured nothing new: its search space is spent
+                    result["spent"] += [] if left[i] <= 0 else [tasks[i].task_name]
                     del left[i]
+            if deadline is not None and progress.trials == started_round and left:
+                result["stopped"] = "time budget"
     finally:
         progress.close()
     result["trials"] = progress.trials
+    result["gain_estimate"] = round(progress.gain(), 3) if progress.gain() else None
     seconds = time.perf_counter() - started
     result["trials_per_minute"] = round(progress.trials / seconds * 60, 1) if seconds > 0 else None
     if progress.lost:
@@ -272,22 +304,23 @@ def _tune_rounds(tasks: list[ms.ExtractedTask], left: dict[int, int], batch: int
     return result
 
 
-def _commit_defaults(tasks: list, target: Target, database, measure: Measure) -> tuple[int, list]:
+def _commit_defaults(tasks: list, target: Target, database, measure: Measure) -> tuple[list, list]:
     """Measure relaxc's default schedule of each task and commit it as a record (its trace replays it).
 
     The database then holds the default beside every tuned candidate, so replay picks whichever was
     faster: without it, a short tuning run (SqueezeNet, 16 trials per kernel) made replay 2.7x slower
-    than the default schedules. Returns how many were committed, and the measurements lost with an
-    RPC server (``summary["lost"]``'s entries).
+    than the default schedules. Returns each task's default in microseconds (None where it was not
+    committed), and the measurements lost with an RPC server (``summary["lost"]``'s entries).
     """
     if target.kind.name != "llvm" or not tasks:
-        return 0, []
+        return [None] * len(tasks), []
     schedules = [default_schedule(task.dispatched[0]["main"], target)[0] for task in tasks]
     build, runner = measure
     built = build.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     args = [ms.arg_info.ArgInfo.from_prim_func(task.dispatched[0]["main"]) for task in tasks]
     pending = [i for i, result in enumerate(built) if not result.error_msg]
-    committed, lost_with_server = 0, []
+    committed: list[float | None] = [None] * len(tasks)
+    lost_with_server = []
     for _ in range(remote.ATTEMPTS):  # defaults whose RPC server failed are measured again on another
         futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", args[i]) for i in pending])
         lost = []
@@ -303,7 +336,7 @@ def _commit_defaults(tasks: list, target: Target, database, measure: Measure) ->
                 workload = database.commit_workload(tasks[i].dispatched[0])
                 database.commit_tuning_record(ms.database.TuningRecord(
                     schedules[i].trace, workload, result.run_secs, target, args[i]))
-                committed += 1
+                committed[i] = sum(float(s) for s in result.run_secs) / len(result.run_secs) * 1e6
         pending = lost
         if not pending or not remote.measuring_tracker().any_server():
             break

@@ -217,7 +217,8 @@ class TuneOptions:
                           "records there are)")
     trials_per_task: int | None = _option(None, "measurements per kernel (default: an even share, at least 64)",
                                           type=int)
-    minutes: float | None = _option(None, "stop tuning after this many minutes", type=float)
+    minutes: float | None = _option(None, "end within this many minutes, the compile and the selection included",
+                                   type=float)
     kernels: tuple[str, ...] = _option((), "tune and select only the kernels whose names match (names as in "
                                        "report()['tuning'])", metavar="GLOB")
     reselect: bool = _option(False, "measure every kernel's default and best records side by side again, "
