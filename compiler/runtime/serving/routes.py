@@ -38,7 +38,6 @@ def create_app(art: Any, text: Text, name: str, slots: int | None = None, max_qu
         state.pop("scheduler").close()
 
     app = FastAPI(title="relaxc", lifespan=lifespan)
-    app.state.relaxc = state
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, err: ApiError) -> JSONResponse:
