@@ -82,6 +82,29 @@ def store_for(cache_dir: str | os.PathLike | None, target: Target) -> "RecordSto
     return store
 
 
+def neighbour(target: Target, store: "RecordStore") -> "RecordStore | None":
+    """Where relaxc ships no store for ``target``, the shipped store of a CPU of its vector width whose
+    records ``store`` could start from (its own CPU's for other cores first, then those of its core
+    count, then by name); None where relaxc ships one for ``target`` or none of its width. Kernels depend on the vector width
+    (the blocked layouts' blocks), not on the CPU's name: Zen 4, Skylake-AVX512 and Ice Lake server
+    compile SqueezeNet to the same 38 kernels, Zen 3 (AVX2) to 3 of them."""
+    from relaxc.support.targets import vector_lanes
+
+    shipped = shipped_root()
+    if shipped is None or target.kind.name != "llvm" or RecordStore.of(shipped, target).exists():
+        return None
+    lanes, spec = vector_lanes(target), describe(target)
+    near = []
+    for key in stores(shipped, records=True):  # kind-mcpu-Nc, the mcpu itself perhaps with dashes
+        kind, rest = key.split("-", 1)
+        mcpu, count = rest.rsplit("-", 1)
+        other = Target({"kind": kind, "mcpu": mcpu, "num-cores": int(count.rstrip("c"))})
+        candidate = RecordStore.of(shipped, other)
+        if vector_lanes(other) == lanes and candidate.compatible() and candidate.dir != store.dir:
+            near.append((mcpu != spec.get("mcpu"), f"{spec.get('num-cores')}c" != count, key, candidate))
+    return min(near, key=lambda n: n[:3])[3] if near else None
+
+
 def target_key(target: Target) -> str:
     """Directory name of a target's records: kind, CPU and core count (what tuned code depends on)."""
     spec = describe(target)

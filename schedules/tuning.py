@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -22,10 +23,10 @@ from tvm.ir.utils import derived_object
 from tqdm import tqdm
 
 from relaxc.schedules import builder
-from relaxc.schedules.cache import store_for, workload_hash
+from relaxc.schedules.cache import neighbour, store_for, workload_hash
 from relaxc.passes.ir import IS_SCHEDULED
 from relaxc.schedules.default import default_schedule
-from relaxc.schedules.selection import Selection
+from relaxc.schedules.selection import Selection, from_record
 from relaxc.schedules.trials import make_runner, search_space, search_strategy
 from relaxc.support import remote, tvm_internals, tvm_log
 from relaxc.support.errors import UserError, message
@@ -204,6 +205,9 @@ def tune_module(mod: tvm.IRModule, target: Target, *, trials: int, trials_per_ta
             defaults, lost = (_commit_defaults([tasks[i] for i in fresh], target, database, (build, runner))
                               if runner else ([], []))
             summary["defaults_recorded"] = sum(us is not None for us in defaults)
+            if runner and not any(have):  # a model new to this store: from a neighbour CPU's records, if any
+                summary["from_neighbour"] = _commit_neighbours([tasks[i] for i in fresh], target, store, database,
+                                                               (build, runner))
             if todo and runner:
                 tuning_ends = deadline and deadline - selection_reserve(len(todo) if select else 0, deadline - started)
                 summary.update(_tune_rounds(tasks, {i: per_task - have[i] for i in todo}, batch, budget, tuning_ends,
@@ -314,7 +318,31 @@ def _commit_defaults(tasks: list, target: Target, database, measure: Measure) ->
     """
     if target.kind.name != "llvm" or not tasks:
         return [None] * len(tasks), []
-    schedules = [default_schedule(task.dispatched[0]["main"], target)[0] for task in tasks]
+    return _commit_schedules(tasks, [default_schedule(task.dispatched[0]["main"], target)[0] for task in tasks],
+                             target, database, measure, "default schedule")
+
+
+def _commit_neighbours(tasks: list, target: Target, store, database, measure: Measure) -> dict | None:
+    """Where relaxc ships no store for ``target``'s CPU, the best record of each of ``tasks`` in the
+    shipped store of the nearest CPU of its vector width (``cache.neighbour``), measured here and
+    committed: the search starts from them (MetaSchedule seeds its population with the database's
+    best). The kernels of CPUs of one vector width are the same, so their records apply as they are.
+    Returns the store's name and the kernels seeded, None where there is no such store."""
+    near = neighbour(target, store)
+    if near is None or not tasks:
+        return None
+    best = near.best_records({workload_hash(task.dispatched[0]) for task in tasks})
+    found = [(task, from_record(task.dispatched[0], best[key], "neighbour's record"))
+             for task in tasks if (key := workload_hash(task.dispatched[0])) in best]
+    found = [(task, candidate[0].schedule) for task, candidate in found if candidate]
+    times, _ = _commit_schedules([task for task, _ in found], [sch for _, sch in found], target, database, measure,
+                                 "record of " + os.path.basename(near.dir))
+    return {"store": os.path.basename(near.dir), "kernels": sum(us is not None for us in times)}
+
+
+def _commit_schedules(tasks: list, schedules: list, target: Target, database, measure: Measure,
+                      what: str) -> tuple[list, list]:
+    """Build, time and commit ``schedules`` (one per task) as records; ``_commit_defaults``'s returns."""
     build, runner = measure
     built = build.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     args = [ms.arg_info.ArgInfo.from_prim_func(task.dispatched[0]["main"]) for task in tasks]
@@ -328,10 +356,10 @@ def _commit_defaults(tasks: list, target: Target, database, measure: Measure) ->
             result = future.result()
             if result.error_msg and remote.measuring_tracker() and remote.server_failed(str(result.error_msg)):
                 lost.append(i)
-                lost_with_server.append({"kernel": f"{tasks[i].task_name} (default schedule)", "trials": 1,
+                lost_with_server.append({"kernel": f"{tasks[i].task_name} ({what})", "trials": 1,
                                          "error": message(str(result.error_msg), last=True)})
             elif result.error_msg:
-                log.warning("default schedule of %s failed to run: %s", tasks[i].task_name, result.error_msg[:200])
+                log.warning("%s of %s failed to run: %s", what, tasks[i].task_name, result.error_msg[:200])
             else:
                 workload = database.commit_workload(tasks[i].dispatched[0])
                 database.commit_tuning_record(ms.database.TuningRecord(
