@@ -9,14 +9,14 @@ for ``max_batch`` 8 and exported; ``relaxc serve`` runs it in a process of its o
 prompts of their own (``--prompt`` tokens), each asking ``--tokens`` greedy tokens, streamed: the median
 over ``--repeat`` rounds of the time to first token, of each stream's tokens per second after its first
 (decode), of their sum (all streams' decode together), and of every token over the time from the
-start to the last one (prefills included); then the same requests given together to relaxc's scheduler
-in this process (no HTTP, no client process on the cores: what OpenVINO GenAI's pipeline is timed as),
-a round of it and a round of OpenVINO GenAI in turn, their ratio the median of the rounds' ratios. Then a request that arrives while 3 others decode: its time to first token
-against its prefill alone plus 2 decode steps. Every text a client gets is checked against what the
-same artifact's ``generate`` gives its prompt alone (a number of a program that answers wrong is not a
-result). With ``--openvino-python``, OpenVINO GenAI's ``ContinuousBatchingPipeline`` runs the same requests
-on a checkpoint of the same architecture in its side virtualenv (``openvino_serving.py``, which checks
-its tokens against transformers'), after relaxc's server has stopped. Prints a table with the CPU and
+start to the last one (prefills included). Then a request that arrives while 3 others decode: its time
+to first token against its prefill alone plus 2 decode steps. Then the same requests given together to
+relaxc's scheduler in this process (no HTTP, no client process on the cores), and with
+``--openvino-python`` OpenVINO GenAI's ``ContinuousBatchingPipeline`` on a checkpoint of the same
+architecture in its side virtualenv (``openvino_serving.py``, which checks its tokens against
+transformers'), timed the same way, a round of each in turn; their ratio is the median of the rounds'.
+Every text a client gets is checked against what the same artifact's ``generate`` gives its prompt
+alone (a number of a program that answers wrong is not a result). Prints a table with the CPU and
 target named.
 """
 

@@ -5,6 +5,7 @@ decoder, compiled at start-up for ``--max-length``, or an exported ``.so`` loade
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 
@@ -56,8 +57,6 @@ def _decoder(args: argparse.Namespace):
 
 def _name(model: str) -> str:
     """A model's name as served where ``--served-model-name`` gives none: its file's, without suffix."""
-    import os
-
     return os.path.splitext(os.path.basename(model))[0].split(":")[-1]
 
 

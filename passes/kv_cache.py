@@ -12,9 +12,9 @@ sequence rounded up to whole vectors, and the number of tokens it holds (a shape
 logits alone. ``decode`` takes each row's own length as well (``write_at``, int64 ``[batch]``, each at
 most ``past``) and writes row ``b``'s new keys and values there: with an attention mask that reads
 each row's columns up to its own, rows cached to different lengths share one step (a server's
-continuous batching, docs/design.md). Where one attention product alone reads a past's concatenation (through the
-grouped-query repeat, the padding, for keys a transpose and constant scalings), that product reads
-the cache itself up to the padded length; the keys' cache is then ``[batch, heads, dim, rows]``,
+continuous batching, docs/design.md). Where one attention product alone reads a past's
+concatenation (through the grouped-query repeat, the padding, for keys a transpose and constant
+scalings), that product reads the cache itself up to the padded length; the keys' cache is then ``[batch, heads, dim, rows]``,
 written transposed and scaled (the same products of the same values). Other readers read the
 cache's first ``past + sequence`` rows. Rows written by no step of this conversation are zeros or an
 earlier one's, finite either way, and padded keys are masked to -inf before the softmax, so their
@@ -232,8 +232,9 @@ class _InPlace(relax.PyExprMutator):
         params = list(func.params)
         pasts = [params[i] for i in self.past_indices]
         self.length = pasts[0].ty.shape.values[SEQUENCE_AXIS]
-        self.write_at = relax.Var("write_at", relax.TensorType(relax.ShapeExpr([pasts[0].ty.shape.values[0]]), "int64")) \
-            if func.attrs["global_symbol"] == "decode" else None  # each row's cache length: rows of their own
+        batch = pasts[0].ty.shape.values[0]  # decode: each row's cache length, rows of their own
+        self.write_at = (relax.Var("write_at", relax.TensorType(relax.ShapeExpr([batch]), "int64"))
+                         if func.attrs["global_symbol"] == "decode" else None)
         if any(not structural_equal(p.ty.shape.values[SEQUENCE_AXIS], self.length) for p in pasts):
             raise ValueError("the pasts differ in length: decoder.recognise checks they share one dim")
         self.bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
@@ -261,7 +262,8 @@ class _InPlace(relax.PyExprMutator):
         self.stats.update(caches=len(pasts), read_in_place=len(self.readers))
         logits = self.visit_expr(self.bound[self.output].fields[0])  # the model's first (decoder.recognise)
         length = relax.Var("past_length", relax.ShapeType([self.length]))
-        new_params = [self.caches.get(p, p) for p in params] + [length] + ([self.write_at] if self.write_at is not None else [])
+        new_params = [self.caches.get(p, p) for p in params] + [length]
+        new_params += [self.write_at] if self.write_at is not None else []
         attrs = dict(func.attrs) | {"num_input": len(new_params)}
         return relax.Function(new_params, relax.SeqExpr(body.blocks, relax.Tuple([logits])),
                               relax.TupleType([logits.ty]), func.is_pure, tvm.ir.make_node("ir.DictAttrs", **attrs))

@@ -28,7 +28,7 @@ from relaxc.schedules.record_files import (database_lines, database_of, indexed_
 from relaxc.support.errors import message
 from relaxc.support.files import atomic_write
 from relaxc.support.store_files import DATABASE_FILES, MANIFEST_FILE, SELECTION_FILE, STORE_FILES, database_path
-from relaxc.support.targets import describe
+from relaxc.support.targets import describe, vector_lanes
 from relaxc.support.versions import code_versions
 
 
@@ -88,8 +88,6 @@ def neighbour(target: Target, store: "RecordStore") -> "RecordStore | None":
     count, then by name); None where relaxc ships one for ``target`` or none of its width. Kernels depend on the vector width
     (the blocked layouts' blocks), not on the CPU's name: Zen 4, Skylake-AVX512 and Ice Lake server
     compile SqueezeNet to the same 38 kernels, Zen 3 (AVX2) to 3 of them."""
-    from relaxc.support.targets import vector_lanes
-
     shipped = shipped_root()
     if shipped is None or target.kind.name != "llvm" or RecordStore.of(shipped, target).exists():
         return None

@@ -331,9 +331,9 @@ def _commit_neighbours(tasks: list, target: Target, store, database, measure: Me
     near = neighbour(target, store)
     if near is None or not tasks:
         return None
-    best = near.best_records({workload_hash(task.dispatched[0]) for task in tasks})
-    found = [(task, from_record(task.dispatched[0], best[key], "neighbour's record"))
-             for task in tasks if (key := workload_hash(task.dispatched[0])) in best]
+    by_key = {workload_hash(task.dispatched[0]): task for task in tasks}
+    found = [(by_key[key], from_record(by_key[key].dispatched[0], record, "neighbour's record"))
+             for key, record in near.best_records(set(by_key)).items()]
     found = [(task, candidate[0].schedule) for task, candidate in found if candidate]
     times, _ = _commit_schedules([task for task, _ in found], [sch for _, sch in found], target, database, measure,
                                  "record of " + os.path.basename(near.dir))

@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from relaxc.runtime.generation.session import check_vocabulary
 from relaxc.support.cache_layout import CacheLayout
 from relaxc.support.errors import InputError, UserError
 
@@ -58,7 +59,7 @@ class Rows:
         ids = np.asarray(input_ids)
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise InputError(f"a row's input_ids are whole numbers [tokens], at least one; got {ids.dtype} {ids.shape}")
-        self._check(ids)
+        check_vocabulary(ids, self.vocab)
         length = int(self.lengths[slot])
         self._room(slot, ids.size)
         feeds = {"input_ids": ids[None].astype(np.int64), "attention_mask": np.ones((1, length + ids.size), np.int64),
@@ -76,7 +77,7 @@ class Rows:
         ids = np.asarray(tokens, np.int64).reshape(-1)
         if not slots or len(set(slots)) != len(slots) or ids.size != len(slots):
             raise InputError(f"step takes one token for each of distinct slots: {len(slots)} slots, {ids.size} tokens")
-        self._check(ids)
+        check_vocabulary(ids, self.vocab)
         for slot in slots:
             self._room(slot, 1)
         rows = max(slots) + 1
@@ -98,11 +99,6 @@ class Rows:
             arguments = [feeds[name] for name in self._inputs] + lengths + self._runner.weight_argument()
             logits, = self._runner.call(arguments, function)
             return logits.numpy()
-
-    def _check(self, ids: np.ndarray) -> None:
-        outside = ids[(ids < 0) | (ids >= self.vocab)]
-        if outside.size:
-            raise InputError(f"token id {int(outside[0])} is outside the vocabulary 0..{self.vocab - 1}")
 
     def _room(self, slot: int, tokens: int) -> None:
         if not 0 <= slot < self.slots:

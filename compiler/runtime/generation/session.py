@@ -103,9 +103,7 @@ class Session:
         if ids.ndim != 2 or ids.shape[1] == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise InputError(f"input_ids must be whole numbers [batch, tokens], at least one token; got "
                              f"{ids.dtype} {ids.shape}")
-        outside = ids[(ids < 0) | (ids >= self.vocab)]
-        if outside.size:
-            raise InputError(f"token id {int(outside[0])} is outside the vocabulary 0..{self.vocab - 1}")
+        check_vocabulary(ids, self.vocab)
         return ids.astype(np.int64)
 
     def check_room(self, tokens: int) -> None:
@@ -141,6 +139,13 @@ class Session:
             logits, = self._runner.call(self._arguments(ids, full, function), function)
             self._mask = full
             return logits.numpy()
+
+
+def check_vocabulary(ids: np.ndarray, vocab: int) -> None:
+    """An InputError naming the first of ``ids`` outside ``0..vocab - 1``, if any."""
+    outside = ids[(ids < 0) | (ids >= vocab)]
+    if outside.size:
+        raise InputError(f"token id {int(outside[0])} is outside the vocabulary 0..{vocab - 1}")
 
 
 def _nbytes(tensor: Any) -> int:

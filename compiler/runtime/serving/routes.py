@@ -10,15 +10,17 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
+import numpy as np
 from fastapi import FastAPI, Request  # a module level name: FastAPI reads the routes' annotations by it
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from relaxc.runtime.generation.session import check_vocabulary
 from relaxc.runtime.serving.protocol import ApiError, Reply, messages_of, prompt_of, settings
 from relaxc.runtime.serving.scheduler import Job, QueueFull, Scheduler
 from relaxc.runtime.serving.text import Text
-from relaxc.support.errors import UserError
+from relaxc.support.errors import InputError, UserError
 
 DISCONNECT_POLL = 0.25  # seconds between checks that the client of a request not streamed is still there
 
@@ -176,9 +178,10 @@ def _room(max_tokens: int | None, ids: list[int], scheduler: Scheduler) -> int:
     """The tokens a request may add: ``max_tokens``, checked against what ``max_length`` leaves after its
     prompt (all of that where not given); token ids checked against the vocabulary."""
     rows = scheduler.rows
-    outside = [t for t in ids if not 0 <= t < rows.vocab]
-    if outside:
-        raise ApiError(400, f"token id {outside[0]} is outside the vocabulary 0..{rows.vocab - 1}", "prompt")
+    try:
+        check_vocabulary(np.asarray(ids), rows.vocab)
+    except InputError as err:
+        raise ApiError(400, str(err), "prompt") from None
     room = rows.max_length - len(ids)
     if room < 1:
         raise ApiError(400, f"the prompt is {len(ids)} tokens: max_length={rows.max_length} leaves no room for "
